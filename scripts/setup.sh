@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment in .venv and install steersman
+# into it with the test and HDF5 extras. Idempotent; used by scripts/demo.sh and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+# torch first and pinned: 2.13.0 resolves to the CPU wheel shipped on this kind of
+# machine; an open spec (or a dependency pulling torch) would download a CUDA build.
+"$PY" -m pip install -q --disable-pip-version-check torch==2.13.0
+"$PY" -m pip install -q --disable-pip-version-check -e '.[test,h5,dev]'

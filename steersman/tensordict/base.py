@@ -1,0 +1,1707 @@
+"""``TensorDictBase``: the behaviour every container shares.
+
+A container subclass provides a handful of primitives (listed below); everything
+else — nested keys, select/exclude, shape ops, arithmetic, reductions, device and
+dtype moves — is written once here on top of them.
+
+Primitives a subclass implements::
+
+    batch_size, device, names             properties
+    _get_str(key, default)                entry at one level (tensor or sub-collection)
+    _set_str(key, value, inplace, validated)
+    _del_str(key)
+    _keys_str()                           keys of one level
+    _index(index)                         index over batch dims (index already normalized)
+    _apply_batch(fn, batch_size, names)   leafwise op that changes batch dims
+    _split_batch(fn, batch_sizes)         leafwise op returning one leaf per output
+    _map(fn, others, ...)                 leafwise op keeping the structure
+    _new_empty(batch_size)                an empty container of the same kind
+    lock_/unlock_/is_locked
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._utils import (
+    NO_DEFAULT,
+    NestedKey,
+    as_size,
+    expand_right,
+    indexed_batch_size,
+    missing_key_error,
+    normalize_index,
+    unravel_key,
+)
+
+__all__ = ["TensorDictBase", "is_tensor_collection", "HANDLED_FUNCTIONS"]
+
+#: torch functions (``torch.stack`` ...) overridden for containers; filled by ``functional``.
+HANDLED_FUNCTIONS: dict[Callable, Callable] = {}
+
+
+def is_tensor_collection(obj: Any) -> bool:
+    """True for TensorDicts, lazy stacks, tensorclass instances and non-tensor entries."""
+    return getattr(type(obj), "_is_tensor_collection", False)
+
+
+def _dims_tuple(dims: Any, ndim: int, name: str = "dim") -> tuple[int, ...]:
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = []
+    for d in dims:
+        if not -ndim <= d < max(ndim, 1):
+            raise IndexError(f"{name}={d} is out of range for a batch with {ndim} dims")
+        out.append(d % ndim if ndim else 0)
+    return tuple(out)
+
+
+class TensorDictBase:
+    """Shared behaviour of all tensor collections. See :class:`~steersman.tensordict.TensorDict`."""
+
+    _is_tensor_collection = True
+    __slots__ = ()
+
+    # ------------------------------------------------------------------ torch dispatch
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        impl = HANDLED_FUNCTIONS.get(func)
+        if impl is None:
+            return NotImplemented
+        return impl(*args, **(kwargs or {}))
+
+    # ------------------------------------------------------------------ shape properties
+    @property
+    def shape(self) -> torch.Size:
+        return self.batch_size
+
+    def size(self, dim: int | None = None) -> torch.Size | int:
+        return self.batch_size if dim is None else self.batch_size[dim]
+
+    @property
+    def batch_dims(self) -> int:
+        return len(self.batch_size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.batch_size)
+
+    def ndimension(self) -> int:
+        return len(self.batch_size)
+
+    def dim(self) -> int:
+        return len(self.batch_size)
+
+    def numel(self) -> int:
+        return math.prod(self.batch_size)
+
+    def __len__(self) -> int:
+        bs = self.batch_size
+        return bs[0] if len(bs) else 0
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        if not self.batch_dims:
+            raise StopIteration
+        for i in range(self.batch_size[0]):
+            yield self[i]
+
+    def __bool__(self) -> bool:
+        raise RuntimeError(
+            "the truth value of a TensorDict is ambiguous: use td.is_empty(), td.all() or td.any()"
+        )
+
+    __hash__ = object.__hash__
+
+    # ------------------------------------------------------------------ keys
+    def keys(
+        self,
+        include_nested: bool = False,
+        leaves_only: bool = False,
+        *,
+        is_leaf: Callable[[type], bool] | None = None,
+        sort: bool = False,
+    ) -> list[NestedKey]:
+        """The keys, optionally with nested keys (as tuples) and only the leaves."""
+        if not include_nested and not leaves_only:
+            out = list(self._keys_str())
+        else:
+            out = []
+            self._collect_keys(out, (), include_nested, leaves_only, is_leaf)
+        if sort:
+            out.sort(key=lambda k: k if isinstance(k, str) else ".".join(k))
+        return out
+
+    def _collect_keys(self, out, prefix, include_nested, leaves_only, is_leaf):
+        for key in self._keys_str():
+            value = self._get_str(key, NO_DEFAULT)
+            full = prefix + (key,) if prefix else key
+            sub = _is_branch(value) if is_leaf is None else not is_leaf(type(value))
+            if not sub or not leaves_only:
+                out.append(full)
+            if sub and include_nested:
+                value._collect_keys(
+                    out, full if type(full) is tuple else (full,), include_nested, leaves_only, is_leaf
+                )
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False, **kw) -> list:
+        return [self.get(k) for k in self.keys(include_nested, leaves_only, **kw)]
+
+    def items(self, include_nested: bool = False, leaves_only: bool = False, **kw) -> list:
+        return [(k, self.get(k)) for k in self.keys(include_nested, leaves_only, **kw)]
+
+    def non_tensor_items(self, include_nested: bool = False) -> list:
+        return [(k, v) for k, v in self.items(include_nested, True) if _is_non_tensor(v)]
+
+    def __contains__(self, key: Any) -> bool:
+        if type(key) is str:
+            return self._get_str(key, None) is not None
+        if isinstance(key, tuple):
+            try:
+                return self._get_nested(unravel_key(key), None) is not None
+            except TypeError:
+                return False
+        raise TypeError(
+            "`key in td` takes a string or a tuple of strings; to check for a value use "
+            "(td == value).any()"
+        )
+
+    def is_empty(self) -> bool:
+        """True if the container holds no leaf (empty nested containers don't count)."""
+        for key in self._keys_str():
+            v = self._get_str(key, NO_DEFAULT)
+            if not _is_branch(v) or not v.is_empty():
+                return False
+        return True
+
+    # ------------------------------------------------------------------ get / set
+    def _get_nested(self, key: NestedKey, default: Any) -> Any:
+        if type(key) is str:
+            return self._get_str(key, default)
+        node = self
+        for k in key[:-1]:
+            node = node._get_str(k, NO_DEFAULT if default is NO_DEFAULT else None)
+            if node is None:
+                return default
+            if not _is_branch(node):
+                raise KeyError(f"cannot get {key!r}: {k!r} is a leaf, not a nested container")
+        return node._get_str(key[-1], default)
+
+    def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
+        """The entry at ``key`` (a string or a tuple of strings).
+
+        A missing key raises KeyError naming the nearest keys, unless ``default`` is given.
+        Non-tensor entries are returned as their ``NonTensorData`` wrapper
+        (``td[key]`` returns the raw value).
+        """
+        if type(key) is not str:
+            key = unravel_key(key)
+        return self._get_nested(key, default)
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is str:
+            return _unwrap(self._get_str(index, NO_DEFAULT))
+        if type(index) is tuple and index and isinstance(index[0], (str, tuple)):
+            return _unwrap(self._get_nested(unravel_key(index), NO_DEFAULT))
+        if index is Ellipsis or (type(index) is tuple and not index):
+            return self
+        if not self.batch_dims and index is not None:
+            raise IndexError(f"cannot index a TensorDict with an empty batch size (index {index!r})")
+        if isinstance(index, TensorDictBase):
+            raise TypeError("indexing with a TensorDict is not supported; use a bool tensor mask")
+        return self._index(normalize_index(index, self.batch_dims))
+
+    def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
+        """The raw value of a non-tensor entry (a list for a stack of non-tensor data)."""
+        v = self.get(key, default)
+        return _unwrap(v)
+
+    def get_at(self, key: NestedKey, index: Any, default: Any = NO_DEFAULT) -> Any:
+        v = self.get(key, default)
+        if v is default and default is not NO_DEFAULT:
+            return default
+        return v[index]
+
+    def _prepare_value(self, key: str, value: Any) -> Any:
+        """Converts a value to a valid entry for this container (no shape check)."""
+        if isinstance(value, Tensor) or is_tensor_collection(value):
+            return value
+        from .nontensor import to_entry
+
+        return to_entry(value, self.batch_size, self.device, key)
+
+    def set(self, key: NestedKey, item: Any, inplace: bool = False, **kwargs) -> TensorDictBase:
+        """Writes ``item`` at ``key``; the leading dims of ``item`` must equal ``batch_size``.
+
+        ``inplace=True`` copies into the existing tensor when the key is present.
+        A tuple key creates the missing nested TensorDicts.
+        """
+        if type(key) is not str:
+            key = unravel_key(key)
+            if type(key) is tuple:
+                node = self._get_or_create_parent(key)
+                node._set_str(key[-1], node._prepare_value(key[-1], item), inplace, False)
+                return self
+        self._set_str(key, self._prepare_value(key, item), inplace, False)
+        return self
+
+    def _get_or_create_parent(self, key: tuple[str, ...]) -> TensorDictBase:
+        node = self
+        for i, k in enumerate(key[:-1]):
+            sub = node._get_str(k, None)
+            if sub is None:
+                sub = node._new_empty(node.batch_size)
+                node._set_str(k, sub, False, True)
+            elif not _is_branch(sub):
+                raise KeyError(f"cannot set {key!r}: {key[: i + 1]!r} is a leaf")
+            node = sub
+        return node
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if type(index) is str or (type(index) is tuple and index and isinstance(index[0], (str, tuple))):
+            self.set(index, value)
+            return
+        if isinstance(value, Mapping) and not is_tensor_collection(value):
+            value = _dict_view(value)
+        self._setitem_batch(normalize_index(index, self.batch_dims) if index is not Ellipsis else (), value)
+
+    def _setitem_batch(self, index: Any, value: Any) -> None:
+        """``td[index] = value``: every leaf is validated first, then written in place."""
+        pairs: list = []
+        new_bs = self.batch_size if _whole(index) else indexed_batch_size(self.batch_size, index)
+        _collect_write_pairs(self, value, pairs, (), new_bs, self.batch_dims)
+        _write_pairs(pairs, index)
+
+    def set_(self, key: NestedKey, item: Any) -> TensorDictBase:
+        """Copies ``item`` into the existing entry at ``key`` (same shape; key must exist)."""
+        dst = self.get(key)
+        if isinstance(dst, Tensor):
+            src = item if isinstance(item, Tensor) else torch.as_tensor(item)
+            _check_broadcast(src.shape, dst.shape, key)
+            dst.copy_(src)
+        else:
+            dst.update_(item)
+        return self
+
+    def set_at_(self, key: NestedKey, value: Any, index: Any) -> TensorDictBase:
+        self.get(key)[index] = value
+        return self
+
+    def setdefault(self, key: NestedKey, default: Any) -> Any:
+        if key not in self:
+            self.set(key, default)
+        return self.get(key)
+
+    def set_non_tensor(self, key: NestedKey, value: Any) -> TensorDictBase:
+        from .nontensor import NonTensorData
+
+        return self.set(
+            key, NonTensorData(value, batch_size=self.batch_size, device=self.device)
+        )
+
+    def __delitem__(self, key: NestedKey) -> None:
+        self.del_(key)
+
+    def del_(self, key: NestedKey) -> TensorDictBase:
+        key = unravel_key(key)
+        if type(key) is str:
+            self._del_str(key)
+        else:
+            parent = self._get_nested(key[:-1] if len(key) > 2 else key[0], NO_DEFAULT)
+            parent._del_str(key[-1])
+        return self
+
+    def pop(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
+        key = unravel_key(key)
+        if key not in self:
+            if default is NO_DEFAULT:
+                raise missing_key_error(key, self.keys(True))
+            return default
+        value = self.get(key)
+        self.del_(key)
+        return value
+
+    def rename_key_(self, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> TensorDictBase:
+        old_key, new_key = unravel_key(old_key), unravel_key(new_key)
+        if safe and new_key in self:
+            raise KeyError(f"key {new_key!r} already exists; pass safe=False to overwrite it")
+        value = self.get(old_key)
+        if self.is_locked:
+            raise RuntimeError("cannot rename keys of a locked TensorDict; unlock_() it first")
+        self.set(new_key, value)
+        self.del_(old_key)
+        return self
+
+    def update(
+        self,
+        input_dict_or_td: Mapping | TensorDictBase,
+        clone: bool = False,
+        inplace: bool = False,
+        *,
+        keys_to_update: Sequence[NestedKey] | None = None,
+    ) -> TensorDictBase:
+        """Sets every entry of ``input_dict_or_td``; nested containers are merged."""
+        items = input_dict_or_td.items() if not isinstance(input_dict_or_td, TensorDictBase) else (
+            (k, input_dict_or_td._get_str(k, NO_DEFAULT)) for k in input_dict_or_td._keys_str()
+        )
+        selected = None if keys_to_update is None else {unravel_key(k) for k in keys_to_update}
+        prepared = []
+        for key, value in items:
+            if selected is not None and key not in selected and not any(
+                type(s) is tuple and s[0] == key for s in selected
+            ):
+                continue
+            if clone and isinstance(value, (Tensor, TensorDictBase)):
+                value = value.clone()
+            prepared.append((key, value))
+        # validate everything before writing anything
+        staged = []
+        for key, value in prepared:
+            current = self._get_str(key, None) if type(key) is str else self.get(key, None)
+            if current is not None and _is_branch(current) and (
+                isinstance(value, (Mapping, TensorDictBase)) and not _is_non_tensor(value)
+            ):
+                sub_keys = None
+                if selected is not None:
+                    sub_keys = [s[1:] for s in selected if type(s) is tuple and s[0] == key]
+                    if key in selected:
+                        sub_keys = None
+                staged.append(("merge", key, current, value, sub_keys))
+            else:
+                if type(key) is str:
+                    value = self._prepare_value(key, value)
+                    self._check_value(key, value)
+                staged.append(("set", key, None, value, None))
+        for kind, key, current, value, sub_keys in staged:
+            if kind == "merge":
+                current.update(value, inplace=inplace, keys_to_update=sub_keys)
+            else:
+                self.set(key, value, inplace=inplace)
+        return self
+
+    def _check_value(self, key: str, value: Any) -> None:
+        """Raises if ``value`` can't be stored at ``key`` (shape, lock)."""
+        bs = self.batch_size
+        shape = value.shape if isinstance(value, Tensor) else value.batch_size
+        if shape[: len(bs)] != bs:
+            raise ValueError(
+                f"batch size mismatch for key {key!r}: expected leading dims {list(bs)}, "
+                f"got shape {list(shape)}"
+            )
+        if self.is_locked and self._get_str(key, None) is None:
+            raise RuntimeError(f"cannot add key {key!r}: the TensorDict is locked (unlock_() it first)")
+
+    def update_(self, input_dict_or_td: Mapping | TensorDictBase, clone: bool = False) -> TensorDictBase:
+        """Copies every entry of the input into the existing entries (all keys must exist).
+
+        Everything is validated before the first write, so a failure changes nothing.
+        """
+        src = input_dict_or_td
+        if not is_tensor_collection(src):
+            src = _dict_view(src)
+        pairs: list = []
+        _collect_write_pairs(self, src, pairs, (), self.batch_size, self.batch_dims)
+        _write_pairs(pairs, ())
+        return self
+
+    def update_at_(self, input_dict_or_td: Mapping | TensorDictBase, idx: Any) -> TensorDictBase:
+        self[idx] = input_dict_or_td
+        return self
+
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDictBase:
+        """A new container with only ``keys`` (leaves are shared, not copied)."""
+        out = self._new_empty(self.batch_size)
+        for key in keys:
+            key = unravel_key(key)
+            value = self.get(key, NO_DEFAULT if strict else None)
+            if value is None:
+                continue
+            if type(key) is str:
+                out._set_str(key, value, False, True)
+            else:
+                node = out
+                src = self
+                for k in key[:-1]:
+                    src = src._get_str(k, NO_DEFAULT)
+                    sub = node._get_str(k, None)
+                    if sub is None:
+                        sub = src._new_empty(src.batch_size)
+                        node._set_str(k, sub, False, True)
+                    node = sub
+                node._set_str(key[-1], value, False, True)
+        if inplace:
+            for key in list(self._keys_str()):
+                if key not in out._keys_str():
+                    self._del_str(key)
+                else:
+                    self._set_str(key, out._get_str(key, NO_DEFAULT), False, True)
+            return self
+        return out
+
+    def exclude(self, *keys: NestedKey, inplace: bool = False) -> TensorDictBase:
+        """A new container without ``keys`` (missing keys are ignored)."""
+        out = self if inplace else self.copy()
+        for key in keys:
+            key = unravel_key(key)
+            if type(key) is str:
+                if out._get_str(key, None) is not None:
+                    out._del_str(key)
+                continue
+            parent = out._get_nested(key[:-1] if len(key) > 2 else key[0], None)
+            if parent is None or parent._get_str(key[-1], None) is None:
+                continue
+            if not inplace:  # copy the path so the source is untouched
+                node = out
+                for k in key[:-1]:
+                    sub = node._get_str(k, NO_DEFAULT).copy()
+                    node._set_str(k, sub, False, True)
+                    node = sub
+                parent = node
+            parent._del_str(key[-1])
+        return out
+
+    def split_keys(self, *key_sets: Sequence[NestedKey], inplace: bool = False, default: Any = NO_DEFAULT):
+        """Splits into one container per key set, plus one with the remaining keys."""
+        outs = []
+        used = []
+        for ks in key_sets:
+            ks = [unravel_key(k) for k in ks]
+            outs.append(self.select(*ks, strict=default is NO_DEFAULT))
+            used.extend(ks)
+        rest = self.exclude(*used)
+        if inplace:
+            self.exclude(*used, inplace=True)
+        return (*outs, rest)
+
+    def copy(self) -> TensorDictBase:
+        """A shallow copy: new containers, same leaf tensors."""
+        return self._map(lambda x: x, (), nested_copy=True)
+
+    def flatten_keys(self, separator: str = ".", inplace: bool = False) -> TensorDictBase:
+        """Nested keys become flat keys joined by ``separator``."""
+        out = self._new_empty(self.batch_size)
+        for key in self.keys(include_nested=True, leaves_only=True):
+            flat = key if type(key) is str else separator.join(key)
+            if out._get_str(flat, None) is not None:
+                raise KeyError(f"flattening would create the key {flat!r} twice")
+            out._set_str(flat, self.get(key), False, True)
+        if inplace:
+            for k in list(self._keys_str()):
+                self._del_str(k)
+            for k in out._keys_str():
+                self._set_str(k, out._get_str(k, NO_DEFAULT), False, True)
+            return self
+        return out
+
+    def unflatten_keys(self, separator: str = ".", inplace: bool = False) -> TensorDictBase:
+        """Flat keys ``"a.b"`` become nested keys ``("a", "b")``."""
+        out = self._new_empty(self.batch_size)
+        for key in self._keys_str():
+            value = self._get_str(key, NO_DEFAULT)
+            if _is_branch(value):
+                value = value.unflatten_keys(separator)
+            parts = tuple(key.split(separator))
+            if len(parts) == 1:
+                out._set_str(key, value, False, True)
+            else:
+                out._get_or_create_parent(parts)._set_str(parts[-1], value, False, True)
+        if inplace:
+            for k in list(self._keys_str()):
+                self._del_str(k)
+            for k in out._keys_str():
+                self._set_str(k, out._get_str(k, NO_DEFAULT), False, True)
+            return self
+        return out
+
+    def to_dict(self, *, convert_tensors: bool | str = False) -> dict[str, Any]:
+        """A nested ``dict``; non-tensor entries become their Python values."""
+        out = {}
+        for key in self._keys_str():
+            v = self._get_str(key, NO_DEFAULT)
+            if _is_non_tensor(v):
+                out[key] = _unwrap(v)
+            elif _is_branch(v):
+                out[key] = v.to_dict(convert_tensors=convert_tensors)
+            elif convert_tensors == "numpy":
+                out[key] = v.detach().cpu().numpy()
+            elif convert_tensors:
+                out[key] = v.tolist()
+            else:
+                out[key] = v
+        return out
+
+    def numpy(self) -> dict[str, Any]:
+        return self.to_dict(convert_tensors="numpy")
+
+    def tolist(self) -> list:
+        if not self.batch_dims:
+            return self.to_dict(convert_tensors=True)  # type: ignore[return-value]
+        return [td.tolist() for td in self.unbind(0)]
+
+    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT) -> TensorDictBase:
+        """A container with the same batch size and no entries (``recurse``: keep nesting)."""
+        bs = self.batch_size if batch_size is None else as_size(batch_size)
+        out = self._new_empty(bs)
+        if recurse:
+            for key in self._keys_str():
+                v = self._get_str(key, NO_DEFAULT)
+                if _is_branch(v) and not _is_non_tensor(v):
+                    out._set_str(key, v.empty(recurse=True), False, True)
+        return out
+
+    # ------------------------------------------------------------------ leafwise ops
+    def apply(
+        self,
+        fn: Callable,
+        *others: TensorDictBase,
+        batch_size: Sequence[int] | None = None,
+        device: Any = NO_DEFAULT,
+        names: Any = NO_DEFAULT,
+        inplace: bool = False,
+        default: Any = NO_DEFAULT,
+        filter_empty: bool | None = None,
+        call_on_nested: bool = False,
+        **constructor_kwargs: Any,
+    ) -> TensorDictBase | None:
+        """Applies ``fn(leaf, *other_leaves)`` to every leaf; returns a new container.
+
+        A ``None`` result drops the entry. ``batch_size=`` sets the result's batch size
+        when ``fn`` changes it. ``inplace=True`` writes the results into ``self``.
+        """
+        if inplace:
+            self._map_(fn, others, default=default)
+            return self
+        return self._map(
+            fn,
+            others,
+            batch_size=None if batch_size is None else as_size(batch_size),
+            device=device,
+            default=default,
+            call_on_nested=call_on_nested,
+            filter_empty=filter_empty,
+        )
+
+    def apply_(self, fn: Callable, *others: TensorDictBase, **kwargs: Any) -> TensorDictBase:
+        self._map_(fn, others, default=kwargs.get("default", NO_DEFAULT))
+        return self
+
+    def named_apply(
+        self,
+        fn: Callable,
+        *others: TensorDictBase,
+        nested_keys: bool = False,
+        batch_size: Sequence[int] | None = None,
+        default: Any = NO_DEFAULT,
+        filter_empty: bool | None = None,
+        **kwargs: Any,
+    ) -> TensorDictBase | None:
+        """Like :meth:`apply` but calls ``fn(key, leaf, *other_leaves)``.
+
+        ``nested_keys=True`` passes the full tuple key instead of the last string.
+        """
+        return self._map(
+            fn,
+            others,
+            batch_size=None if batch_size is None else as_size(batch_size),
+            default=default,
+            named=True,
+            nested_keys=nested_keys,
+            filter_empty=filter_empty,
+        )
+
+    def to(self, *args: Any, **kwargs: Any) -> TensorDictBase:
+        """Moves/casts leaves: ``to(device)``, ``to(dtype)``, ``to(other)``, ``to(batch_size=)``.
+
+        Device moves use ``non_blocking=True`` unless told otherwise.
+        """
+        non_blocking = kwargs.pop("non_blocking", None)
+        batch_size = kwargs.pop("batch_size", None)
+        device = kwargs.pop("device", None)
+        dtype = kwargs.pop("dtype", None)
+        if kwargs:
+            raise TypeError(f"to() got unexpected arguments {sorted(kwargs)}")
+        for a in args:
+            if isinstance(a, torch.dtype):
+                dtype = a
+            elif isinstance(a, (str, torch.device, int)):
+                device = torch.device(a) if not isinstance(a, int) else torch.device("cuda", a)
+            elif isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            elif is_tensor_collection(a):
+                device = a.device
+            else:
+                raise TypeError(f"to() does not understand {a!r}")
+        out = self
+        if batch_size is not None:
+            out = out.clone(False)
+            out.batch_size = batch_size
+        if device is None and dtype is None:
+            return out
+        if device is not None:
+            device = torch.device(device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        nb = True if non_blocking is None else non_blocking
+        if device is not None and dtype is not None:
+            def fn(x):
+                return x.to(device=device, dtype=dtype, non_blocking=nb)
+        elif device is not None:
+            if out.device == device:
+                return out  # every leaf is already there (device is an invariant)
+            if all(t.device == device for t in out._tensor_leaves()):
+                return out._map(_identity, (), device=device)
+            def fn(x):
+                return x.to(device, non_blocking=nb)
+        else:
+            def fn(x):
+                return x.to(dtype)
+        result = out._map(fn, (), device=device if device is not None else NO_DEFAULT)
+        if device is not None and nb and device.type == "cpu" and _any_device_not(self, "cpu"):
+            torch.cuda.synchronize() if torch.cuda.is_available() else None
+        return result
+
+    def cpu(self) -> TensorDictBase:
+        return self.to("cpu")
+
+    def cuda(self, device: int | None = None) -> TensorDictBase:
+        return self.to(torch.device("cuda") if device is None else torch.device("cuda", device))
+
+    def clone(self, recurse: bool = True, **kwargs: Any) -> TensorDictBase:
+        """A copy; ``recurse=False`` shares the leaves (a shallow copy)."""
+        if not recurse:
+            return self.copy()
+        return self._map(torch.clone, (), clone_non_tensor=True)
+
+    def detach(self) -> TensorDictBase:
+        return self._map(torch.Tensor.detach, ())
+
+    def detach_(self) -> TensorDictBase:
+        self._map_(torch.Tensor.detach_, (), assign=False)
+        return self
+
+    def contiguous(self) -> TensorDictBase:
+        return self._map(torch.Tensor.contiguous, ())
+
+    def is_contiguous(self) -> bool:
+        return all(v.is_contiguous() for v in self._tensor_leaves())
+
+    def requires_grad_(self, requires_grad: bool = True) -> TensorDictBase:
+        self._map_(lambda x: x.requires_grad_(requires_grad), (), assign=False)
+        return self
+
+    @property
+    def requires_grad(self) -> bool:
+        return any(v.requires_grad for v in self._tensor_leaves())
+
+    def float(self) -> TensorDictBase:
+        return self.to(torch.float32)
+
+    def double(self) -> TensorDictBase:
+        return self.to(torch.float64)
+
+    def half(self) -> TensorDictBase:
+        return self.to(torch.float16)
+
+    def bfloat16(self) -> TensorDictBase:
+        return self.to(torch.bfloat16)
+
+    def int(self) -> TensorDictBase:
+        return self.to(torch.int32)
+
+    def long(self) -> TensorDictBase:
+        return self.to(torch.int64)
+
+    def bool(self) -> TensorDictBase:
+        return self.to(torch.bool)
+
+    def type(self, dtype: torch.dtype) -> TensorDictBase:
+        return self.to(dtype)
+
+    def zero_(self) -> TensorDictBase:
+        """Fills every leaf with zeros in place (one ``_foreach`` call)."""
+        torch._foreach_zero_(self._tensor_leaves())
+        return self
+
+    def fill_(self, key: NestedKey, value: float | bool) -> TensorDictBase:
+        """Fills the entry at ``key`` (a leaf or a nested container) with ``value``."""
+        target = self.get(key)
+        if isinstance(target, Tensor):
+            target.fill_(value)
+        else:
+            for t in target._tensor_leaves():
+                t.fill_(value)
+        return self
+
+    def copy_(self, src: TensorDictBase, non_blocking: bool = False) -> TensorDictBase:
+        """Copies ``src`` into ``self`` in place (same keys)."""
+        return self.update_(src)
+
+    def _tensor_leaves(self) -> list[Tensor]:
+        out: list[Tensor] = []
+        for key in self._keys_str():
+            v = self._get_str(key, NO_DEFAULT)
+            if isinstance(v, Tensor):
+                out.append(v)
+            elif _is_branch(v) and not _is_non_tensor(v):
+                out.extend(v._tensor_leaves())
+        return out
+
+    # ------------------------------------------------------------------ arithmetic
+    def _binary(self, op: Callable, other: Any, reverse: bool = False) -> TensorDictBase:
+        if is_tensor_collection(other):
+            if reverse:
+                return self._map(lambda x, y: op(y, x), (other,))
+            return self._map(op, (other,))
+        if isinstance(other, Tensor) and other.ndim and other.ndim <= self.batch_dims and (
+            other.shape == self.batch_size[: other.ndim]
+        ):
+            n = other.ndim
+
+            def fn(x):
+                o = other.reshape(other.shape + (1,) * (x.ndim - n))
+                return op(o, x) if reverse else op(x, o)
+            return self._map(fn, ())
+        if reverse:
+            return self._map(lambda x: op(other, x), ())
+        return self._map(lambda x: op(x, other), ())
+
+    def _binary_(self, op_: Callable, other: Any) -> TensorDictBase:
+        if is_tensor_collection(other):
+            self._map_(op_, (other,), assign=False)
+            return self
+        if isinstance(other, Tensor) and other.ndim and other.ndim <= self.batch_dims and (
+            other.shape == self.batch_size[: other.ndim]
+        ):
+            n = other.ndim
+
+            def fn(x):
+                return op_(x, other.reshape(other.shape + (1,) * (x.ndim - n)))
+            self._map_(fn, (), assign=False)
+            return self
+        self._map_(lambda x: op_(x, other), (), assign=False)
+        return self
+
+    def __add__(self, other):
+        return self._binary(torch.add, other)
+
+    def __radd__(self, other):
+        return self._binary(torch.add, other, True)
+
+    def __sub__(self, other):
+        return self._binary(torch.sub, other)
+
+    def __rsub__(self, other):
+        return self._binary(torch.sub, other, True)
+
+    def __mul__(self, other):
+        return self._binary(torch.mul, other)
+
+    def __rmul__(self, other):
+        return self._binary(torch.mul, other, True)
+
+    def __truediv__(self, other):
+        return self._binary(torch.div, other)
+
+    def __rtruediv__(self, other):
+        return self._binary(torch.div, other, True)
+
+    def __floordiv__(self, other):
+        return self._binary(torch.floor_divide, other)
+
+    def __mod__(self, other):
+        return self._binary(torch.remainder, other)
+
+    def __pow__(self, other):
+        return self._binary(torch.pow, other)
+
+    def __rpow__(self, other):
+        return self._binary(torch.pow, other, True)
+
+    def __matmul__(self, other):
+        return self._binary(torch.matmul, other)
+
+    def __and__(self, other):
+        return self._binary(torch.bitwise_and, other)
+
+    def __or__(self, other):
+        return self._binary(torch.bitwise_or, other)
+
+    def __xor__(self, other):
+        return self._binary(torch.bitwise_xor, other)
+
+    def __neg__(self):
+        return self._map(torch.neg, ())
+
+    def __abs__(self):
+        return self._map(torch.abs, ())
+
+    def __invert__(self):
+        return self._map(torch.bitwise_not, ())
+
+    def __iadd__(self, other):
+        return self._binary_(Tensor.add_, other)
+
+    def __isub__(self, other):
+        return self._binary_(Tensor.sub_, other)
+
+    def __imul__(self, other):
+        return self._binary_(Tensor.mul_, other)
+
+    def __itruediv__(self, other):
+        return self._binary_(Tensor.div_, other)
+
+    def __ipow__(self, other):
+        return self._binary_(Tensor.pow_, other)
+
+    def __eq__(self, other):  # type: ignore[override]
+        return self._binary(torch.eq, other)
+
+    def __ne__(self, other):  # type: ignore[override]
+        return self._binary(torch.ne, other)
+
+    def __lt__(self, other):
+        return self._binary(torch.lt, other)
+
+    def __le__(self, other):
+        return self._binary(torch.le, other)
+
+    def __gt__(self, other):
+        return self._binary(torch.gt, other)
+
+    def __ge__(self, other):
+        return self._binary(torch.ge, other)
+
+    def add(self, other, *, alpha: float | None = None):
+        if alpha is not None:
+            return self._binary(lambda x, y: torch.add(x, y, alpha=alpha), other)
+        return self._binary(torch.add, other)
+
+    def sub(self, other, *, alpha: float | None = None):
+        if alpha is not None:
+            return self._binary(lambda x, y: torch.sub(x, y, alpha=alpha), other)
+        return self._binary(torch.sub, other)
+
+    def mul(self, other):
+        return self._binary(torch.mul, other)
+
+    def div(self, other):
+        return self._binary(torch.div, other)
+
+    def pow(self, other):
+        return self._binary(torch.pow, other)
+
+    def maximum(self, other):
+        return self._binary(torch.maximum, other)
+
+    def minimum(self, other):
+        return self._binary(torch.minimum, other)
+
+    def lerp(self, end, weight):
+        return self._binary(lambda x, e: torch.lerp(x, e, weight), end)
+
+    def add_(self, other, *, alpha: float | None = None):
+        if alpha is None and is_tensor_collection(other) and not _is_lazy(self, other):
+            torch._foreach_add_(self._tensor_leaves(), _matching_leaves(self, other))
+            return self
+        if alpha is not None:
+            return self._binary_(lambda x, y: x.add_(y, alpha=alpha), other)
+        return self._binary_(Tensor.add_, other)
+
+    def sub_(self, other, *, alpha: float | None = None):
+        if alpha is not None:
+            return self._binary_(lambda x, y: x.sub_(y, alpha=alpha), other)
+        return self._binary_(Tensor.sub_, other)
+
+    def mul_(self, other):
+        if isinstance(other, numbers.Number):
+            torch._foreach_mul_(self._tensor_leaves(), other)
+            return self
+        return self._binary_(Tensor.mul_, other)
+
+    def div_(self, other):
+        return self._binary_(Tensor.div_, other)
+
+    def pow_(self, other):
+        return self._binary_(Tensor.pow_, other)
+
+    def maximum_(self, other):
+        return self._binary_(lambda x, y: x.copy_(torch.maximum(x, y)), other)
+
+    def minimum_(self, other):
+        return self._binary_(lambda x, y: x.copy_(torch.minimum(x, y)), other)
+
+    def lerp_(self, end, weight):
+        if is_tensor_collection(end) and isinstance(weight, numbers.Number) and not _is_lazy(self, end):
+            torch._foreach_lerp_(self._tensor_leaves(), _matching_leaves(self, end), weight)
+            return self
+        return self._binary_(lambda x, e: x.lerp_(e, weight), end)
+
+    def addcmul_(self, tensor1, tensor2, *, value: float = 1):
+        self._map_(lambda x, a, b: x.addcmul_(a, b, value=value), (tensor1, tensor2), assign=False)
+        return self
+
+    def _unary_(self, name: str) -> TensorDictBase:
+        foreach = getattr(torch, f"_foreach_{name}_", None)
+        leaves = self._tensor_leaves()
+        if foreach is not None and leaves:
+            foreach(leaves)
+        else:
+            for t in leaves:
+                getattr(t, f"{name}_")()
+        return self
+
+    def clamp(self, min=None, max=None):
+        return self._map(lambda x: x.clamp(min, max), ())
+
+    def clamp_(self, min=None, max=None):
+        self._map_(lambda x: x.clamp_(min, max), (), assign=False)
+        return self
+
+    def clamp_min(self, min):
+        return self.clamp(min=min)
+
+    def clamp_max(self, max):
+        return self.clamp(max=max)
+
+    def abs_(self):
+        return self._unary_("abs")
+
+    def neg_(self):
+        return self._unary_("neg")
+
+    def sqrt_(self):
+        return self._unary_("sqrt")
+
+    def exp_(self):
+        return self._unary_("exp")
+
+    def log_(self):
+        return self._unary_("log")
+
+    def sign_(self):
+        return self._unary_("sign")
+
+    def sigmoid_(self):
+        return self._unary_("sigmoid")
+
+    def tanh_(self):
+        return self._unary_("tanh")
+
+    def reciprocal_(self):
+        return self._unary_("reciprocal")
+
+    def sqrt(self):
+        return self._map(torch.sqrt, ())
+
+    def exp(self):
+        return self._map(torch.exp, ())
+
+    def log(self):
+        return self._map(torch.log, ())
+
+    def abs(self):
+        return self._map(torch.abs, ())
+
+    def neg(self):
+        return self._map(torch.neg, ())
+
+    def sign(self):
+        return self._map(torch.sign, ())
+
+    def sigmoid(self):
+        return self._map(torch.sigmoid, ())
+
+    def tanh(self):
+        return self._map(torch.tanh, ())
+
+    def reciprocal(self):
+        return self._map(torch.reciprocal, ())
+
+    def isnan(self):
+        return self._map(torch.isnan, ())
+
+    def isfinite(self):
+        return self._map(torch.isfinite, ())
+
+    def logical_and(self, other):
+        return self._binary(torch.logical_and, other)
+
+    def logical_or(self, other):
+        return self._binary(torch.logical_or, other)
+
+    def logical_not(self):
+        return self._map(torch.logical_not, ())
+
+    # ------------------------------------------------------------------ reductions
+    def all(self, dim: int | None = None) -> Any:
+        """``dim=None``: one bool; ``dim=d``: a container reduced over batch dim ``d``."""
+        if dim is None:
+            return all(bool(v.all()) for v in self._tensor_leaves())
+        return self._reduce(lambda x, dims: x.all(dim=dims[0]) if len(dims) == 1 else x.all(), dim)
+
+    def any(self, dim: int | None = None) -> Any:
+        if dim is None:
+            return any(bool(v.any()) for v in self._tensor_leaves())
+        return self._reduce(lambda x, dims: x.any(dim=dims[0]) if len(dims) == 1 else x.any(), dim)
+
+    def _reduce(self, fn: Callable, dim: Any, keepdim: bool = False) -> TensorDictBase:
+        dims = _dims_tuple(dim, self.batch_dims)
+        bs = self.batch_size
+        if keepdim:
+            new_bs = torch.Size(1 if i in dims else s for i, s in enumerate(bs))
+        else:
+            new_bs = torch.Size(s for i, s in enumerate(bs) if i not in dims)
+        return self._map(lambda x: fn(x, dims), (), batch_size=new_bs, reduce_dims=(dims, keepdim))
+
+    def _reduction(self, name: str, dim: Any, keepdim: bool, reduce: bool, **kw: Any) -> Any:
+        func = getattr(torch, name)
+        if reduce:
+            leaves = self._tensor_leaves()
+            if dim is None or dim is NO_DEFAULT:
+                return _reduce_all(name, leaves)
+            dims = _dims_tuple(dim, self.batch_dims)
+            flat = [x.flatten(len(dims) + 0, -1) if False else x for x in leaves]
+            return _reduce_all(name, flat, dims)
+        if dim is None or dim is NO_DEFAULT:
+            return self._map(lambda x: func(x, **kw), (), batch_size=torch.Size(()))
+
+        def fn(x, dims):
+            if name in ("max", "min"):
+                out = x
+                for d in sorted(dims, reverse=True):
+                    out = getattr(out, name)(dim=d, keepdim=keepdim).values
+                return out
+            if name == "norm":
+                return torch.linalg.vector_norm(x, dim=dims, keepdim=keepdim, **kw)
+            if name == "prod":
+                out = x
+                for d in sorted(dims, reverse=True):
+                    out = out.prod(dim=d, keepdim=keepdim)
+                return out
+            return func(x, dim=dims, keepdim=keepdim, **kw)
+        return self._reduce(fn, dim, keepdim)
+
+    def sum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None):
+        """Sums over batch dims ``dim`` (``None``: each leaf entirely). ``reduce=True``: one tensor."""
+        kw = {} if dtype is None else {"dtype": dtype}
+        return self._reduction("sum", dim, keepdim, reduce, **kw)
+
+    def nansum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("nansum", dim, keepdim, reduce)
+
+    def mean(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None):
+        kw = {} if dtype is None else {"dtype": dtype}
+        return self._reduction("mean", dim, keepdim, reduce, **kw)
+
+    def nanmean(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("nanmean", dim, keepdim, reduce)
+
+    def std(self, dim: Any = None, keepdim: bool = False, *, correction: int = 1, reduce: bool = False):
+        return self._reduction("std", dim, keepdim, reduce, correction=correction)
+
+    def var(self, dim: Any = None, keepdim: bool = False, *, correction: int = 1, reduce: bool = False):
+        return self._reduction("var", dim, keepdim, reduce, correction=correction)
+
+    def max(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("max", dim, keepdim, reduce)
+
+    def min(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("min", dim, keepdim, reduce)
+
+    def amax(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("max", dim, keepdim, reduce)
+
+    def amin(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("min", dim, keepdim, reduce)
+
+    def prod(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
+        return self._reduction("prod", dim, keepdim, reduce)
+
+    def norm(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, ord: float = 2):
+        if dim is None and not reduce:
+            return self._map(lambda x: torch.linalg.vector_norm(x, ord), (), batch_size=torch.Size(()))
+        return self._reduction("norm", dim, keepdim, reduce, ord=ord)
+
+    def cumsum(self, dim: int) -> TensorDictBase:
+        d = _dims_tuple(dim, self.batch_dims)[0]
+        return self._map(lambda x: torch.cumsum(x, d), ())
+
+    def cumprod(self, dim: int) -> TensorDictBase:
+        d = _dims_tuple(dim, self.batch_dims)[0]
+        return self._map(lambda x: torch.cumprod(x, d), ())
+
+    # ------------------------------------------------------------------ masks
+    def masked_fill(self, mask: Tensor, value: float | bool) -> TensorDictBase:
+        """Sets ``value`` where ``mask`` (shaped like the leading batch dims) is True."""
+        _check_mask(self, mask)
+        return self._map(lambda x: x.masked_fill(expand_right(mask, x.shape), value), ())
+
+    def masked_fill_(self, mask: Tensor, value: float | bool) -> TensorDictBase:
+        _check_mask(self, mask)
+        self._map_(lambda x: x.masked_fill_(expand_right(mask, x.shape), value), (), assign=False)
+        return self
+
+    def masked_select(self, mask: Tensor) -> TensorDictBase:
+        _check_mask(self, mask)
+        return self[mask]
+
+    def where(self, condition: Tensor, other: Any, *, pad: Any = None) -> TensorDictBase:
+        """Keeps ``self`` where ``condition`` is True, takes ``other`` elsewhere."""
+        return torch.where(condition, self, other)
+
+    # ------------------------------------------------------------------ shape ops
+    def reshape(self, *shape: Any) -> TensorDictBase:
+        """Reshapes the batch dims; leaf feature dims are kept."""
+        shape = _shape_args(shape)
+        if -1 in shape:
+            shape = list(shape)
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = self.numel() // known if known else 0
+        shape = torch.Size(shape)
+        if math.prod(shape) != self.numel():
+            raise RuntimeError(
+                f"shape {list(shape)} is invalid for a batch of size {list(self.batch_size)}"
+            )
+        if shape == self.batch_size:
+            return self
+        bd = self.batch_dims
+        return self._apply_batch(lambda x: x.reshape(shape + x.shape[bd:]), shape, None)
+
+    def view(self, *shape: Any, dtype: torch.dtype | None = None) -> TensorDictBase:
+        if dtype is not None and not shape:
+            return self._map(lambda x: x.view(dtype), ())
+        shape = _shape_args(shape)
+        if -1 in shape:
+            shape = list(shape)
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = self.numel() // known if known else 0
+        shape = torch.Size(shape)
+        if math.prod(shape) != self.numel():
+            raise RuntimeError(f"shape {list(shape)} is invalid for a batch of size {list(self.batch_size)}")
+        if shape == self.batch_size:
+            return self
+        bd = self.batch_dims
+        return self._apply_batch(lambda x: x.view(shape + x.shape[bd:]), shape, None)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> TensorDictBase:
+        bd = self.batch_dims
+        if bd == 0:
+            return self
+        s, e = start_dim % bd, end_dim % bd
+        if e <= s:
+            return self
+        bs = self.batch_size
+        shape = bs[:s] + (math.prod(bs[s : e + 1]),) + bs[e + 1 :]
+        return self.reshape(shape)
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> TensorDictBase:
+        bd = self.batch_dims
+        d = _dims_tuple(dim, bd)[0]
+        bs = self.batch_size
+        sizes = list(sizes)
+        if -1 in sizes:
+            known = math.prod(s for s in sizes if s != -1)
+            sizes[sizes.index(-1)] = bs[d] // known
+        return self.reshape(bs[:d] + tuple(sizes) + bs[d + 1 :])
+
+    def squeeze(self, dim: int | None = None) -> TensorDictBase:
+        bs = self.batch_size
+        bd = len(bs)
+        if dim is None:
+            dims = [i for i, s in enumerate(bs) if s == 1]
+        else:
+            dims = [d for d in _dims_tuple(dim, bd) if bs[d] == 1]
+        if not dims:
+            return self
+        new_bs = torch.Size(s for i, s in enumerate(bs) if i not in dims)
+        names = self._names_without(dims)
+
+        def fn(x):
+            for d in sorted(dims, reverse=True):
+                x = x.squeeze(d)
+            return x
+        return self._apply_batch(fn, new_bs, names)
+
+    def unsqueeze(self, dim: int) -> TensorDictBase:
+        bd = self.batch_dims
+        if not -bd - 1 <= dim <= bd:
+            raise IndexError(f"unsqueeze dim={dim} is out of range for a batch with {bd} dims")
+        d = dim % (bd + 1) if dim < 0 else dim
+        bs = self.batch_size
+        new_bs = bs[:d] + (1,) + bs[d:]
+        names = self.names_or_none()
+        if names is not None:
+            names = names[:d] + [None] + names[d:]
+        return self._apply_batch(lambda x: x.unsqueeze(d), new_bs, names)
+
+    def permute(self, *dims: Any) -> TensorDictBase:
+        dims = _shape_args(dims)
+        bd = self.batch_dims
+        if sorted(d % bd for d in dims) != list(range(bd)) or len(dims) != bd:
+            raise ValueError(f"permute dims {list(dims)} do not match a batch of {bd} dims")
+        dims = tuple(d % bd for d in dims)
+        if dims == tuple(range(bd)):
+            return self
+        bs = self.batch_size
+        new_bs = torch.Size(bs[d] for d in dims)
+        names = self.names_or_none()
+        if names is not None:
+            names = [names[d] for d in dims]
+        return self._apply_batch(
+            lambda x: x.permute(*dims, *range(bd, x.ndim)), new_bs, names
+        )
+
+    def transpose(self, dim0: int, dim1: int) -> TensorDictBase:
+        bd = self.batch_dims
+        d0, d1 = _dims_tuple((dim0, dim1), bd)
+        if d0 == d1:
+            return self
+        perm = list(range(bd))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return self.permute(perm)
+
+    @property
+    def T(self) -> TensorDictBase:  # noqa: N802
+        return self.permute(*reversed(range(self.batch_dims)))
+
+    def expand(self, *shape: Any) -> TensorDictBase:
+        """Expands the batch to ``shape`` (new leading dims allowed, -1 keeps a dim)."""
+        shape = list(_shape_args(shape))
+        bs = self.batch_size
+        bd = len(bs)
+        if len(shape) < bd:
+            raise RuntimeError(f"cannot expand batch {list(bs)} to fewer dims {shape}")
+        offset = len(shape) - bd
+        for i, s in enumerate(bs):
+            if shape[offset + i] == -1:
+                shape[offset + i] = s
+            elif s != 1 and shape[offset + i] != s:
+                raise RuntimeError(f"cannot expand batch {list(bs)} to {shape}")
+        new_bs = torch.Size(shape)
+        return self._apply_batch(lambda x: x.expand(new_bs + x.shape[bd:]), new_bs, None)
+
+    def expand_as(self, other: Any) -> TensorDictBase:
+        return self.expand(other.shape)
+
+    def repeat(self, *repeats: Any) -> TensorDictBase:
+        repeats = _shape_args(repeats)
+        bd = self.batch_dims
+        if len(repeats) != bd:
+            raise ValueError(f"repeat needs {bd} repeats (one per batch dim), got {list(repeats)}")
+        new_bs = torch.Size(s * r for s, r in zip(self.batch_size, repeats))
+        return self._apply_batch(lambda x: x.repeat(*repeats, *(1,) * (x.ndim - bd)), new_bs, None)
+
+    def repeat_interleave(self, repeats: int | Tensor, dim: int = 0) -> TensorDictBase:
+        d = _dims_tuple(dim, self.batch_dims)[0]
+        bs = list(self.batch_size)
+        bs[d] = int(repeats.sum()) if isinstance(repeats, Tensor) else bs[d] * repeats
+        return self._apply_batch(lambda x: x.repeat_interleave(repeats, dim=d), torch.Size(bs), None)
+
+    def flip(self, dims: Any) -> TensorDictBase:
+        dims = _dims_tuple(dims, self.batch_dims)
+        return self._apply_batch(lambda x: x.flip(dims), self.batch_size, self.names_or_none())
+
+    def roll(self, shifts: Any, dims: Any) -> TensorDictBase:
+        dims = _dims_tuple(dims, self.batch_dims)
+        return self._apply_batch(lambda x: x.roll(shifts, dims), self.batch_size, self.names_or_none())
+
+    def narrow(self, dim: int, start: int, length: int) -> TensorDictBase:
+        d = _dims_tuple(dim, self.batch_dims)[0]
+        bs = list(self.batch_size)
+        bs[d] = length
+        return self._apply_batch(lambda x: x.narrow(d, start, length), torch.Size(bs), self.names_or_none())
+
+    def unbind(self, dim: int = 0) -> tuple[TensorDictBase, ...]:
+        """Splits along batch dim ``dim`` into a tuple of containers without that dim."""
+        bd = self.batch_dims
+        d = _dims_tuple(dim, bd)[0]
+        bs = self.batch_size
+        new_bs = bs[:d] + bs[d + 1 :]
+        return tuple(self._split_batch(lambda x: x.unbind(d), [new_bs] * bs[d]))
+
+    def split(self, split_size: int | Sequence[int], dim: int = 0) -> tuple[TensorDictBase, ...]:
+        """Splits along batch dim ``dim`` into chunks of ``split_size`` (or the given sizes)."""
+        d = _dims_tuple(dim, self.batch_dims)[0]
+        bs = self.batch_size
+        n = bs[d]
+        if isinstance(split_size, int):
+            if split_size <= 0:
+                raise ValueError(f"split_size must be positive, got {split_size}")
+            sizes = [min(split_size, n - i) for i in range(0, n, split_size)]
+        else:
+            sizes = list(split_size)
+            if sum(sizes) != n:
+                raise ValueError(f"split sizes {sizes} do not sum to the batch dim size {n}")
+        bss = [bs[:d] + (s,) + bs[d + 1 :] for s in sizes]
+        return tuple(self._split_batch(lambda x: x.split(sizes, d), [torch.Size(b) for b in bss]))
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorDictBase, ...]:
+        n = self.batch_size[_dims_tuple(dim, self.batch_dims)[0]]
+        size = -(-n // chunks) if n else 1
+        return self.split(size, dim)
+
+    def gather(self, dim: int, index: Tensor) -> TensorDictBase:
+        return torch.gather(self, dim, index)
+
+    # ------------------------------------------------------------------ names
+    def names_or_none(self) -> list | None:
+        names = self.names
+        return None if names is None or all(n is None for n in names) else list(names)
+
+    def _names_without(self, dims: Sequence[int]) -> list | None:
+        names = self.names_or_none()
+        return None if names is None else [n for i, n in enumerate(names) if i not in dims]
+
+    def refine_names(self, *names: Any) -> TensorDictBase:
+        self.names = list(names)
+        return self
+
+    def rename(self, *names: Any, **rename_map: str) -> TensorDictBase:
+        out = self.copy()
+        if names:
+            out.names = list(names)
+        else:
+            out.names = [rename_map.get(n, n) for n in self.names]
+        return out
+
+    # ------------------------------------------------------------------ memory
+    def bytes(self, *, count_duplicates: bool = False) -> int:
+        """The bytes held by the leaves (a storage shared by several leaves counts once)."""
+        seen = set()
+        total = 0
+        for t in self._tensor_leaves():
+            if not count_duplicates:
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.dtype)
+                if key in seen:
+                    continue
+                seen.add(key)
+            total += t.numel() * t.element_size()
+        return total
+
+    def is_shared(self) -> bool:
+        leaves = self._tensor_leaves()
+        return bool(leaves) and all(t.is_shared() for t in leaves)
+
+    def share_memory_(self) -> TensorDictBase:
+        """Moves leaves to shared memory (so worker processes see writes) and locks."""
+        for t in self._tensor_leaves():
+            t.share_memory_()
+        return self.lock_()
+
+    def pin_memory(self, num_threads: int | None = None, inplace: bool = False) -> TensorDictBase:
+        """Copies leaves to page-locked memory (needs an accelerator).
+
+        Usually ``td.to(device, non_blocking=True)`` is as fast and simpler.
+        """
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "pin_memory() needs an accelerator (none is available); "
+                "use td.to(device, non_blocking=True) instead"
+            )
+        return self._map(lambda x: x.pin_memory(), ())
+
+    def is_memmap(self) -> bool:
+        from .memmap import MemoryMappedTensor
+
+        leaves = self._tensor_leaves()
+        return bool(leaves) and all(isinstance(t, MemoryMappedTensor) for t in leaves)
+
+    def memmap_(self, prefix: Any = None, copy_existing: bool = False, *, num_threads: int = 0,
+                existsok: bool = True) -> TensorDictBase:
+        """Moves every leaf to a memory-mapped file under ``prefix`` (in place); locks."""
+        from .io import memmap_into
+
+        return memmap_into(self, prefix, inplace=True, existsok=existsok, copy_data=True)
+
+    def memmap(self, prefix: Any = None, copy_existing: bool = False, *, num_threads: int = 0,
+               existsok: bool = True) -> TensorDictBase:
+        """A memory-mapped copy of this container under ``prefix``."""
+        from .io import memmap_into
+
+        return memmap_into(self, prefix, inplace=False, existsok=existsok, copy_data=True)
+
+    def memmap_like(self, prefix: Any = None, copy_existing: bool = False, *, existsok: bool = True,
+                    num_threads: int = 0) -> TensorDictBase:
+        """A memory-mapped container with the same structure, filled with zeros."""
+        from .io import memmap_into
+
+        return memmap_into(self, prefix, inplace=False, existsok=existsok, copy_data=False)
+
+    def save(self, prefix: Any, copy_existing: bool = False, *, num_threads: int = 0) -> TensorDictBase:
+        """Writes the container under ``prefix`` (raw tensor files + JSON metadata)."""
+        from .io import save
+
+        save(self, prefix)
+        return self
+
+    dumps = save
+
+    # ------------------------------------------------------------------ locking
+    @property
+    def is_locked(self) -> bool:
+        return self._is_locked_flag()
+
+    def _is_locked_flag(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ state dict
+    def state_dict(self, destination: dict | None = None, prefix: str = "", keep_vars: bool = False,
+                   flatten: bool = False) -> dict[str, Any]:
+        """A dict of tensors plus ``"__batch_size"``/``"__device"`` entries, for ``torch.save``."""
+        out: dict[str, Any] = {} if destination is None else destination
+        for key in self._keys_str():
+            v = self._get_str(key, NO_DEFAULT)
+            if isinstance(v, Tensor):
+                out[prefix + key] = v if keep_vars else v.detach()
+            elif _is_non_tensor(v):
+                out[prefix + key] = {"__non_tensor": _unwrap(v)}
+            else:
+                if flatten:
+                    v.state_dict(out, prefix + key + ".", keep_vars, flatten=True)
+                else:
+                    out[prefix + key] = v.state_dict(keep_vars=keep_vars)
+        out[prefix + "__batch_size"] = self.batch_size
+        out[prefix + "__device"] = self.device
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True,
+                        assign: bool = False, from_flatten: bool = False) -> TensorDictBase:
+        from .td import TensorDict
+
+        sd = dict(state_dict)
+        if from_flatten or any("." in k for k in sd if not k.startswith("__")):
+            sd = _unflatten_state_dict(sd)
+        new = TensorDict._from_state_dict(sd)
+        if strict:
+            mine = set(self.keys(True, True))
+            theirs = set(new.keys(True, True))
+            if mine and mine != theirs:
+                raise KeyError(f"state_dict keys differ: missing {sorted(map(str, mine - theirs))}, "
+                               f"unexpected {sorted(map(str, theirs - mine))}")
+        self.batch_size = new.batch_size
+        self.update(new)
+        return self
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        fields = _fields_repr(self, indent=8)
+        head = type(self).__name__
+        return (
+            f"{head}(\n    fields={{{fields}}},\n    batch_size={self.batch_size},\n"
+            f"    device={self.device},\n    is_shared={self._shared_repr()})"
+        )
+
+    def _shared_repr(self) -> bool:
+        try:
+            return self.is_shared()
+        except Exception:  # pragma: no cover - storage without is_shared
+            return False
+
+    # ------------------------------------------------------------------ comparisons helpers
+    def allclose(self, other: TensorDictBase, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
+        return all(torch.allclose(a, b, rtol, atol) for a, b in zip(
+            self._tensor_leaves(), _matching_leaves(self, other)))
+
+    def isclose(self, other: TensorDictBase, rtol: float = 1e-5, atol: float = 1e-8) -> TensorDictBase:
+        return self._map(lambda a, b: torch.isclose(a, b, rtol, atol), (other,))
+
+    def data_ptr(self) -> TensorDictBase:
+        return self._map(lambda x: torch.tensor(x.data_ptr()), ())
+
+
+
+# ---------------------------------------------------------------------- helpers
+def _is_branch(v: Any) -> bool:
+    """True for nested containers we can walk into (not for non-tensor leaves)."""
+    return isinstance(v, TensorDictBase) and not getattr(type(v), "_is_non_tensor", False)
+
+
+def _is_non_tensor(v: Any) -> bool:
+    return getattr(type(v), "_is_non_tensor", False)
+
+
+def _unwrap(v: Any) -> Any:
+    if getattr(type(v), "_is_non_tensor", False):
+        return v.tolist() if getattr(type(v), "_is_stack", False) else v.data
+    return v
+
+
+def _is_lazy(*tds: Any) -> bool:
+    return any(getattr(type(t), "_is_lazy", False) for t in tds)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _any_device_not(td: TensorDictBase, dev: str) -> bool:
+    return any(t.device.type != dev for t in td._tensor_leaves())
+
+
+def _matching_leaves(td: TensorDictBase, other: TensorDictBase) -> list[Tensor]:
+    """Leaves of ``other`` in the order of ``td._tensor_leaves()`` (keys must match)."""
+    out = []
+    for key in td._keys_str():
+        v = td._get_str(key, NO_DEFAULT)
+        o = other._get_str(key, None)
+        if o is None:
+            raise missing_key_error(key, other._keys_str())
+        if isinstance(v, Tensor):
+            out.append(o)
+        elif _is_branch(v):
+            out.extend(_matching_leaves(v, o))
+    return out
+
+
+def _check_broadcast(src: Sequence[int], dst: Sequence[int], key: Any) -> None:
+    if len(src) > len(dst) or any(
+        s != d and s != 1 for s, d in zip(reversed(src), reversed(dst))
+    ):
+        raise ValueError(
+            f"cannot write a value of shape {list(src)} into entry {key!r} of shape {list(dst)}"
+        )
+
+
+def _dict_view(d: Mapping) -> Any:
+    from .td import TensorDict
+
+    return TensorDict._from_dict_nocheck(d)
+
+
+def _collect_write_pairs(
+    dst: Any, src: Any, pairs: list, prefix: tuple, new_bs: torch.Size, bd: int
+) -> None:
+    """Validates ``dst[index] <- src`` for every leaf and lists (dst_leaf, src_value) pairs.
+
+    ``new_bs`` is the batch shape that the index selects and ``bd`` the number of batch
+    dims of the root container. Nothing is written here, so a failed validation leaves
+    ``dst`` unchanged.
+    """
+    if not is_tensor_collection(src):
+        # one tensor or scalar written into every leaf
+        leaves = dst._tensor_leaves() if _is_branch(dst) else [dst]
+        for t in leaves:
+            expected = new_bs + t.shape[bd:]
+            if isinstance(src, Tensor):
+                val = src
+                if src.ndim and src.ndim <= len(new_bs) and src.shape == new_bs[: src.ndim]:
+                    val = expand_right(src, expected)
+                _check_broadcast(val.shape, expected, prefix or "<every leaf>")
+                pairs.append((t, val))
+            else:
+                pairs.append((t, src))
+        return
+    for key in src._keys_str():
+        s = src._get_str(key, NO_DEFAULT)
+        d = dst._get_str(key, None)
+        full = prefix + (key,)
+        name = full if len(full) > 1 else key
+        if d is None:
+            raise KeyError(
+                f"key {name!r} is not in the destination; an in-place write can only "
+                f"update existing entries (existing: {sorted(dst._keys_str())})"
+            )
+        if isinstance(d, Tensor):
+            if _is_branch(s):
+                raise ValueError(f"entry {name!r} is a tensor in the destination but a container in the source")
+            if not isinstance(s, Tensor):
+                s = torch.as_tensor(s)
+            _check_broadcast(s.shape, new_bs + d.shape[bd:], name)
+            pairs.append((d, s))
+        elif _is_non_tensor(d):
+            pairs.append((d, s))
+        else:
+            _collect_write_pairs(d, s, pairs, full, new_bs, bd)
+
+
+def _whole(index: Any) -> bool:
+    """True for the empty index ``()`` that stands for "the whole batch"."""
+    return type(index) is tuple and not index
+
+
+def _write_pairs(pairs: list, index: Any) -> None:
+    for dst, src in pairs:
+        if isinstance(dst, Tensor):
+            if _whole(index):
+                dst.copy_(src)
+            else:
+                dst[index] = src
+        else:
+            dst._assign_at(index, src)
+
+
+def _check_mask(td: TensorDictBase, mask: Tensor) -> None:
+    if mask.dtype is not torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    if mask.shape != td.batch_size[: mask.ndim]:
+        raise ValueError(
+            f"mask shape {list(mask.shape)} does not match the leading batch dims {list(td.batch_size)}"
+        )
+
+
+def _shape_args(shape: tuple) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _reduce_all(name: str, leaves: list[Tensor], dims: tuple[int, ...] | None = None) -> Tensor:
+    """Reduces all leaves together into one tensor (``reduce=True``)."""
+    if dims is None:
+        flat = torch.cat([x.reshape(-1).to(torch.result_type(x, 1.0) if name in
+                          ("mean", "std", "var", "norm", "nanmean") else x.dtype) for x in leaves])
+    else:
+        flat = torch.cat([x.reshape(*[x.shape[d] for d in dims], -1) if list(dims) == list(range(len(dims)))
+                          else x.movedim(dims, tuple(range(len(dims)))).reshape(*[x.shape[d] for d in dims], -1)
+                          for x in leaves], -1)
+    if name in ("max", "min"):
+        return getattr(flat, "amax" if name == "max" else "amin")(dim=-1 if dims else None) if dims else (
+            flat.max() if name == "max" else flat.min())
+    if name == "norm":
+        return torch.linalg.vector_norm(flat, dim=-1 if dims else None)
+    if name in ("std", "var"):
+        return getattr(flat, name)(dim=-1) if dims else getattr(flat, name)()
+    return getattr(torch, name)(flat, dim=-1) if dims else getattr(torch, name)(flat)
+
+
+def _unflatten_state_dict(sd: dict) -> dict:
+    out: dict = {}
+    for k, v in sd.items():
+        parts = k.split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = v
+    return out
+
+
+def _fields_repr(td: TensorDictBase, indent: int) -> str:
+    pad = " " * indent
+    lines = []
+    for key in td._keys_str():
+        v = td._get_str(key, NO_DEFAULT)
+        if isinstance(v, Tensor):
+            desc = (f"Tensor(shape={v.shape}, device={v.device}, dtype={v.dtype}, "
+                    f"is_shared={v.is_shared()})")
+        elif _is_non_tensor(v):
+            desc = repr(v)
+        else:
+            inner = _fields_repr(v, indent + 8)
+            desc = (f"{type(v).__name__}(\n{pad}    fields={{{inner}}},\n{pad}    "
+                    f"batch_size={v.batch_size},\n{pad}    device={v.device})")
+        lines.append(f"\n{pad}{key}: {desc}")
+    return ",".join(lines) + (f"\n{' ' * (indent - 4)}" if lines else "")
+
+
+def _np_to_tensor(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value) if value.dtype != np.object_ else value
+    return value

@@ -1,0 +1,400 @@
+"""Functions over several containers: stack, cat, where, gather, ``*_like``.
+
+Each is registered for ``torch.<name>`` so that ``torch.stack([td0, td1])`` works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._utils import NO_DEFAULT, as_size, expand_right
+from .base import (
+    HANDLED_FUNCTIONS,
+    TensorDictBase,
+    _is_branch,
+    _is_non_tensor,
+    is_tensor_collection,
+)
+from .td import TensorDict
+
+__all__ = ["stack", "cat", "where", "gather", "pad", "maybe_dense_stack"]
+
+
+def _implements(torch_fn: Callable) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        HANDLED_FUNCTIONS[torch_fn] = fn
+        return fn
+
+    return deco
+
+
+def _norm_dim(dim: int, ndim: int, name: str) -> int:
+    if not -ndim <= dim < max(ndim, 1) and not (name == "stack" and dim == ndim):
+        raise IndexError(f"{name}: dim={dim} is out of range for a batch of {ndim - (name == 'stack')} dims")
+    return dim % ndim if ndim else 0
+
+
+@_implements(torch.stack)
+def stack(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | None = None) -> Any:
+    """Stacks containers along a new batch dim ``dim``.
+
+    All containers must have the same keys, batch size and leaf shapes; for ragged
+    data use :func:`lazy_stack`.
+    """
+    if not list_of_tds:
+        raise RuntimeError("stack expects a non-empty sequence of TensorDicts")
+    first = list_of_tds[0]
+    bd = len(first.batch_size)
+    dim = _norm_dim(dim, bd + 1, "stack")
+    if out is not None:
+        return _stack_into(list_of_tds, dim, out)
+    types = {type(t) for t in list_of_tds}
+    if types == {TensorDict}:
+        return _stack_dense(list_of_tds, dim, ())
+    if any(getattr(t, "_is_lazy", False) for t in types):
+        from .lazy import lazy_stack
+
+        return lazy_stack(list(list_of_tds), dim)
+    return _stack_entries(list(list_of_tds), dim, ())
+
+
+def _stack_dense(tds: Sequence[TensorDict], dim: int, prefix: tuple) -> TensorDict:
+    first = tds[0]
+    bs = first._batch_size
+    keys = first._tensordict.keys()
+    for i, td in enumerate(tds):
+        if td._batch_size != bs:
+            raise ValueError(
+                f"cannot stack TensorDicts with different batch sizes: item 0 has {list(bs)}, "
+                f"item {i} has {list(td._batch_size)}{_where(prefix)}"
+            )
+        if td._tensordict.keys() != keys:
+            a, b = set(keys), set(td._tensordict.keys())
+            raise KeyError(
+                f"cannot stack TensorDicts with different keys{_where(prefix)}: item {i} is missing "
+                f"{sorted(a - b)} and has extra {sorted(b - a)}; use lazy_stack for heterogeneous data"
+            )
+    out = {}
+    for k, v in first._tensordict.items():
+        vals = [td._tensordict[k] for td in tds]
+        if isinstance(v, Tensor):
+            try:
+                out[k] = torch.stack(vals, dim)
+            except (RuntimeError, TypeError) as err:
+                raise ValueError(
+                    f"cannot stack entry {prefix + (k,) if prefix else k!r}: shapes "
+                    f"{[list(x.shape) for x in vals]} differ; use lazy_stack for ragged data"
+                ) from err
+        else:
+            out[k] = _stack_entries(vals, dim, prefix + (k,))
+    names = None
+    if first._names is not None:
+        names = list(first._names)
+        names.insert(dim, None)
+    return TensorDict._new_unsafe(out, bs[:dim] + (len(tds),) + bs[dim:], first._device, names)
+
+
+def _stack_entries(vals: list, dim: int, prefix: tuple) -> Any:
+    first = vals[0]
+    if _is_non_tensor(first):
+        from .nontensor import stack_non_tensor
+
+        if not all(_is_non_tensor(v) for v in vals):
+            raise TypeError(f"cannot stack non-tensor data with tensors{_where(prefix)}")
+        return stack_non_tensor(vals, dim)
+    if all(type(v) is TensorDict for v in vals):
+        return _stack_dense(vals, dim, prefix)
+    stacker = getattr(type(first), "_stack_impl", None)
+    if stacker is not None:
+        return stacker(vals, dim)
+    if isinstance(first, Tensor):
+        return torch.stack(vals, dim)
+    if all(is_tensor_collection(v) for v in vals):
+        from .lazy import lazy_stack
+
+        return lazy_stack(vals, dim)
+    raise TypeError(f"cannot stack values of type {type(first).__name__}{_where(prefix)}")
+
+
+def _stack_into(tds: Sequence[Any], dim: int, out: TensorDictBase) -> TensorDictBase:
+    expected = tds[0].batch_size[:dim] + (len(tds),) + tds[0].batch_size[dim:]
+    if out.batch_size != expected:
+        raise ValueError(f"stack(out=): out has batch_size {list(out.batch_size)}, expected {list(expected)}")
+    for i, td in enumerate(tds):
+        out[(slice(None),) * dim + (i,)] = td
+    return out
+
+
+@_implements(torch.cat)
+def cat(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | None = None) -> Any:
+    """Concatenates containers along an existing batch dim ``dim``."""
+    if not list_of_tds:
+        raise RuntimeError("cat expects a non-empty sequence of TensorDicts")
+    first = list_of_tds[0]
+    bd = len(first.batch_size)
+    if bd == 0:
+        raise RuntimeError("cannot cat TensorDicts with an empty batch size; use stack")
+    dim = _norm_dim(dim, bd, "cat")
+    if any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
+        from .lazy import lazy_cat
+
+        result = lazy_cat(list(list_of_tds), dim)
+    else:
+        result = _cat_entries(list(list_of_tds), dim, ())
+    if out is not None:
+        out.update_(result)
+        return out
+    return result
+
+
+def _cat_entries(vals: list, dim: int, prefix: tuple) -> Any:
+    first = vals[0]
+    if isinstance(first, Tensor):
+        return torch.cat(vals, dim)
+    if _is_non_tensor(first):
+        from .nontensor import cat_non_tensor
+
+        return cat_non_tensor(vals, dim)
+    if all(type(v) is TensorDict for v in vals):
+        return _cat_dense(vals, dim, prefix)
+    catter = getattr(type(first), "_cat_impl", None)
+    if catter is not None:
+        return catter(vals, dim)
+    raise TypeError(f"cannot cat values of type {type(first).__name__}{_where(prefix)}")
+
+
+def _cat_dense(tds: Sequence[TensorDict], dim: int, prefix: tuple) -> TensorDict:
+    first = tds[0]
+    bs = first._batch_size
+    keys = first._tensordict.keys()
+    for i, td in enumerate(tds):
+        tbs = td._batch_size
+        if len(tbs) != len(bs) or tbs[:dim] != bs[:dim] or tbs[dim + 1 :] != bs[dim + 1 :]:
+            raise ValueError(
+                f"cannot cat along dim {dim}: item 0 has batch_size {list(bs)}, item {i} has "
+                f"{list(tbs)}{_where(prefix)}"
+            )
+        if td._tensordict.keys() != keys:
+            a, b = set(keys), set(td._tensordict.keys())
+            raise KeyError(
+                f"cannot cat TensorDicts with different keys{_where(prefix)}: item {i} is missing "
+                f"{sorted(a - b)} and has extra {sorted(b - a)}"
+            )
+    out = {}
+    for k, v in first._tensordict.items():
+        vals = [td._tensordict[k] for td in tds]
+        if isinstance(v, Tensor):
+            try:
+                out[k] = torch.cat(vals, dim)
+            except RuntimeError as err:
+                raise ValueError(
+                    f"cannot cat entry {prefix + (k,) if prefix else k!r}: shapes "
+                    f"{[list(x.shape) for x in vals]} are incompatible"
+                ) from err
+        else:
+            out[k] = _cat_entries(vals, dim, prefix + (k,))
+    new_bs = bs[:dim] + (sum(td._batch_size[dim] for td in tds),) + bs[dim + 1 :]
+    return TensorDict._new_unsafe(out, new_bs, first._device, first._names)
+
+
+def _where(prefix: tuple) -> str:
+    return f" (in {prefix if len(prefix) > 1 else prefix[0]!r})" if prefix else ""
+
+
+@_implements(torch.where)
+def where(condition: Tensor, input: Any, other: Any, *, out: Any = None, pad: Any = None) -> Any:
+    """``torch.where(cond, td, other)``: elementwise choice; ``cond`` has the batch shape (or a prefix)."""
+    if is_tensor_collection(condition):
+        raise TypeError("torch.where with a TensorDict condition is not supported; pass a bool tensor")
+    ref = input if is_tensor_collection(input) else other
+    if condition.shape != ref.batch_size[: condition.ndim]:
+        raise ValueError(
+            f"where: condition shape {list(condition.shape)} does not match the batch size "
+            f"{list(ref.batch_size)}"
+        )
+    if is_tensor_collection(input) and is_tensor_collection(other):
+        result = input._map(lambda a, b: torch.where(expand_right(condition, a.shape), a, b), (other,))
+    elif is_tensor_collection(input):
+        result = input._map(lambda a: torch.where(expand_right(condition, a.shape), a, other), ())
+    else:
+        result = other._map(lambda b: torch.where(expand_right(condition, b.shape), input, b), ())
+    if out is not None:
+        out.update_(result)
+        return out
+    return result
+
+
+@_implements(torch.gather)
+def gather(input: TensorDictBase, dim: int, index: Tensor, *, out: Any = None) -> TensorDictBase:
+    """Gathers along batch dim ``dim``; ``index`` has batch-like shape."""
+    bd = input.batch_dims
+    d = dim % bd
+    if index.ndim != bd:
+        raise ValueError(f"gather: index must have {bd} dims (the batch dims), got {index.ndim}")
+
+    def fn(x):
+        idx = index.reshape(index.shape + (1,) * (x.ndim - bd)).expand(index.shape + x.shape[bd:])
+        return torch.gather(x, d, idx)
+
+    result = input._apply_batch(fn, index.shape, None)
+    if out is not None:
+        out.update_(result)
+        return out
+    return result
+
+
+def _unary(fn_name: str) -> Callable:
+    def impl(input: TensorDictBase, *args: Any, **kwargs: Any) -> Any:
+        return getattr(input, fn_name)(*args, **kwargs)
+
+    return impl
+
+
+for _fn, _name in [
+    (torch.unbind, "unbind"),
+    (torch.split, "split"),
+    (torch.chunk, "chunk"),
+    (torch.permute, "permute"),
+    (torch.reshape, "reshape"),
+    (torch.squeeze, "squeeze"),
+    (torch.unsqueeze, "unsqueeze"),
+    (torch.flatten, "flatten"),
+    (torch.unflatten, "unflatten"),
+    (torch.transpose, "transpose"),
+    (torch.flip, "flip"),
+    (torch.roll, "roll"),
+    (torch.narrow, "narrow"),
+    (torch.masked_select, "masked_select"),
+    (torch.isfinite, "isfinite"),
+    (torch.isnan, "isnan"),
+    (torch.sum, "sum"),
+    (torch.mean, "mean"),
+    (torch.std, "std"),
+    (torch.var, "var"),
+    (torch.prod, "prod"),
+    (torch.all, "all"),
+    (torch.any, "any"),
+    (torch.abs, "abs"),
+    (torch.exp, "exp"),
+    (torch.sqrt, "sqrt"),
+    (torch.neg, "neg"),
+    (torch.sigmoid, "sigmoid"),
+    (torch.tanh, "tanh"),
+]:
+    HANDLED_FUNCTIONS[_fn] = _unary(_name)
+
+
+@_implements(torch.clone)
+def _clone(input: TensorDictBase, *, memory_format: Any = None) -> TensorDictBase:
+    return input.clone()
+
+
+def _like(factory: Callable) -> Callable:
+    def impl(input: TensorDictBase, *args: Any, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False, **kwargs: Any) -> TensorDictBase:
+        def fn(x):
+            return factory(x, *args, dtype=dtype or x.dtype, device=device or x.device,
+                           requires_grad=requires_grad, **kwargs)
+        return input._map(fn, (), device=NO_DEFAULT if device is None else torch.device(device))
+
+    return impl
+
+
+HANDLED_FUNCTIONS[torch.zeros_like] = _like(torch.zeros_like)
+HANDLED_FUNCTIONS[torch.ones_like] = _like(torch.ones_like)
+HANDLED_FUNCTIONS[torch.empty_like] = _like(torch.empty_like)
+HANDLED_FUNCTIONS[torch.rand_like] = _like(torch.rand_like)
+HANDLED_FUNCTIONS[torch.randn_like] = _like(torch.randn_like)
+HANDLED_FUNCTIONS[torch.full_like] = _like(torch.full_like)
+
+
+@_implements(torch.add)
+def _add(input: Any, other: Any, *, alpha: Any = None, out: Any = None) -> Any:
+    if is_tensor_collection(input):
+        return input.add(other, alpha=alpha)
+    return other.add(input) if alpha is None else other.mul(alpha).add(input)
+
+
+@_implements(torch.mul)
+def _mul(input: Any, other: Any, *, out: Any = None) -> Any:
+    return input.mul(other) if is_tensor_collection(input) else other.mul(input)
+
+
+@_implements(torch.sub)
+def _sub(input: Any, other: Any, *, alpha: Any = None, out: Any = None) -> Any:
+    if is_tensor_collection(input):
+        return input.sub(other, alpha=alpha)
+    return other.__rsub__(input)
+
+
+@_implements(torch.div)
+def _div(input: Any, other: Any, *, out: Any = None) -> Any:
+    return input.div(other) if is_tensor_collection(input) else other.__rtruediv__(input)
+
+
+@_implements(torch.allclose)
+def _allclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+    return input.allclose(other, rtol, atol)
+
+
+def pad(td: TensorDictBase, pad_size: Sequence[int], value: float = 0.0) -> TensorDictBase:
+    """Pads the batch dims like ``torch.nn.functional.pad`` (pairs from the last batch dim)."""
+    bd = td.batch_dims
+    if len(pad_size) % 2 or len(pad_size) // 2 > bd:
+        raise ValueError(f"pad_size must have an even length of at most {2 * bd}, got {list(pad_size)}")
+    pairs = [tuple(pad_size[i : i + 2]) for i in range(0, len(pad_size), 2)]
+    new_bs = list(td.batch_size)
+    for j, (lo, hi) in enumerate(pairs):
+        new_bs[bd - 1 - j] += lo + hi
+
+    def fn(x):
+        extra = [0, 0] * (x.ndim - bd)
+        return torch.nn.functional.pad(x, extra + list(pad_size), value=value)
+
+    return td._apply_batch(fn, torch.Size(new_bs), None)
+
+
+def pad_sequence(list_of_tds: Sequence[TensorDictBase], pad_dim: int = 0, padding_value: float = 0.0,
+                 return_mask: bool = False) -> TensorDictBase:
+    """Stacks containers of different lengths along ``pad_dim``, padding to the longest."""
+    longest = max(t.batch_size[pad_dim] for t in list_of_tds)
+    padded = []
+    masks = []
+    for t in list_of_tds:
+        n = t.batch_size[pad_dim]
+        bd = t.batch_dims
+        spec = [0, 0] * (bd - 1 - pad_dim % bd) + [0, longest - n]
+        padded.append(pad(t, spec, padding_value))
+        m = torch.zeros(longest, dtype=torch.bool)
+        m[:n] = True
+        masks.append(m)
+    out = stack(padded, 0)
+    if return_mask:
+        out.set("masks", expand_right(torch.stack(masks), out.batch_size).clone())
+    return out
+
+
+def maybe_dense_stack(items: Sequence[TensorDictBase], dim: int = 0) -> TensorDictBase:
+    """Stacks densely when the structures match, lazily otherwise."""
+    try:
+        return stack(items, dim)
+    except (KeyError, ValueError):
+        from .lazy import lazy_stack
+
+        return lazy_stack(list(items), dim)
+
+
+def dense_stack_tds(items: Sequence[TensorDictBase], dim: int = 0) -> TensorDictBase:
+    return stack(items, dim)
+
+
+def from_dict(d: dict, batch_size: Any = None, **kw: Any) -> TensorDict:
+    return TensorDict.from_dict(d, batch_size=None if batch_size is None else as_size(batch_size), **kw)
+
+
+def _branch_ok(v: Any) -> bool:  # used by lazy stacks
+    return _is_branch(v)

@@ -1,0 +1,282 @@
+"""Saving, loading and memory-mapping containers.
+
+On disk a container is a folder: ``meta.json`` (structure, batch size, dtypes,
+shapes, JSON-encodable non-tensor values) plus one raw ``<key>.memmap`` file per
+tensor and one sub-folder per nested container. Loading reads JSON and raw bytes
+only, so it never executes code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._utils import NO_DEFAULT
+from .base import TensorDictBase, _is_branch, _is_non_tensor
+from .memmap import MemoryMappedTensor, load_tensor_file, save_tensor_file
+
+__all__ = ["save", "load", "load_memmap", "memmap_into"]
+
+_META = "meta.json"
+_FORMAT = 1
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in saved metadata")
+    return dtype
+
+
+def _check_key(key: str) -> None:
+    if not key or "/" in key or "\\" in key or key.startswith(".") or key == _META:
+        raise ValueError(
+            f"key {key!r} cannot be saved as a file name (no '/', '\\', leading '.', or {_META!r})"
+        )
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_value(key: Any, value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"non-tensor entry {key!r} holds a {type(value).__name__}, which is not JSON-encodable; "
+            "only JSON values can be saved (loading never unpickles code)"
+        ) from err
+    return value
+
+
+def _container_meta(td: TensorDictBase) -> dict[str, Any]:
+    return {
+        "batch_size": list(td.batch_size),
+        "device": None if td.device is None else str(td.device),
+        "names": td.names_or_none() if hasattr(td, "names_or_none") else None,
+    }
+
+
+def _write(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> tuple[dict, dict]:
+    """Writes ``td`` under ``path``; returns (metadata, {key: new leaf}) for memmap modes.
+
+    ``mode``: ``"save"`` (atomic raw files), ``"memmap"`` (copy into mapped files) or
+    ``"like"`` (mapped files of the right shape, zero-filled).
+    """
+    if getattr(type(td), "_is_lazy", False):
+        return _write_lazy(td, path, mode, existsok)
+    path.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"_type": "TensorDict", "_format": _FORMAT, **_container_meta(td), "entries": {}}
+    new_leaves: dict[str, Any] = {}
+    for key in td._keys_str():
+        value = td._get_str(key, NO_DEFAULT)
+        _check_key(key)
+        if isinstance(value, Tensor):
+            file = path / f"{key}.memmap"
+            entry = {"kind": "tensor", "dtype": _dtype_name(value.dtype), "shape": list(value.shape),
+                     "file": file.name}
+            if mode == "save":
+                save_tensor_file(file, value)
+            else:
+                src = value.detach()
+                if src.device.type != "cpu":
+                    src = src.cpu()
+                new_leaves[key] = MemoryMappedTensor.from_tensor(
+                    src, filename=file, existsok=True, copy_data=mode == "memmap", copy_existing=True
+                )
+            meta["entries"][key] = entry
+        elif _is_non_tensor(value):
+            if getattr(type(value), "_is_stack", False):
+                meta["entries"][key] = {"kind": "non_tensor_stack", "data": _json_value(key, value.tolist()),
+                                        "batch_size": list(value.batch_size)}
+            else:
+                meta["entries"][key] = {"kind": "non_tensor", "data": _json_value(key, value.data),
+                                        "batch_size": list(value.batch_size),
+                                        "metadata": type(value).__name__ == "MetaData"}
+            new_leaves[key] = value
+        elif _is_branch(value):
+            sub_meta, sub_leaves = _write(value, path / key, mode, existsok)
+            meta["entries"][key] = {"kind": "container", "dir": key}
+            if mode != "save":
+                new_leaves[key] = _rebuild(value, sub_leaves)
+        else:
+            raise TypeError(f"cannot save entry {key!r} of type {type(value).__name__}")
+    _write_json_atomic(path / _META, meta)
+    return meta, new_leaves
+
+
+def _write_lazy(td: Any, path: Path, mode: str, existsok: bool) -> tuple[dict, dict]:
+    path.mkdir(parents=True, exist_ok=True)
+    members = []
+    for i, member in enumerate(td.tensordicts):
+        _, leaves = _write(member, path / str(i), mode, existsok)
+        members.append(_rebuild(member, leaves) if mode != "save" else None)
+    meta = {"_type": "LazyStackedTensorDict", "_format": _FORMAT, "stack_dim": td.stack_dim,
+            "n": len(td.tensordicts), **_container_meta(td)}
+    _write_json_atomic(path / _META, meta)
+    return meta, {"__lazy_members__": members}
+
+
+def _rebuild(template: TensorDictBase, leaves: dict) -> TensorDictBase:
+    """A container like ``template`` whose entries are ``leaves``."""
+    if "__lazy_members__" in leaves:
+        from .lazy import LazyStackedTensorDict
+
+        return LazyStackedTensorDict(*leaves["__lazy_members__"], stack_dim=template.stack_dim)
+    from .td import TensorDict
+
+    return TensorDict._new_unsafe(leaves, template.batch_size, template.device if _all_cpu(leaves) else None,
+                                  template.names_or_none())
+
+
+def _all_cpu(leaves: dict) -> bool:
+    return all(not isinstance(v, Tensor) or v.device.type == "cpu" for v in leaves.values())
+
+
+def save(td: TensorDictBase, prefix: Any) -> None:
+    """Writes ``td`` under the folder ``prefix`` (metadata as JSON, tensors as raw files).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from steersman import TensorDict
+        >>> from steersman.tensordict import save, load
+        >>> d = tempfile.mkdtemp()
+        >>> save(TensorDict({"a": torch.arange(3)}, [3]), d)
+        >>> load(d)["a"].tolist()
+        [0, 1, 2]
+    """
+    if hasattr(td, "_tensordict") and not isinstance(td, TensorDictBase):  # tensorclass
+        td = td._tensordict
+    _write(td, Path(prefix), "save", True)
+
+
+def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: bool, copy_data: bool) -> TensorDictBase:
+    """Memory-maps every leaf of ``td`` (files under ``prefix``, or shared memory if ``None``)."""
+    if prefix is None:
+        def fn(x: Tensor) -> Tensor:
+            src = x.detach().cpu() if x.device.type != "cpu" else x.detach()
+            return MemoryMappedTensor.from_tensor(src, filename=None, copy_data=copy_data)
+
+        if inplace:
+            _replace_leaves(td, fn)
+            return td.lock_()
+        out = td._map(fn, (), device=torch.device("cpu") if td.device is not None else NO_DEFAULT)
+        return out.lock_()
+    prefix = Path(prefix)
+    if not existsok and (prefix / _META).exists():
+        raise FileExistsError(f"{prefix} already holds a saved TensorDict (pass existsok=True to overwrite)")
+    _, leaves = _write(td, prefix, "memmap" if copy_data else "like", existsok)
+    out = _rebuild(td, leaves)
+    if inplace:
+        _replace_from(td, out)
+        return td.lock_()
+    return out.lock_()
+
+
+def _replace_leaves(td: TensorDictBase, fn: Any) -> None:
+    for key in list(td._keys_str()):
+        v = td._get_str(key, NO_DEFAULT)
+        if isinstance(v, Tensor):
+            td._tensordict[key] = fn(v) if hasattr(td, "_tensordict") else None
+        elif _is_branch(v):
+            _replace_leaves(v, fn)
+
+
+def _replace_from(td: TensorDictBase, src: TensorDictBase) -> None:
+    if getattr(type(td), "_is_lazy", False):
+        for a, b in zip(td.tensordicts, src.tensordicts):
+            _replace_from(a, b)
+        return
+    for key in list(td._keys_str()):
+        v = td._get_str(key, NO_DEFAULT)
+        s = src._get_str(key, NO_DEFAULT)
+        if isinstance(v, Tensor):
+            td._tensordict[key] = s
+        elif _is_branch(v):
+            _replace_from(v, s)
+    if td.device is not None and td.device.type != "cpu":
+        td._device = torch.device("cpu")
+
+
+def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
+    """Loads a container saved with :func:`save` or ``memmap``.
+
+    ``mmap=True`` maps the files (writes go to disk); ``mmap=False`` reads them into memory.
+    """
+    path = Path(prefix)
+    meta_file = path / _META
+    if not meta_file.exists():
+        raise FileNotFoundError(f"no saved TensorDict at {path} ({_META} is missing)")
+    with open(meta_file) as f:
+        meta = json.load(f)
+    kind = meta.get("_type")
+    if kind == "LazyStackedTensorDict":
+        from .lazy import LazyStackedTensorDict
+
+        members = [load(path / str(i), mmap=mmap) for i in range(meta["n"])]
+        return LazyStackedTensorDict(*members, stack_dim=meta["stack_dim"])
+    if kind != "TensorDict":
+        raise ValueError(f"{meta_file} describes an unknown container type {kind!r}")
+    from .nontensor import MetaData, NonTensorData, NonTensorStack
+    from .td import TensorDict
+
+    bs = torch.Size(meta["batch_size"])
+    entries: dict[str, Any] = {}
+    for key, entry in meta["entries"].items():
+        _check_key(key)
+        k = entry["kind"]
+        if k == "tensor":
+            entries[key] = load_tensor_file(path / entry["file"], _dtype_from_name(entry["dtype"]),
+                                            entry["shape"], mmap=mmap)
+        elif k == "non_tensor":
+            cls = MetaData if entry.get("metadata") else NonTensorData
+            entries[key] = cls(entry["data"], batch_size=entry["batch_size"])
+        elif k == "non_tensor_stack":
+            arr = np.empty(tuple(entry["batch_size"]), dtype=object)
+            _fill(arr, entry["data"])
+            entries[key] = NonTensorStack(arr)
+        elif k == "container":
+            entries[key] = load(path / entry["dir"], mmap=mmap)
+        else:
+            raise ValueError(f"unknown entry kind {k!r} for key {key!r} in {meta_file}")
+    device = meta.get("device")
+    out = TensorDict._new_unsafe(entries, bs, torch.device("cpu") if device is not None else None,
+                                 meta.get("names"))
+    if device is not None and torch.device(device).type != "cpu":
+        out = out.to(device)
+    if mmap:
+        out.lock_()
+    return out
+
+
+def _fill(arr: np.ndarray, data: Any) -> None:
+    if arr.ndim == 0:
+        arr[()] = data
+        return
+    for i, x in enumerate(data):
+        if arr.ndim == 1:
+            arr[i] = x
+        else:
+            _fill(arr[i], x)
+
+
+def load_memmap(prefix: Any) -> TensorDictBase:
+    """Opens a saved container with every tensor memory-mapped (see :func:`load`)."""
+    return load(prefix, mmap=True)
