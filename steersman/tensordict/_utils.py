@@ -83,17 +83,20 @@ def as_size(batch_size: Any) -> torch.Size:
         return torch.Size(batch_size.tolist())
     try:
         size = torch.Size([int(d) for d in batch_size])
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from err
     if any(d < 0 for d in size):
         raise ValueError(f"batch_size must be non-negative, got {list(size)}")
     return size
 
 
-def missing_key_error(key: NestedKey, existing: Iterable[str]) -> KeyError:
-    """A KeyError that names the missing key and the closest existing keys."""
+def missing_key_error(key: NestedKey, existing: Iterable[str], part: str | None = None) -> KeyError:
+    """A KeyError that names the missing key and the closest existing keys.
+
+    ``part``: the element of a nested key that is missing (default: its last one).
+    """
     existing = [str(k) for k in existing]
-    leaf = key if type(key) is str else key[-1]
+    leaf = part if part is not None else key if type(key) is str else key[-1]
     close = difflib.get_close_matches(str(leaf), existing, n=3, cutoff=0.5)
     msg = f"key {key!r} not found."
     if close:

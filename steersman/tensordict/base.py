@@ -109,10 +109,10 @@ class TensorDictBase:
         return bs[0] if len(bs) else 0
 
     def __iter__(self) -> Iterator[TensorDictBase]:
+        """Iterates over the first batch dim (like a tensor); a 0-d batch can't be iterated."""
         if not self.batch_dims:
-            raise StopIteration
-        for i in range(self.batch_size[0]):
-            yield self[i]
+            raise TypeError("iteration over a TensorDict with an empty batch size (like a 0-d tensor)")
+        return (self[i] for i in range(self.batch_size[0]))
 
     def __bool__(self) -> bool:
         raise RuntimeError(
@@ -167,7 +167,7 @@ class TensorDictBase:
         if isinstance(key, tuple):
             try:
                 return self._get_nested(unravel_key(key), None) is not None
-            except TypeError:
+            except (TypeError, KeyError):  # a non-string part, or a path through a leaf
                 return False
         raise TypeError(
             "`key in td` takes a string or a tuple of strings; to check for a value use "
@@ -187,13 +187,16 @@ class TensorDictBase:
         if type(key) is str:
             return self._get_str(key, default)
         node = self
-        for k in key[:-1]:
-            node = node._get_str(k, NO_DEFAULT if default is NO_DEFAULT else None)
-            if node is None:
+        for i, k in enumerate(key):
+            nxt = node._get_str(k, None)
+            if nxt is None:
+                if default is NO_DEFAULT:  # name the full key, suggest keys of that level
+                    raise missing_key_error(key, node._keys_str(), part=k)
                 return default
-            if not _is_branch(node):
+            node = nxt
+            if i < len(key) - 1 and not _is_branch(node):
                 raise KeyError(f"cannot get {key!r}: {k!r} is a leaf, not a nested container")
-        return node._get_str(key[-1], default)
+        return node
 
     def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The entry at ``key`` (a string or a tuple of strings).
@@ -234,6 +237,10 @@ class TensorDictBase:
         """Converts a value to a valid entry for this container (no shape check)."""
         if isinstance(value, Tensor) or is_tensor_collection(value):
             return value
+        if isinstance(value, Mapping):
+            from .td import TensorDict
+
+            return TensorDict(value, self.batch_size, self.device)
         from .nontensor import to_entry
 
         return to_entry(value, self.batch_size, self.device, key)
@@ -258,6 +265,10 @@ class TensorDictBase:
         for i, k in enumerate(key[:-1]):
             sub = node._get_str(k, None)
             if sub is None:
+                if node.is_locked:
+                    raise RuntimeError(
+                        f"cannot add key {key[: i + 1]!r}: the TensorDict is locked (unlock_() it first)"
+                    )
                 sub = node._new_empty(node.batch_size)
                 node._set_str(k, sub, False, True)
             elif not _is_branch(sub):
@@ -323,7 +334,7 @@ class TensorDictBase:
         key = unravel_key(key)
         if key not in self:
             if default is NO_DEFAULT:
-                raise missing_key_error(key, self.keys(True))
+                self._get_nested(key, NO_DEFAULT)  # raises a KeyError naming the key
             return default
         value = self.get(key)
         self.del_(key)
@@ -348,56 +359,65 @@ class TensorDictBase:
         *,
         keys_to_update: Sequence[NestedKey] | None = None,
     ) -> TensorDictBase:
-        """Sets every entry of ``input_dict_or_td``; nested containers are merged."""
-        items = input_dict_or_td.items() if not isinstance(input_dict_or_td, TensorDictBase) else (
-            (k, input_dict_or_td._get_str(k, NO_DEFAULT)) for k in input_dict_or_td._keys_str()
+        """Sets every entry of ``input_dict_or_td``; nested containers are merged.
+
+        Every entry, nested ones included, is validated before the first write, so a
+        failure changes nothing.
+        """
+        selected = None if keys_to_update is None else [unravel_key(k) for k in keys_to_update]
+        staged: list = []
+        self._stage_update(input_dict_or_td, clone, inplace, selected, (), staged)
+        for node, key, value in staged:
+            node.set(key, value, inplace=inplace)
+        return self
+
+    def _stage_update(self, src: Any, clone: bool, inplace: bool, selected: list | None,
+                      prefix: tuple, staged: list) -> None:
+        """Validates ``self.update(src)`` recursively; lists the (node, key, value) writes."""
+        items = src.items() if not isinstance(src, TensorDictBase) else (
+            (k, src._get_str(k, NO_DEFAULT)) for k in src._keys_str()
         )
-        selected = None if keys_to_update is None else {unravel_key(k) for k in keys_to_update}
-        prepared = []
         for key, value in items:
             if selected is not None and key not in selected and not any(
                 type(s) is tuple and s[0] == key for s in selected
             ):
                 continue
-            if clone and isinstance(value, (Tensor, TensorDictBase)):
-                value = value.clone()
-            prepared.append((key, value))
-        # validate everything before writing anything
-        staged = []
-        for key, value in prepared:
             current = self._get_str(key, None) if type(key) is str else self.get(key, None)
             if current is not None and _is_branch(current) and (
                 isinstance(value, (Mapping, TensorDictBase)) and not _is_non_tensor(value)
             ):
                 sub_keys = None
-                if selected is not None:
-                    sub_keys = [s[1:] for s in selected if type(s) is tuple and s[0] == key]
-                    if key in selected:
-                        sub_keys = None
-                staged.append(("merge", key, current, value, sub_keys))
-            else:
-                if type(key) is str:
-                    value = self._prepare_value(key, value)
-                    self._check_value(key, value)
-                staged.append(("set", key, None, value, None))
-        for kind, key, current, value, sub_keys in staged:
-            if kind == "merge":
-                current.update(value, inplace=inplace, keys_to_update=sub_keys)
-            else:
-                self.set(key, value, inplace=inplace)
-        return self
+                if selected is not None and key not in selected:
+                    sub_keys = [unravel_key(s[1:]) for s in selected if type(s) is tuple and s[0] == key]
+                current._stage_update(value, clone, inplace, sub_keys, prefix + (key,), staged)
+                continue
+            if clone and isinstance(value, (Tensor, TensorDictBase)):
+                value = value.clone()
+            if type(key) is str:
+                value = self._prepare_value(key, value)
+                self._check_value(key, value, inplace, prefix + (key,) if prefix else key)
+            staged.append((self, key, value))
 
-    def _check_value(self, key: str, value: Any) -> None:
-        """Raises if ``value`` can't be stored at ``key`` (shape, lock)."""
+    def _check_value(self, key: str, value: Any, inplace: bool = False, name: Any = None) -> None:
+        """Raises if ``value`` can't be stored at ``key`` (shape, lock, in-place shape)."""
+        name = key if name is None else name
         bs = self.batch_size
         shape = value.shape if isinstance(value, Tensor) else value.batch_size
         if shape[: len(bs)] != bs:
             raise ValueError(
-                f"batch size mismatch for key {key!r}: expected leading dims {list(bs)}, "
+                f"batch size mismatch for key {name!r}: expected leading dims {list(bs)}, "
                 f"got shape {list(shape)}"
             )
-        if self.is_locked and self._get_str(key, None) is None:
-            raise RuntimeError(f"cannot add key {key!r}: the TensorDict is locked (unlock_() it first)")
+        current = self._get_str(key, None)
+        if self.is_locked and current is None:
+            raise RuntimeError(f"cannot add key {name!r}: the TensorDict is locked (unlock_() it first)")
+        if (inplace or self.is_locked) and isinstance(current, Tensor) and isinstance(value, Tensor) and (
+            current.shape != value.shape
+        ):
+            raise ValueError(
+                f"in-place set of {name!r}: shape {list(value.shape)} does not match the "
+                f"existing {list(current.shape)}"
+            )
 
     def update_(self, input_dict_or_td: Mapping | TensorDictBase, clone: bool = False) -> TensorDictBase:
         """Copies every entry of the input into the existing entries (all keys must exist).
@@ -480,6 +500,21 @@ class TensorDictBase:
         if inplace:
             self.exclude(*used, inplace=True)
         return (*outs, rest)
+
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDictBase:
+        """A plain in-memory ``TensorDict`` with the same values (leaves are not copied)."""
+        from .td import TensorDict
+
+        out = {}
+        for key in self._keys_str():
+            v = self._get_str(key, NO_DEFAULT)
+            if isinstance(v, Tensor):
+                out[key] = v
+            elif _is_non_tensor(v):
+                out[key] = v.copy()
+            else:
+                out[key] = v.to_tensordict()
+        return TensorDict._new_unsafe(out, self.batch_size, self.device, self.names_or_none())
 
     def copy(self) -> TensorDictBase:
         """A shallow copy: new containers, same leaf tensors."""
@@ -663,7 +698,7 @@ class TensorDictBase:
         else:
             def fn(x):
                 return x.to(dtype)
-        result = out._map(fn, (), device=device if device is not None else NO_DEFAULT)
+        result = out._map(fn, (), device=device if device is not None else NO_DEFAULT, validate=False)
         if device is not None and nb and device.type == "cpu" and _any_device_not(self, "cpu"):
             torch.cuda.synchronize() if torch.cuda.is_available() else None
         return result
@@ -678,17 +713,17 @@ class TensorDictBase:
         """A copy; ``recurse=False`` shares the leaves (a shallow copy)."""
         if not recurse:
             return self.copy()
-        return self._map(torch.clone, (), clone_non_tensor=True)
+        return self._map(torch.clone, (), clone_non_tensor=True, validate=False)
 
     def detach(self) -> TensorDictBase:
-        return self._map(torch.Tensor.detach, ())
+        return self._map(torch.Tensor.detach, (), validate=False)
 
     def detach_(self) -> TensorDictBase:
         self._map_(torch.Tensor.detach_, (), assign=False)
         return self
 
     def contiguous(self) -> TensorDictBase:
-        return self._map(torch.Tensor.contiguous, ())
+        return self._map(torch.Tensor.contiguous, (), validate=False)
 
     def is_contiguous(self) -> bool:
         return all(v.is_contiguous() for v in self._tensor_leaves())
@@ -756,27 +791,40 @@ class TensorDictBase:
 
     # ------------------------------------------------------------------ arithmetic
     def _binary(self, op: Callable, other: Any, reverse: bool = False) -> TensorDictBase:
-        if is_tensor_collection(other):
-            if reverse:
-                return self._map(lambda x, y: op(y, x), (other,))
-            return self._map(op, (other,))
-        if isinstance(other, Tensor) and other.ndim and other.ndim <= self.batch_dims and (
-            other.shape == self.batch_size[: other.ndim]
-        ):
-            n = other.ndim
+        """``op(leaf, other_leaf)`` for every leaf; ``other``: container, tensor or scalar.
 
-            def fn(x):
-                o = other.reshape(other.shape + (1,) * (x.ndim - n))
-                return op(o, x) if reverse else op(x, o)
-            return self._map(fn, ())
+        A tensor shaped like the leading batch dims is aligned with them (not with the
+        trailing feature dims), so ``td * mask`` works for a ``[*batch]`` mask.
+        """
+        if is_tensor_collection(other):
+            same = other.batch_size == self.batch_size
+            if reverse:
+                return self._map(lambda x, y: op(y, x), (other,), validate=not same)
+            return self._map(op, (other,), validate=not same)
+        if isinstance(other, Tensor):
+            n = other.ndim
+            if n and n <= self.batch_dims and other.shape == self.batch_size[:n]:
+                def fn(x):
+                    o = other.reshape(other.shape + (1,) * (x.ndim - n))
+                    return op(o, x) if reverse else op(x, o)
+                return self._map(fn, (), validate=False)
+            if reverse:
+                return self._map(lambda x: op(other, x), ())
+            return self._map(lambda x: op(x, other), ())
         if reverse:
-            return self._map(lambda x: op(other, x), ())
-        return self._map(lambda x: op(x, other), ())
+            return self._map(lambda x: op(other, x), (), validate=False)
+        return self._map(lambda x: op(x, other), (), validate=False)
 
     def _binary_(self, op_: Callable, other: Any) -> TensorDictBase:
+        # dtype (and, for containers, shape) checks run when the first leaf is about to be
+        # written: after the subclass's own checks (read-only files ...), before any write
         if is_tensor_collection(other):
+            if not _is_lazy(self, other) and not _is_non_tensor(other):
+                op_ = _check_first(op_, lambda: _checked_leaves(self, self._tensor_leaves(), other))
             self._map_(op_, (other,), assign=False)
             return self
+        if isinstance(other, (Tensor, numbers.Number)):
+            op_ = _check_first(op_, lambda: _check_result_dtypes(self._tensor_leaves(), other))
         if isinstance(other, Tensor) and other.ndim and other.ndim <= self.batch_dims and (
             other.shape == self.batch_size[: other.ndim]
         ):
@@ -838,13 +886,13 @@ class TensorDictBase:
         return self._binary(torch.bitwise_xor, other)
 
     def __neg__(self):
-        return self._map(torch.neg, ())
+        return self._map(torch.neg, (), validate=False)
 
     def __abs__(self):
-        return self._map(torch.abs, ())
+        return self._map(torch.abs, (), validate=False)
 
     def __invert__(self):
-        return self._map(torch.bitwise_not, ())
+        return self._map(torch.bitwise_not, (), validate=False)
 
     def __iadd__(self, other):
         return self._binary_(Tensor.add_, other)
@@ -909,7 +957,8 @@ class TensorDictBase:
 
     def add_(self, other, *, alpha: float | None = None):
         if alpha is None and is_tensor_collection(other) and not _is_lazy(self, other):
-            torch._foreach_add_(self._tensor_leaves(), _matching_leaves(self, other))
+            dst = self._tensor_leaves()
+            torch._foreach_add_(dst, _checked_leaves(self, dst, other))
             return self
         if alpha is not None:
             return self._binary_(lambda x, y: x.add_(y, alpha=alpha), other)
@@ -922,12 +971,16 @@ class TensorDictBase:
 
     def mul_(self, other):
         if isinstance(other, numbers.Number):
-            torch._foreach_mul_(self._tensor_leaves(), other)
-            return self
+            leaves = self._tensor_leaves()
+            # _foreach_mul_ checks dtypes leaf by leaf (a late failure leaves early leaves
+            # written): take it only when every leaf can hold the product
+            if all(torch.can_cast(torch.result_type(x, other), x.dtype) for x in leaves):
+                torch._foreach_mul_(leaves, other)
+                return self
         return self._binary_(Tensor.mul_, other)
 
     def div_(self, other):
-        return self._binary_(Tensor.div_, other)
+        return self._binary_(_check_first(Tensor.div_, lambda: _check_float_leaves(self, "div_")), other)
 
     def pow_(self, other):
         return self._binary_(Tensor.pow_, other)
@@ -940,7 +993,8 @@ class TensorDictBase:
 
     def lerp_(self, end, weight):
         if is_tensor_collection(end) and isinstance(weight, numbers.Number) and not _is_lazy(self, end):
-            torch._foreach_lerp_(self._tensor_leaves(), _matching_leaves(self, end), weight)
+            dst = self._tensor_leaves()
+            torch._foreach_lerp_(dst, _checked_leaves(self, dst, end), weight)
             return self
         return self._binary_(lambda x, e: x.lerp_(e, weight), end)
 
@@ -999,37 +1053,37 @@ class TensorDictBase:
         return self._unary_("reciprocal")
 
     def sqrt(self):
-        return self._map(torch.sqrt, ())
+        return self._map(torch.sqrt, (), validate=False)
 
     def exp(self):
-        return self._map(torch.exp, ())
+        return self._map(torch.exp, (), validate=False)
 
     def log(self):
-        return self._map(torch.log, ())
+        return self._map(torch.log, (), validate=False)
 
     def abs(self):
-        return self._map(torch.abs, ())
+        return self._map(torch.abs, (), validate=False)
 
     def neg(self):
-        return self._map(torch.neg, ())
+        return self._map(torch.neg, (), validate=False)
 
     def sign(self):
-        return self._map(torch.sign, ())
+        return self._map(torch.sign, (), validate=False)
 
     def sigmoid(self):
-        return self._map(torch.sigmoid, ())
+        return self._map(torch.sigmoid, (), validate=False)
 
     def tanh(self):
-        return self._map(torch.tanh, ())
+        return self._map(torch.tanh, (), validate=False)
 
     def reciprocal(self):
-        return self._map(torch.reciprocal, ())
+        return self._map(torch.reciprocal, (), validate=False)
 
     def isnan(self):
-        return self._map(torch.isnan, ())
+        return self._map(torch.isnan, (), validate=False)
 
     def isfinite(self):
-        return self._map(torch.isfinite, ())
+        return self._map(torch.isfinite, (), validate=False)
 
     def logical_and(self, other):
         return self._binary(torch.logical_and, other)
@@ -1038,7 +1092,7 @@ class TensorDictBase:
         return self._binary(torch.logical_or, other)
 
     def logical_not(self):
-        return self._map(torch.logical_not, ())
+        return self._map(torch.logical_not, (), validate=False)
 
     # ------------------------------------------------------------------ reductions
     def all(self, dim: int | None = None) -> Any:
@@ -1059,19 +1113,17 @@ class TensorDictBase:
             new_bs = torch.Size(1 if i in dims else s for i, s in enumerate(bs))
         else:
             new_bs = torch.Size(s for i, s in enumerate(bs) if i not in dims)
-        return self._map(lambda x: fn(x, dims), (), batch_size=new_bs, reduce_dims=(dims, keepdim))
+        return self._map(lambda x: fn(x, dims), (), batch_size=new_bs, validate=False)
 
     def _reduction(self, name: str, dim: Any, keepdim: bool, reduce: bool, **kw: Any) -> Any:
         func = getattr(torch, name)
-        if reduce:
-            leaves = self._tensor_leaves()
+        if reduce:  # one tensor for all leaves (see _reduce_all)
+            bd = self.batch_dims
             if dim is None or dim is NO_DEFAULT:
-                return _reduce_all(name, leaves)
-            dims = _dims_tuple(dim, self.batch_dims)
-            flat = [x.flatten(len(dims) + 0, -1) if False else x for x in leaves]
-            return _reduce_all(name, flat, dims)
+                return _reduce_all(name, self._tensor_leaves(), None, bd, keepdim, **kw)
+            return _reduce_all(name, self._tensor_leaves(), _dims_tuple(dim, bd), bd, keepdim, **kw)
         if dim is None or dim is NO_DEFAULT:
-            return self._map(lambda x: func(x, **kw), (), batch_size=torch.Size(()))
+            return self._map(lambda x: func(x, **kw), (), batch_size=torch.Size(()), scalar_out=True)
 
         def fn(x, dims):
             if name in ("max", "min"):
@@ -1086,7 +1138,7 @@ class TensorDictBase:
                 for d in sorted(dims, reverse=True):
                     out = out.prod(dim=d, keepdim=keepdim)
                 return out
-            return func(x, dim=dims, keepdim=keepdim, **kw)
+            return func(x, dims[0] if len(dims) == 1 else dims, keepdim=keepdim, **kw)
         return self._reduce(fn, dim, keepdim)
 
     def sum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None):
@@ -1127,7 +1179,8 @@ class TensorDictBase:
 
     def norm(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, ord: float = 2):
         if dim is None and not reduce:
-            return self._map(lambda x: torch.linalg.vector_norm(x, ord), (), batch_size=torch.Size(()))
+            return self._map(lambda x: torch.linalg.vector_norm(x, ord), (), batch_size=torch.Size(()),
+                             scalar_out=True)
         return self._reduction("norm", dim, keepdim, reduce, ord=ord)
 
     def cumsum(self, dim: int) -> TensorDictBase:
@@ -1173,7 +1226,8 @@ class TensorDictBase:
         if shape == self.batch_size:
             return self
         bd = self.batch_dims
-        return self._apply_batch(lambda x: x.reshape(shape + x.shape[bd:]), shape, None)
+        t = tuple(shape)
+        return self._apply_batch(lambda x: x.reshape(*t, *x.shape[bd:]), shape, None)
 
     def view(self, *shape: Any, dtype: torch.dtype | None = None) -> TensorDictBase:
         if dtype is not None and not shape:
@@ -1189,7 +1243,8 @@ class TensorDictBase:
         if shape == self.batch_size:
             return self
         bd = self.batch_dims
-        return self._apply_batch(lambda x: x.view(shape + x.shape[bd:]), shape, None)
+        t = tuple(shape)
+        return self._apply_batch(lambda x: x.view(*t, *x.shape[bd:]), shape, None)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> TensorDictBase:
         bd = self.batch_dims
@@ -1286,7 +1341,8 @@ class TensorDictBase:
             elif s != 1 and shape[offset + i] != s:
                 raise RuntimeError(f"cannot expand batch {list(bs)} to {shape}")
         new_bs = torch.Size(shape)
-        return self._apply_batch(lambda x: x.expand(new_bs + x.shape[bd:]), new_bs, None)
+        t = tuple(shape)
+        return self._apply_batch(lambda x: x.expand(*t, *x.shape[bd:]), new_bs, None)
 
     def expand_as(self, other: Any) -> TensorDictBase:
         return self.expand(other.shape)
@@ -1444,6 +1500,12 @@ class TensorDictBase:
 
     dumps = save
 
+    def to_h5(self, filename: Any, **kwargs: Any) -> TensorDictBase:
+        """Writes this container to an HDF5 file; returns the file-backed container (needs h5py)."""
+        from .persistent import to_h5
+
+        return to_h5(self, filename, **kwargs)
+
     # ------------------------------------------------------------------ locking
     @property
     def is_locked(self) -> bool:
@@ -1516,6 +1578,18 @@ class TensorDictBase:
     def data_ptr(self) -> TensorDictBase:
         return self._map(lambda x: torch.tensor(x.data_ptr()), ())
 
+    # ------------------------------------------------------------------ modules
+    def to_module(self, module: Any, *, inplace: bool | None = None, return_swap: bool = True,
+                  use_state_dict: bool = False, non_blocking: bool = False) -> Any:
+        """Swaps the leaves into ``module``; returns the old values (a context manager).
+
+        See :func:`steersman.tensordict.module_params.to_module`.
+        """
+        from .module_params import to_module
+
+        return to_module(self, module, inplace=inplace, return_swap=return_swap,
+                         use_state_dict=use_state_dict, non_blocking=non_blocking)
+
 
 
 # ---------------------------------------------------------------------- helpers
@@ -1546,8 +1620,58 @@ def _any_device_not(td: TensorDictBase, dev: str) -> bool:
     return any(t.device.type != dev for t in td._tensor_leaves())
 
 
+def _check_first(fn: Callable, check: Callable[[], Any]) -> Callable:
+    """``fn``, running ``check()`` once, just before its first call."""
+    pending = [True]
+
+    def wrapped(*args: Any) -> Any:
+        if pending:
+            check()
+            pending.clear()
+        return fn(*args)
+
+    return wrapped
+
+
+def _check_result_dtypes(leaves: list[Tensor], other: Any) -> None:
+    for x in leaves:
+        res = torch.result_type(x, other)
+        if not torch.can_cast(res, x.dtype):
+            raise RuntimeError(
+                f"cannot write a {res} result into a {x.dtype} leaf in place (shape {list(x.shape)})"
+            )
+
+
+def _check_float_leaves(td: TensorDictBase, what: str) -> None:
+    for x in td._tensor_leaves():
+        if not (x.is_floating_point() or x.is_complex()):
+            raise RuntimeError(
+                f"{what} gives floats and can't write them into a {x.dtype} leaf in place "
+                f"(shape {list(x.shape)})"
+            )
+
+
+def _checked_leaves(td: TensorDictBase, dst: list[Tensor], other: TensorDictBase) -> list[Tensor]:
+    """``_matching_leaves`` after checking every pair can be written in place.
+
+    ``_foreach_*_`` kernels write leaf by leaf, so a bad shape or dtype half-way would
+    leave the container partly updated; this check runs before the first write.
+    """
+    src = _matching_leaves(td, other)
+    for d, o in zip(dst, src):
+        if d.shape != o.shape:
+            _check_broadcast(o.shape, d.shape, "<a leaf>")
+        if d.dtype != o.dtype and not torch.can_cast(torch.result_type(d, o), d.dtype):
+            raise RuntimeError(
+                f"cannot write a {o.dtype} result into a {d.dtype} leaf in place (shape {list(d.shape)})"
+            )
+    return src
+
+
 def _matching_leaves(td: TensorDictBase, other: TensorDictBase) -> list[Tensor]:
     """Leaves of ``other`` in the order of ``td._tensor_leaves()`` (keys must match)."""
+    if _is_lazy(td):  # a lazy stack's leaves are its members' leaves
+        return td._matching_leaves(other)
     out = []
     for key in td._keys_str():
         v = td._get_str(key, NO_DEFAULT)
@@ -1585,10 +1709,16 @@ def _collect_write_pairs(
     dims of the root container. Nothing is written here, so a failed validation leaves
     ``dst`` unchanged.
     """
+    if _is_lazy(dst):  # a lazy stack plans (and validates) its own write in _write_pairs
+        pairs.append((dst, src))
+        return
     if not is_tensor_collection(src):
         # one tensor or scalar written into every leaf
-        leaves = dst._tensor_leaves() if _is_branch(dst) else [dst]
+        leaves = _write_targets(dst) if _is_branch(dst) else [dst]
         for t in leaves:
+            if _is_lazy(t):
+                pairs.append((t, src))
+                continue
             expected = new_bs + t.shape[bd:]
             if isinstance(src, Tensor):
                 val = src
@@ -1627,7 +1757,24 @@ def _whole(index: Any) -> bool:
     return type(index) is tuple and not index
 
 
+def _write_targets(td: Any) -> list:
+    """The tensor leaves of ``td``, with nested lazy stacks kept whole."""
+    out: list = []
+    for key in td._keys_str():
+        v = td._get_str(key, NO_DEFAULT)
+        if isinstance(v, Tensor) or _is_lazy(v):
+            out.append(v)
+        elif _is_branch(v):
+            out.extend(_write_targets(v))
+    return out
+
+
 def _write_pairs(pairs: list, index: Any) -> None:
+    if any(_is_lazy(dst) for dst, _ in pairs):  # lazy targets are validated before any write
+        from .lazy import _write_pairs_lazy
+
+        _write_pairs_lazy(pairs, index)
+        return
     for dst, src in pairs:
         if isinstance(dst, Tensor):
             if _whole(index):
@@ -1653,23 +1800,46 @@ def _shape_args(shape: tuple) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _reduce_all(name: str, leaves: list[Tensor], dims: tuple[int, ...] | None = None) -> Tensor:
-    """Reduces all leaves together into one tensor (``reduce=True``)."""
+def _reduce_all(name: str, leaves: list[Tensor], dims: tuple[int, ...] | None = None,
+                batch_dims: int = 0, keepdim: bool = False, **kw: Any) -> Tensor:
+    """Reduces all leaves together into one tensor (``reduce=True``), as ``tensordict`` does.
+
+    Without ``dims`` every element of every leaf is reduced to a scalar. With ``dims``
+    the leaves are joined along ``dims[0]`` (so they need the same shape) and the
+    result is reduced over ``dims``: feature dims are kept.
+    """
+    float_op = name in ("mean", "std", "var", "norm", "nanmean")
+
+    def prep(x: Tensor) -> Tensor:
+        if float_op and not (x.is_floating_point() or x.is_complex()):
+            x = x.to(torch.get_default_dtype())
+        return x.reshape(-1) if dims is None else x
+
     if dims is None:
-        flat = torch.cat([x.reshape(-1).to(torch.result_type(x, 1.0) if name in
-                          ("mean", "std", "var", "norm", "nanmean") else x.dtype) for x in leaves])
+        flat = torch.cat([prep(x) for x in leaves])
+        rdims: Any = 0
     else:
-        flat = torch.cat([x.reshape(*[x.shape[d] for d in dims], -1) if list(dims) == list(range(len(dims)))
-                          else x.movedim(dims, tuple(range(len(dims)))).reshape(*[x.shape[d] for d in dims], -1)
-                          for x in leaves], -1)
+        vals = [prep(x) for x in leaves]
+        try:
+            flat = torch.cat(vals, dims[0])
+        except RuntimeError as err:
+            raise ValueError(
+                f"{name}(dim={list(dims)}, reduce=True) joins the leaves along dim {dims[0]}, so "
+                f"they need the same shape; got {[list(v.shape) for v in vals]}. Use reduce=False "
+                "for one result per leaf, or reduce=True without dim for one scalar"
+            ) from err
+        rdims = dims
+    keep = keepdim and dims is not None
     if name in ("max", "min"):
-        return getattr(flat, "amax" if name == "max" else "amin")(dim=-1 if dims else None) if dims else (
-            flat.max() if name == "max" else flat.min())
+        return flat.amax(dim=rdims, keepdim=keep) if name == "max" else flat.amin(dim=rdims, keepdim=keep)
     if name == "norm":
-        return torch.linalg.vector_norm(flat, dim=-1 if dims else None)
-    if name in ("std", "var"):
-        return getattr(flat, name)(dim=-1) if dims else getattr(flat, name)()
-    return getattr(torch, name)(flat, dim=-1) if dims else getattr(torch, name)(flat)
+        return torch.linalg.vector_norm(flat, kw.get("ord", 2), dim=rdims, keepdim=keep)
+    if name == "prod":
+        out = flat
+        for d in sorted((rdims,) if isinstance(rdims, int) else rdims, reverse=True):
+            out = out.prod(d, keepdim=keep)
+        return out
+    return getattr(torch, name)(flat, dim=rdims, keepdim=keep, **kw)
 
 
 def _unflatten_state_dict(sd: dict) -> dict:

@@ -52,50 +52,86 @@ def stack(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | Non
     dim = _norm_dim(dim, bd + 1, "stack")
     if out is not None:
         return _stack_into(list_of_tds, dim, out)
-    types = {type(t) for t in list_of_tds}
-    if types == {TensorDict}:
-        return _stack_dense(list_of_tds, dim, ())
-    if any(getattr(t, "_is_lazy", False) for t in types):
+    if all(type(t) is TensorDict for t in list_of_tds):
+        return _join_dense(list_of_tds, dim, (), torch.stack)
+    if any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
         from .lazy import lazy_stack
 
         return lazy_stack(list(list_of_tds), dim)
     return _stack_entries(list(list_of_tds), dim, ())
 
 
-def _stack_dense(tds: Sequence[TensorDict], dim: int, prefix: tuple) -> TensorDict:
+def _join_dense(tds: Sequence[TensorDict], dim: int, prefix: tuple, join: Callable) -> TensorDict:
+    """``torch.stack`` or ``torch.cat`` of plain TensorDicts, leaf by leaf.
+
+    Checks are cheap on purpose (batch sizes and key counts); a key missing from one
+    item surfaces as a KeyError during the join and is then explained in full.
+    """
     first = tds[0]
     bs = first._batch_size
-    keys = first._tensordict.keys()
-    for i, td in enumerate(tds):
-        if td._batch_size != bs:
-            raise ValueError(
-                f"cannot stack TensorDicts with different batch sizes: item 0 has {list(bs)}, "
-                f"item {i} has {list(td._batch_size)}{_where(prefix)}"
-            )
-        if td._tensordict.keys() != keys:
-            a, b = set(keys), set(td._tensordict.keys())
-            raise KeyError(
-                f"cannot stack TensorDicts with different keys{_where(prefix)}: item {i} is missing "
-                f"{sorted(a - b)} and has extra {sorted(b - a)}; use lazy_stack for heterogeneous data"
-            )
+    n_keys = len(first._tensordict)
+    is_stack = join is torch.stack
+    what = "stack" if is_stack else "cat"
+    total = 0
+    for td in tds:
+        tbs = td._batch_size
+        if len(td._tensordict) != n_keys or (tbs != bs and (is_stack or (
+            len(tbs) != len(bs) or tbs[:dim] != bs[:dim] or tbs[dim + 1 :] != bs[dim + 1 :]
+        ))):
+            _raise_mismatch(tds, prefix, what, None if is_stack else dim)
+        if not is_stack:
+            total += tbs[dim]
     out = {}
     for k, v in first._tensordict.items():
-        vals = [td._tensordict[k] for td in tds]
+        try:
+            vals = [td._tensordict[k] for td in tds]
+        except KeyError:  # only this level's lookup: nested mismatches explain themselves
+            _raise_mismatch(tds, prefix, what, None if is_stack else dim)
         if isinstance(v, Tensor):
             try:
-                out[k] = torch.stack(vals, dim)
+                out[k] = join(vals, dim)
             except (RuntimeError, TypeError) as err:
                 raise ValueError(
-                    f"cannot stack entry {prefix + (k,) if prefix else k!r}: shapes "
-                    f"{[list(x.shape) for x in vals]} differ; use lazy_stack for ragged data"
+                    f"cannot {what} entry {prefix + (k,) if prefix else k!r}: shapes "
+                    f"{[list(x.shape) for x in vals]} are incompatible"
+                    + ("; use lazy_stack for ragged data" if is_stack else "")
                 ) from err
-        else:
+        elif is_stack:
             out[k] = _stack_entries(vals, dim, prefix + (k,))
-    names = None
-    if first._names is not None:
-        names = list(first._names)
-        names.insert(dim, None)
-    return TensorDict._new_unsafe(out, bs[:dim] + (len(tds),) + bs[dim:], first._device, names)
+        else:
+            out[k] = _cat_entries(vals, dim, prefix + (k,))
+    if is_stack:
+        names = None
+        if first._names is not None:
+            names = list(first._names)
+            names.insert(dim, None)
+        return TensorDict._new_unsafe(out, bs[:dim] + (len(tds),) + bs[dim:], first._device, names)
+    return TensorDict._new_unsafe(out, bs[:dim] + (total,) + bs[dim + 1 :], first._device, first._names)
+
+
+def _raise_mismatch(tds: Sequence[TensorDict], prefix: tuple, what: str, dim: int | None = None) -> None:
+    """Raises a clear error naming the first item whose batch size or keys differ."""
+    first = tds[0]
+    bs = first._batch_size
+    keys = set(first._tensordict)
+    for i, td in enumerate(tds):
+        tbs = td._batch_size
+        if dim is None and tbs != bs or dim is not None and (
+            len(tbs) != len(bs) or tbs[:dim] != bs[:dim] or tbs[dim + 1 :] != bs[dim + 1 :]
+        ):
+            along = "" if dim is None else f" along dim {dim}"
+            raise ValueError(
+                f"cannot {what} TensorDicts{along} with different batch sizes: item 0 has "
+                f"{list(bs)}, item {i} has {list(tbs)}{_where(prefix)}"
+            )
+        other = set(td._tensordict)
+        if other != keys:
+            raise KeyError(
+                f"cannot {what} TensorDicts with different keys{_where(prefix)}: item {i} is missing "
+                f"{sorted(keys - other)} and has extra {sorted(other - keys)}; "
+                "use lazy_stack for heterogeneous data"
+            )
+    raise AssertionError("unreachable: no mismatch found")
 
 
 def _stack_entries(vals: list, dim: int, prefix: tuple) -> Any:
@@ -107,12 +143,16 @@ def _stack_entries(vals: list, dim: int, prefix: tuple) -> Any:
             raise TypeError(f"cannot stack non-tensor data with tensors{_where(prefix)}")
         return stack_non_tensor(vals, dim)
     if all(type(v) is TensorDict for v in vals):
-        return _stack_dense(vals, dim, prefix)
+        return _join_dense(vals, dim, prefix, torch.stack)
     stacker = getattr(type(first), "_stack_impl", None)
     if stacker is not None:
         return stacker(vals, dim)
     if isinstance(first, Tensor):
         return torch.stack(vals, dim)
+    if all(hasattr(v, "to_tensordict") and not getattr(type(v), "_is_lazy", False) for v in vals):
+        # file-backed or other dense containers: read them and stack densely
+        return _join_dense([v if type(v) is TensorDict else v.to_tensordict() for v in vals], dim, prefix,
+                           torch.stack)
     if all(is_tensor_collection(v) for v in vals):
         from .lazy import lazy_stack
 
@@ -139,7 +179,9 @@ def cat(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | None 
     if bd == 0:
         raise RuntimeError("cannot cat TensorDicts with an empty batch size; use stack")
     dim = _norm_dim(dim, bd, "cat")
-    if any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
+    if all(type(t) is TensorDict for t in list_of_tds):
+        result = _join_dense(list_of_tds, dim, (), torch.cat)
+    elif any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
         from .lazy import lazy_cat
 
         result = lazy_cat(list(list_of_tds), dim)
@@ -160,45 +202,11 @@ def _cat_entries(vals: list, dim: int, prefix: tuple) -> Any:
 
         return cat_non_tensor(vals, dim)
     if all(type(v) is TensorDict for v in vals):
-        return _cat_dense(vals, dim, prefix)
+        return _join_dense(vals, dim, prefix, torch.cat)
     catter = getattr(type(first), "_cat_impl", None)
     if catter is not None:
         return catter(vals, dim)
     raise TypeError(f"cannot cat values of type {type(first).__name__}{_where(prefix)}")
-
-
-def _cat_dense(tds: Sequence[TensorDict], dim: int, prefix: tuple) -> TensorDict:
-    first = tds[0]
-    bs = first._batch_size
-    keys = first._tensordict.keys()
-    for i, td in enumerate(tds):
-        tbs = td._batch_size
-        if len(tbs) != len(bs) or tbs[:dim] != bs[:dim] or tbs[dim + 1 :] != bs[dim + 1 :]:
-            raise ValueError(
-                f"cannot cat along dim {dim}: item 0 has batch_size {list(bs)}, item {i} has "
-                f"{list(tbs)}{_where(prefix)}"
-            )
-        if td._tensordict.keys() != keys:
-            a, b = set(keys), set(td._tensordict.keys())
-            raise KeyError(
-                f"cannot cat TensorDicts with different keys{_where(prefix)}: item {i} is missing "
-                f"{sorted(a - b)} and has extra {sorted(b - a)}"
-            )
-    out = {}
-    for k, v in first._tensordict.items():
-        vals = [td._tensordict[k] for td in tds]
-        if isinstance(v, Tensor):
-            try:
-                out[k] = torch.cat(vals, dim)
-            except RuntimeError as err:
-                raise ValueError(
-                    f"cannot cat entry {prefix + (k,) if prefix else k!r}: shapes "
-                    f"{[list(x.shape) for x in vals]} are incompatible"
-                ) from err
-        else:
-            out[k] = _cat_entries(vals, dim, prefix + (k,))
-    new_bs = bs[:dim] + (sum(td._batch_size[dim] for td in tds),) + bs[dim + 1 :]
-    return TensorDict._new_unsafe(out, new_bs, first._device, first._names)
 
 
 def _where(prefix: tuple) -> str:
@@ -216,7 +224,11 @@ def where(condition: Tensor, input: Any, other: Any, *, out: Any = None, pad: An
             f"where: condition shape {list(condition.shape)} does not match the batch size "
             f"{list(ref.batch_size)}"
         )
-    if is_tensor_collection(input) and is_tensor_collection(other):
+    if getattr(type(input), "_is_lazy", False) or getattr(type(other), "_is_lazy", False):
+        from .lazy import _lazy_where  # the condition is cut along the stack dim
+
+        result = _lazy_where(condition, input, other)
+    elif is_tensor_collection(input) and is_tensor_collection(other):
         result = input._map(lambda a, b: torch.where(expand_right(condition, a.shape), a, b), (other,))
     elif is_tensor_collection(input):
         result = input._map(lambda a: torch.where(expand_right(condition, a.shape), a, other), ())

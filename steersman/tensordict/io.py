@@ -46,12 +46,18 @@ def _check_key(key: str) -> None:
         )
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def _write_json_atomic(path: Path, obj: Any, fsync: bool) -> None:
+    """Writes JSON via a temp file + rename, so readers never see a half-written file.
+
+    ``fsync`` (for ``save``, a checkpoint) also makes it durable across a power loss;
+    a memory-mapped working copy skips that cost.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+        json.dump(obj, f)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -118,7 +124,7 @@ def _write(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> tuple[d
                 new_leaves[key] = _rebuild(value, sub_leaves)
         else:
             raise TypeError(f"cannot save entry {key!r} of type {type(value).__name__}")
-    _write_json_atomic(path / _META, meta)
+    _write_json_atomic(path / _META, meta, fsync=mode == "save")
     return meta, new_leaves
 
 
@@ -130,7 +136,7 @@ def _write_lazy(td: Any, path: Path, mode: str, existsok: bool) -> tuple[dict, d
         members.append(_rebuild(member, leaves) if mode != "save" else None)
     meta = {"_type": "LazyStackedTensorDict", "_format": _FORMAT, "stack_dim": td.stack_dim,
             "n": len(td.tensordicts), **_container_meta(td)}
-    _write_json_atomic(path / _META, meta)
+    _write_json_atomic(path / _META, meta, fsync=mode == "save")
     return meta, {"__lazy_members__": members}
 
 
@@ -191,6 +197,10 @@ def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: boo
 
 
 def _replace_leaves(td: TensorDictBase, fn: Any) -> None:
+    if getattr(type(td), "_is_lazy", False):  # a lazy stack's leaves live in its members
+        for member in td.tensordicts:
+            _replace_leaves(member, fn)
+        return
     for key in list(td._keys_str()):
         v = td._get_str(key, NO_DEFAULT)
         if isinstance(v, Tensor):

@@ -231,8 +231,7 @@ class NonTensorStack(TensorDictBase):
         return out
 
     def _split_batch(self, fn: Callable, batch_sizes: list) -> list:
-        parts = self._positions(fn)
-        return [NonTensorStack(self._values.reshape(-1)[p.numpy()], device=self._device) for p in parts]
+        return [self._from_positions(p) for p in self._positions(fn)]
 
     def _map(self, fn: Callable, others: tuple, *, batch_size: Any = None, device: Any = NO_DEFAULT,
              clone_non_tensor: bool = False, **kwargs: Any) -> NonTensorStack:

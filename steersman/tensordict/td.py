@@ -24,6 +24,8 @@ from .base import TensorDictBase, _is_branch, _is_non_tensor, is_tensor_collecti
 
 __all__ = ["TensorDict"]
 
+_new_object = object.__new__
+
 
 class TensorDict(TensorDictBase):
     """A dictionary of tensors that share leading batch dimensions.
@@ -111,7 +113,7 @@ class TensorDict(TensorDictBase):
         cls, source: dict, batch_size: torch.Size, device: torch.device | None = None, names: Any = None
     ) -> TensorDict:
         """Builds a TensorDict from already-valid entries (no checks, no copies)."""
-        self = cls.__new__(cls)
+        self = _new_object(cls)
         self._tensordict = source
         self._batch_size = batch_size
         self._device = device
@@ -342,6 +344,17 @@ class TensorDict(TensorDictBase):
         return TensorDict._new_unsafe({}, batch_size, self._device, None)
 
     # ------------------------------------------------------------------ fast paths
+    def keys(self, include_nested: bool = False, leaves_only: bool = False, *,
+             is_leaf: Callable | None = None, sort: bool = False) -> Any:
+        """The keys; without options, a live view of the top-level keys (like ``dict.keys``)."""
+        if not (include_nested or leaves_only or sort or is_leaf):
+            return self._tensordict.keys()
+        if include_nested and is_leaf is None and not sort:
+            out: list = []
+            _nested_keys(self._tensordict, (), out, leaves_only)
+            return out
+        return super().keys(include_nested, leaves_only, is_leaf=is_leaf, sort=sort)
+
     def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         if type(key) is str:
             try:
@@ -399,7 +412,7 @@ class TensorDict(TensorDictBase):
         return super().set(key, item, inplace, **kwargs)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        if type(index) is str and isinstance(value, Tensor) and not self._locked:
+        if type(index) is str and type(value) is Tensor and not self._locked:
             bs = self._batch_size
             if value.shape[: len(bs)] != bs:
                 raise ValueError(
@@ -492,6 +505,14 @@ class TensorDict(TensorDictBase):
         prefix: tuple = (),
         **flags: Any,
     ) -> TensorDict:
+        if not (named or call_on_nested) and (
+            not others or (len(others) == 1 and type(others[0]) is TensorDict and default is NO_DEFAULT
+                           and len(others[0]._tensordict) == len(self._tensordict))
+        ):
+            out = self._map_leaves(fn, others[0]._tensordict if others else None, batch_size, device,
+                                   filter_empty, prefix, flags)
+            if out is not None:
+                return self._finish_map(out, batch_size, device, flags)
         bd = len(self._batch_size)
         out = {}
         for k, v in self._tensordict.items():
@@ -527,14 +548,58 @@ class TensorDict(TensorDictBase):
                     prefix=prefix + (k,),
                     **flags,
                 )
-                if filter_empty is not False and not v.is_empty() and r.is_empty():
+                if filter_empty is not False and (type(r) is not TensorDict or not r._tensordict) and r.is_empty() and not v.is_empty():
                     continue
             out[k] = r
+        return self._finish_map(out, batch_size, device, flags)
+
+    def _map_leaves(self, fn: Callable, other: dict | None, batch_size: Any, device: Any,
+                    filter_empty: Any, prefix: tuple, flags: dict) -> dict | None:
+        """The common ``_map``: ``fn(leaf)`` or ``fn(leaf, other_leaf)`` with another
+        TensorDict of the same keys. Returns None (use the general path) on a mismatch."""
+        out = {}
+        bd = len(self._batch_size)
+        for k, v in self._tensordict.items():
+            if other is None:
+                if isinstance(v, Tensor):
+                    r = fn(v)
+                    if r is not None:
+                        out[k] = r
+                    continue
+                o = ()
+            else:
+                o = other.get(k, NO_DEFAULT)
+                if o is NO_DEFAULT:
+                    return None
+                if isinstance(v, Tensor):
+                    r = fn(v, o)
+                    if r is not None:
+                        out[k] = r
+                    continue
+                o = (o,)
+            if _is_non_tensor(v):
+                out[k] = v._map(fn, (), batch_size=None if batch_size is None else batch_size + v.batch_size[bd:],
+                                device=device, **flags)
+                continue
+            sub_bs = None
+            if batch_size is not None:
+                sub_bs = batch_size if flags.get("scalar_out") else batch_size + v.batch_size[bd:]
+            r = v._map(fn, o, batch_size=sub_bs, device=device, filter_empty=filter_empty,
+                       prefix=prefix + (k,), **flags)
+            if filter_empty is not False and (type(r) is not TensorDict or not r._tensordict) and r.is_empty() and not v.is_empty():
+                continue
+            out[k] = r
+        return out
+
+    def _finish_map(self, out: dict, batch_size: Any, device: Any, flags: dict) -> TensorDict:
         if device is NO_DEFAULT:
             device = self._device
-        bs = self._batch_size if batch_size is None else batch_size
-        result = TensorDict._new_unsafe(out, bs, device, self._names if batch_size is None else None)
-        _check_mapped(result)
+        if batch_size is None:
+            result = TensorDict._new_unsafe(out, self._batch_size, device, self._names)
+        else:
+            result = TensorDict._new_unsafe(out, batch_size, device, None)
+        if flags.get("validate", True):
+            _check_mapped(result)
         return result
 
     def _map_(self, fn: Callable, others: tuple, *, default: Any = NO_DEFAULT, assign: bool = True) -> None:
@@ -573,16 +638,16 @@ class TensorDict(TensorDictBase):
         return TensorDict._new_unsafe(out, self._batch_size, self._device, self._names)
 
     def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDict:
-        if not inplace and all(type(k) is str for k in keys):
+        if not inplace:
             src = self._tensordict
-            try:
-                out = {k: src[k] for k in keys}
-            except KeyError:
-                if strict:
-                    missing = next(k for k in keys if k not in src)
-                    raise missing_key_error(missing, src) from None
-                out = {k: src[k] for k in keys if k in src}
-            return TensorDict._new_unsafe(out, self._batch_size, self._device, self._names)
+            out = {}
+            try:  # string keys that exist; anything else takes the general path
+                for k in keys:
+                    out[k] = src[k]
+            except (KeyError, TypeError):
+                pass
+            else:
+                return TensorDict._new_unsafe(out, self._batch_size, self._device, self._names)
         return super().select(*keys, inplace=inplace, strict=strict)
 
     def exclude(self, *keys: NestedKey, inplace: bool = False) -> TensorDict:
@@ -636,6 +701,31 @@ class TensorDict(TensorDictBase):
         )
 
     @classmethod
+    def from_module(cls, module: Any, as_module: bool = False, lock: bool = False,
+                    use_state_dict: bool = False, filter_empty: bool = True) -> TensorDictBase:
+        """The parameters and buffers of ``module`` as a nested TensorDict.
+
+        See :func:`steersman.tensordict.module_params.from_module`.
+        """
+        from .module_params import from_module
+
+        return from_module(module, as_module=as_module, lock=lock, use_state_dict=use_state_dict,
+                           filter_empty=filter_empty)
+
+    @classmethod
+    def from_modules(cls, *modules: Any, as_module: bool = False, lock: bool = True,
+                     use_state_dict: bool = False, lazy_stack: bool = False,
+                     expand_identical: bool = False) -> TensorDictBase:
+        """The stacked parameters of several identical modules (batch ``[N]``).
+
+        See :func:`steersman.tensordict.module_params.from_modules`.
+        """
+        from .module_params import from_modules
+
+        return from_modules(*modules, as_module=as_module, lock=lock, use_state_dict=use_state_dict,
+                            lazy_stack=lazy_stack, expand_identical=expand_identical)
+
+    @classmethod
     def load_memmap(cls, prefix: Any, device: Any = None, non_blocking: bool = False) -> TensorDict:
         """Opens a TensorDict saved by ``memmap``/``save`` (tensors stay memory-mapped)."""
         from .io import load
@@ -650,6 +740,22 @@ class TensorDict(TensorDictBase):
 
         out = load(prefix, mmap=mmap)
         return out if device is None else out.to(device)
+
+
+def _nested_keys(d: dict, prefix: tuple, out: list, leaves_only: bool) -> None:
+    for k, v in d.items():
+        if type(v) is TensorDict:
+            full = prefix + (k,)
+            if not leaves_only:
+                out.append(full if prefix else k)
+            _nested_keys(v._tensordict, full, out, leaves_only)
+        elif isinstance(v, Tensor) or _is_non_tensor(v) or not _is_branch(v):
+            out.append(prefix + (k,) if prefix else k)
+        else:  # another kind of container (lazy stack, tensorclass...)
+            full = prefix + (k,)
+            if not leaves_only:
+                out.append(full if prefix else k)
+            v._collect_keys(out, full, True, leaves_only, None)
 
 
 def _same_structure(dst: TensorDict, src: TensorDict, pairs: list, bd: int, vbd: int) -> bool:
@@ -720,6 +826,8 @@ def _gather_inplace(td: TensorDictBase, others: tuple, default: Any, work: list,
 
                     _check_broadcast(a.shape, v.shape, prefix + (k,) if prefix else k)
             work.append((v, args))
+        elif getattr(type(v), "_is_lazy", False):  # in-place ops must reach the members' leaves
+            v._gather_inplace(tuple(args), default, work, prefix + (k,))
         elif _is_branch(v):
             _gather_inplace(v, tuple(args), default, work, prefix + (k,))
 
