@@ -1,14 +1,18 @@
 """L0: the container. ``TensorDict`` and friends; imports only torch, numpy and the stdlib."""
 
+from . import pytree as _pytree  # noqa: F401  (registers TensorDict as a pytree node)
 from ._utils import NestedKey, unravel_key, unravel_key_list
 from .base import TensorDictBase, is_tensor_collection
-from .td import TensorDict
-from .nontensor import MetaData, NonTensorData, NonTensorStack, is_non_tensor
 from .functional import cat, maybe_dense_stack, pad, pad_sequence, stack, where
-from .memmap import MemoryMappedTensor
-from .lazy import LazyStackedTensorDict, lazy_stack
-from .tensorclass import from_dataclass, is_tensorclass, tensorclass
 from .io import load, load_memmap, save
+from .lazy import LazyStackedTensorDict, lazy_stack
+from .memmap import MemoryMappedTensor
+from .module_params import ensemble_call, from_module, from_modules, shared_copy
+from .nontensor import MetaData, NonTensorData, NonTensorStack, is_non_tensor
+from .params import TensorDictParams
+from .persistent import PersistentTensorDict, to_h5
+from .td import TensorDict
+from .tensorclass import from_dataclass, is_tensorclass, tensorclass
 
 __all__ = [
     "TensorDict",
@@ -36,4 +40,11 @@ __all__ = [
     "save",
     "load",
     "load_memmap",
+    "TensorDictParams",
+    "from_module",
+    "from_modules",
+    "ensemble_call",
+    "shared_copy",
+    "PersistentTensorDict",
+    "to_h5",
 ]

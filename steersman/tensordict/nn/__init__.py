@@ -1,0 +1,66 @@
+"""L1: modules from TensorDict to TensorDict.
+
+``TensorDictModule`` wraps a plain module; ``TensorDictSequential`` chains modules;
+``ProbabilisticTensorDictModule``/``ProbabilisticTensorDictSequential`` build a
+distribution and draw a value according to the interaction type set by
+``set_interaction_type`` (aliases ``set_exploration_type``/``ExplorationType`` for
+TorchRL code). Imports only ``steersman.tensordict`` (L0) and torch.
+"""
+
+from ..module_params import ensemble_call, from_module, from_modules, shared_copy, to_module
+from ..params import TensorDictParams
+from .common import TensorDictModule, TensorDictModuleBase, WrapModule, dispatch
+from .distributions import (
+    Delta,
+    MaskedCategorical,
+    MaskedOneHotCategorical,
+    OneHotCategorical,
+    ReparamGradientStrategy,
+    TanhNormal,
+    TruncatedNormal,
+)
+from .interaction import (
+    ExplorationType,
+    InteractionType,
+    exploration_type,
+    interaction_type,
+    set_exploration_type,
+    set_interaction_type,
+)
+from .probabilistic import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential
+from .sequence import TensorDictSequential
+from .utils import NormalParamExtractor, biased_softplus, expln, inv_softplus, mappings
+
+__all__ = [
+    "TensorDictModuleBase",
+    "TensorDictModule",
+    "WrapModule",
+    "dispatch",
+    "TensorDictSequential",
+    "ProbabilisticTensorDictModule",
+    "ProbabilisticTensorDictSequential",
+    "InteractionType",
+    "interaction_type",
+    "set_interaction_type",
+    "ExplorationType",
+    "exploration_type",
+    "set_exploration_type",
+    "NormalParamExtractor",
+    "biased_softplus",
+    "inv_softplus",
+    "mappings",
+    "expln",
+    "TensorDictParams",
+    "from_module",
+    "from_modules",
+    "to_module",
+    "ensemble_call",
+    "shared_copy",
+    "TanhNormal",
+    "TruncatedNormal",
+    "Delta",
+    "OneHotCategorical",
+    "MaskedCategorical",
+    "MaskedOneHotCategorical",
+    "ReparamGradientStrategy",
+]
