@@ -974,7 +974,7 @@ class TensorDictBase:
             leaves = self._tensor_leaves()
             # _foreach_mul_ checks dtypes leaf by leaf (a late failure leaves early leaves
             # written): take it only when every leaf can hold the product
-            if all(torch.can_cast(torch.result_type(x, other), x.dtype) for x in leaves):
+            if all(_scalar_fits(dt, other) for dt in {x.dtype for x in leaves}):
                 torch._foreach_mul_(leaves, other)
                 return self
         return self._binary_(Tensor.mul_, other)
@@ -1117,11 +1117,10 @@ class TensorDictBase:
 
     def _reduction(self, name: str, dim: Any, keepdim: bool, reduce: bool, **kw: Any) -> Any:
         func = getattr(torch, name)
-        if reduce:  # one tensor for all leaves (see _reduce_all)
+        if reduce:
             bd = self.batch_dims
-            if dim is None or dim is NO_DEFAULT:
-                return _reduce_all(name, self._tensor_leaves(), None, bd, keepdim, **kw)
-            return _reduce_all(name, self._tensor_leaves(), _dims_tuple(dim, bd), bd, keepdim, **kw)
+            dims = tuple(range(bd)) if dim is None or dim is NO_DEFAULT else _dims_tuple(dim, bd)
+            return _reduce_all(name, self._tensor_leaves(), dims, bd, keepdim, **kw)
         if dim is None or dim is NO_DEFAULT:
             return self._map(lambda x: func(x, **kw), (), batch_size=torch.Size(()), scalar_out=True)
 
@@ -1391,7 +1390,8 @@ class TensorDictBase:
         if isinstance(split_size, int):
             if split_size <= 0:
                 raise ValueError(f"split_size must be positive, got {split_size}")
-            sizes = [min(split_size, n - i) for i in range(0, n, split_size)]
+            # like torch.split: an empty dim still gives one (empty) piece
+            sizes = [min(split_size, n - i) for i in range(0, n, split_size)] or [0]
         else:
             sizes = list(split_size)
             if sum(sizes) != n:
@@ -1633,8 +1633,31 @@ def _check_first(fn: Callable, check: Callable[[], Any]) -> Callable:
     return wrapped
 
 
+def _scalar_fits(dtype: torch.dtype, other: numbers.Number) -> bool:
+    """Whether ``leaf <op> other`` for a Python scalar can be written into ``dtype``."""
+    kind = type(other)
+    if kind is float:
+        return dtype.is_floating_point or dtype.is_complex
+    if kind is bool:
+        return True
+    if kind is int:
+        return dtype is not torch.bool
+    if isinstance(other, numbers.Integral):
+        return dtype is not torch.bool
+    if isinstance(other, numbers.Real):
+        return dtype.is_floating_point or dtype.is_complex
+    return dtype.is_complex
+
+
 def _check_result_dtypes(leaves: list[Tensor], other: Any) -> None:
+    scalar = isinstance(other, numbers.Number)
+    seen: set = set()
     for x in leaves:
+        if x.dtype in seen:
+            continue
+        seen.add(x.dtype)
+        if scalar and _scalar_fits(x.dtype, other):
+            continue
         res = torch.result_type(x, other)
         if not torch.can_cast(res, x.dtype):
             raise RuntimeError(
@@ -1802,44 +1825,34 @@ def _shape_args(shape: tuple) -> tuple[int, ...]:
 
 def _reduce_all(name: str, leaves: list[Tensor], dims: tuple[int, ...] | None = None,
                 batch_dims: int = 0, keepdim: bool = False, **kw: Any) -> Tensor:
-    """Reduces all leaves together into one tensor (``reduce=True``), as ``tensordict`` does.
+    """Reduces all leaves together into one tensor (``reduce=True``).
 
-    Without ``dims`` every element of every leaf is reduced to a scalar. With ``dims``
-    the leaves are joined along ``dims[0]`` (so they need the same shape) and the
-    result is reduced over ``dims``: feature dims are kept.
+    The batch dims in ``dims`` (all of them if ``None``), every feature dim and all the
+    leaves are reduced together; the other batch dims are kept (as size 1 too with
+    ``keepdim``). Leaves may have any feature shape.
     """
     float_op = name in ("mean", "std", "var", "norm", "nanmean")
+    kept = [] if dims is None else [d for d in range(batch_dims) if d not in dims]
 
     def prep(x: Tensor) -> Tensor:
         if float_op and not (x.is_floating_point() or x.is_complex()):
             x = x.to(torch.get_default_dtype())
-        return x.reshape(-1) if dims is None else x
+        if not kept:
+            return x.reshape(-1)
+        x = x.movedim(kept, list(range(len(kept))))
+        return x.reshape(*x.shape[: len(kept)], -1)
 
-    if dims is None:
-        flat = torch.cat([prep(x) for x in leaves])
-        rdims: Any = 0
-    else:
-        vals = [prep(x) for x in leaves]
-        try:
-            flat = torch.cat(vals, dims[0])
-        except RuntimeError as err:
-            raise ValueError(
-                f"{name}(dim={list(dims)}, reduce=True) joins the leaves along dim {dims[0]}, so "
-                f"they need the same shape; got {[list(v.shape) for v in vals]}. Use reduce=False "
-                "for one result per leaf, or reduce=True without dim for one scalar"
-            ) from err
-        rdims = dims
-    keep = keepdim and dims is not None
+    flat = torch.cat([prep(x) for x in leaves], -1)
     if name in ("max", "min"):
-        return flat.amax(dim=rdims, keepdim=keep) if name == "max" else flat.amin(dim=rdims, keepdim=keep)
-    if name == "norm":
-        return torch.linalg.vector_norm(flat, kw.get("ord", 2), dim=rdims, keepdim=keep)
-    if name == "prod":
-        out = flat
-        for d in sorted((rdims,) if isinstance(rdims, int) else rdims, reverse=True):
-            out = out.prod(d, keepdim=keep)
-        return out
-    return getattr(torch, name)(flat, dim=rdims, keepdim=keep, **kw)
+        out = flat.amax(dim=-1) if name == "max" else flat.amin(dim=-1)
+    elif name == "norm":
+        out = torch.linalg.vector_norm(flat, kw.get("ord", 2), dim=-1)
+    else:
+        out = getattr(torch, name)(flat, dim=-1, **kw)
+    if keepdim and leaves:
+        sizes = leaves[0].shape[:batch_dims]
+        out = out.reshape([1 if dims is None or i in dims else s for i, s in enumerate(sizes)])
+    return out
 
 
 def _unflatten_state_dict(sd: dict) -> dict:

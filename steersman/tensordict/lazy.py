@@ -834,7 +834,12 @@ class LazyStackedTensorDict(TensorDictBase):
                 return ms[ids[0]]
             parts = [ms[i] for i in ids]
         if not parts:
-            return self._like([], out_sd, indexed_batch_size(self._batch_size, _cpu_index(index)))
+            if not ms:
+                return self._like([], out_sd, indexed_batch_size(self._batch_size, _cpu_index(index)))
+            # an empty selection keeps the structure: zero copies of the (common-keyed) first member
+            first = ms[0].select(*self.keys())
+            first = first._index(midx[0] if len(midx) == 1 else midx) if midx else first
+            return first.unsqueeze(out_sd)[(slice(None),) * out_sd + (slice(0, 0),)]
         return self._like(parts, out_sd)
 
     def _index_fallback(self, index: Any) -> TensorDictBase:

@@ -1295,13 +1295,7 @@ class PersistentTensorDict(TensorDictBase):
             items = [(k, src._get_str(k, NO_DEFAULT)) for k in src._keys_str()]
         else:
             items = list(src.items())
-        bs = self.batch_size
-        for key, value in items:  # validate before writing
-            if type(key) is str and isinstance(value, Tensor) and value.shape[: len(bs)] != bs:
-                raise ValueError(
-                    f"batch size mismatch for key {key!r}: expected leading dims {list(bs)}, "
-                    f"got shape {list(value.shape)}"
-                )
+        _validate_update_items(items, self.batch_size, ())  # everything, nested too, before writing
         grp = self._grp()
         for key, value in items:
             branch = (isinstance(value, Mapping) and not is_tensor_collection(value)) or _is_branch(value)
@@ -1311,6 +1305,13 @@ class PersistentTensorDict(TensorDictBase):
             else:
                 self.set(key, value, inplace=inplace)
         return self
+
+    def view(self, *shape: Any, dtype: torch.dtype | None = None) -> TensorDictBase:
+        """Refused: the leaves live in the file, so there is no storage to view (use ``reshape``)."""
+        raise RuntimeError(
+            "a PersistentTensorDict can't be viewed: its leaves live in an HDF5 file, so a view "
+            "couldn't write through; use reshape() for an in-memory copy"
+        )
 
     def update_(self, input_dict_or_td: Mapping | TensorDictBase | Any, clone: bool = False) -> PersistentTensorDict:
         """Writes the input into the existing entries (validated first; nothing new is created)."""
@@ -1532,3 +1533,20 @@ def to_h5(td: Mapping | TensorDictBase, filename: Any, **kwargs: Any) -> Persist
     Keyword arguments go to :meth:`PersistentTensorDict.from_dict` (``compression`` ...).
     """
     return PersistentTensorDict.from_dict(td, filename, **kwargs)
+
+
+def _validate_update_items(items: Sequence, bs: torch.Size, prefix: tuple) -> None:
+    """Checks the leading dims of every leaf of an update (nested ones too) against ``bs``."""
+    for key, value in items:
+        name = prefix + (key,) if prefix else key
+        if isinstance(value, Tensor):
+            if value.shape[: len(bs)] != bs:
+                raise ValueError(
+                    f"batch size mismatch for key {name!r}: expected leading dims {list(bs)}, "
+                    f"got shape {list(value.shape)}"
+                )
+        elif isinstance(value, TensorDictBase) and _is_branch(value):
+            _validate_update_items([(k, value._get_str(k, NO_DEFAULT)) for k in value._keys_str()], bs,
+                                   prefix + (key,))
+        elif isinstance(value, Mapping):
+            _validate_update_items(list(value.items()), bs, prefix + (key,))
