@@ -691,8 +691,12 @@ class TensorDictBase:
         elif device is not None:
             if out.device == device:
                 return out  # every leaf is already there (device is an invariant)
+            relabel = getattr(out, "_relabel_device", None)
+            relabeled = relabel(device) if relabel is not None else None
+            if relabeled is not None:
+                return relabeled
             if all(t.device == device for t in out._tensor_leaves()):
-                return out._map(_identity, (), device=device)
+                return out._map(_identity, (), device=device, validate=False)
             def fn(x):
                 return x.to(device, non_blocking=nb)
         else:

@@ -47,17 +47,19 @@ def _check_key(key: str) -> None:
 
 
 def _write_json_atomic(path: Path, obj: Any, fsync: bool) -> None:
-    """Writes JSON via a temp file + rename, so readers never see a half-written file.
-
-    ``fsync`` (for ``save``, a checkpoint) also makes it durable across a power loss;
-    a memory-mapped working copy skips that cost.
-    """
+    """Writes JSON. With ``fsync`` (``save``, a checkpoint) it goes through a temp file,
+    fsync and rename, so a crash leaves the old or the new file, never half of one; a
+    memory-mapped working copy (``memmap``) is written in place."""
+    text = json.dumps(obj)  # the C encoder; json.dump(obj, f) encodes in Python
+    if not fsync:  # a memory-mapped working copy: no rename, which is slow on some filesystems
+        with open(path, "w") as f:
+            f.write(text)
+        return
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w") as f:
-        json.dump(obj, f)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -119,24 +121,31 @@ def _write(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> tuple[d
             new_leaves[key] = value
         elif _is_branch(value):
             sub_meta, sub_leaves = _write(value, path / key, mode, existsok)
-            meta["entries"][key] = {"kind": "container", "dir": key}
+            meta["entries"][key] = {"kind": "container", "dir": key, "meta": sub_meta}
             if mode != "save":
                 new_leaves[key] = _rebuild(value, sub_leaves)
         else:
             raise TypeError(f"cannot save entry {key!r} of type {type(value).__name__}")
-    _write_json_atomic(path / _META, meta, fsync=mode == "save")
     return meta, new_leaves
+
+
+def _write_root(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> dict:
+    """Writes the tree's files, then one ``meta.json`` for the whole tree (last)."""
+    meta, leaves = _write(td, path, mode, existsok)
+    _write_json_atomic(path / _META, meta, fsync=mode == "save")
+    return leaves
 
 
 def _write_lazy(td: Any, path: Path, mode: str, existsok: bool) -> tuple[dict, dict]:
     path.mkdir(parents=True, exist_ok=True)
     members = []
+    metas = []
     for i, member in enumerate(td.tensordicts):
-        _, leaves = _write(member, path / str(i), mode, existsok)
+        member_meta, leaves = _write(member, path / str(i), mode, existsok)
+        metas.append(member_meta)
         members.append(_rebuild(member, leaves) if mode != "save" else None)
     meta = {"_type": "LazyStackedTensorDict", "_format": _FORMAT, "stack_dim": td.stack_dim,
-            "n": len(td.tensordicts), **_container_meta(td)}
-    _write_json_atomic(path / _META, meta, fsync=mode == "save")
+            "n": len(td.tensordicts), **_container_meta(td), "members": metas}
     return meta, {"__lazy_members__": members}
 
 
@@ -170,7 +179,7 @@ def save(td: TensorDictBase, prefix: Any) -> None:
     """
     if hasattr(td, "_tensordict") and not isinstance(td, TensorDictBase):  # tensorclass
         td = td._tensordict
-    _write(td, Path(prefix), "save", True)
+    _write_root(td, Path(prefix), "save", True)
 
 
 def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: bool, copy_data: bool) -> TensorDictBase:
@@ -188,7 +197,7 @@ def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: boo
     prefix = Path(prefix)
     if not existsok and (prefix / _META).exists():
         raise FileExistsError(f"{prefix} already holds a saved TensorDict (pass existsok=True to overwrite)")
-    _, leaves = _write(td, prefix, "memmap" if copy_data else "like", existsok)
+    leaves = _write_root(td, prefix, "memmap" if copy_data else "like", existsok)
     out = _rebuild(td, leaves)
     if inplace:
         _replace_from(td, out)
@@ -229,21 +238,37 @@ def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
     """Loads a container saved with :func:`save` or ``memmap``.
 
     ``mmap=True`` maps the files (writes go to disk); ``mmap=False`` reads them into memory.
+    Only JSON and raw tensor bytes are read: loading never executes code.
     """
-    path = Path(prefix)
-    meta_file = path / _META
-    if not meta_file.exists():
-        raise FileNotFoundError(f"no saved TensorDict at {path} ({_META} is missing)")
-    with open(meta_file) as f:
-        meta = json.load(f)
+    path = os.fspath(prefix)
+    meta_file = os.path.join(path, _META)
+    try:
+        with open(meta_file) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no saved TensorDict at {path} ({_META} is missing)") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{meta_file} is not valid JSON (corrupted or not a saved TensorDict): {err}") from None
+    if not isinstance(meta, dict) or meta.get("_type") not in ("TensorDict", "LazyStackedTensorDict"):
+        kind = meta.get("_type") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{meta_file}: unknown container type {kind!r} (not a saved steersman TensorDict)")
+    if meta.get("_format") != _FORMAT:
+        raise ValueError(f"{meta_file} has format {meta.get('_format')!r}; this steersman reads format {_FORMAT}")
+    out = _build(meta, path, mmap)
+    if mmap:
+        out.lock_()
+    return out
+
+
+def _build(meta: dict, path: str, mmap: bool) -> TensorDictBase:
     kind = meta.get("_type")
     if kind == "LazyStackedTensorDict":
         from .lazy import LazyStackedTensorDict
 
-        members = [load(path / str(i), mmap=mmap) for i in range(meta["n"])]
+        members = [_build(m, os.path.join(path, str(i)), mmap) for i, m in enumerate(meta["members"])]
         return LazyStackedTensorDict(*members, stack_dim=meta["stack_dim"])
     if kind != "TensorDict":
-        raise ValueError(f"{meta_file} describes an unknown container type {kind!r}")
+        raise ValueError(f"{path}: unknown container type {kind!r} in the saved metadata")
     from .nontensor import MetaData, NonTensorData, NonTensorStack
     from .td import TensorDict
 
@@ -253,7 +278,7 @@ def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
         _check_key(key)
         k = entry["kind"]
         if k == "tensor":
-            entries[key] = load_tensor_file(path / entry["file"], _dtype_from_name(entry["dtype"]),
+            entries[key] = load_tensor_file(os.path.join(path, entry["file"]), _dtype_from_name(entry["dtype"]),
                                             entry["shape"], mmap=mmap)
         elif k == "non_tensor":
             cls = MetaData if entry.get("metadata") else NonTensorData
@@ -263,16 +288,14 @@ def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
             _fill(arr, entry["data"])
             entries[key] = NonTensorStack(arr)
         elif k == "container":
-            entries[key] = load(path / entry["dir"], mmap=mmap)
+            entries[key] = _build(entry["meta"], os.path.join(path, entry["dir"]), mmap)
         else:
-            raise ValueError(f"unknown entry kind {k!r} for key {key!r} in {meta_file}")
+            raise ValueError(f"unknown entry kind {k!r} for key {key!r} in {path}")
     device = meta.get("device")
     out = TensorDict._new_unsafe(entries, bs, torch.device("cpu") if device is not None else None,
                                  meta.get("names"))
     if device is not None and torch.device(device).type != "cpu":
         out = out.to(device)
-    if mmap:
-        out.lock_()
     return out
 
 

@@ -618,8 +618,8 @@ def load_tensor_file(
             f"Tensor file {path!r} has {size} bytes, expected {needed} for shape "
             f"{tuple(shape)} and dtype {dtype}."
         )
-    if mmap:
-        return MemoryMappedTensor.from_filename(path, dtype, shape)
+    if mmap:  # the size was checked above, so map directly (from_filename would stat again)
+        return MemoryMappedTensor._wrap(_map_file(path, dtype, _numel(shape)).view(shape), path)
     out = torch.empty(shape, dtype=dtype)
     view = _byte_view(out)
     with open(path, "rb") as f:

@@ -611,6 +611,23 @@ class TensorDict(TensorDictBase):
             if assign and r is not None and r is not v:
                 v.copy_(r)
 
+    def _relabel_device(self, device: torch.device) -> TensorDict | None:
+        """A shallow copy with ``device`` set if every leaf is already there, else None."""
+        out = {}
+        for k, v in self._tensordict.items():
+            if isinstance(v, Tensor):
+                if v.device != device:
+                    return None
+                out[k] = v
+            elif type(v) is TensorDict:
+                r = v._relabel_device(device)
+                if r is None:
+                    return None
+                out[k] = r
+            else:
+                return None
+        return TensorDict._new_unsafe(out, self._batch_size, device, self._names)
+
     # ------------------------------------------------------------------ locking
     def lock_(self) -> TensorDict:
         """Refuses new or removed keys from now on (in-place writes are still allowed)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from torch import distributions as D
@@ -158,7 +156,6 @@ def test_mean_not_implemented_is_clear():
             )
 
 
-_HAS_LIB_DISTS = importlib.util.find_spec("steersman.tensordict.nn.distributions") is not None
 _LIB_CASES = [  # (class name, in_keys, entries)
     ("TanhNormal", ["loc", "scale"], {"loc": (4, 2), "scale": (4, 2)}),
     ("TruncatedNormal", ["loc", "scale"], {"loc": (4, 2), "scale": (4, 2)}),
@@ -168,16 +165,13 @@ _LIB_CASES = [  # (class name, in_keys, entries)
 ]
 
 
-@pytest.mark.skipif(not _HAS_LIB_DISTS, reason="steersman.tensordict.nn.distributions is not there yet")
 @pytest.mark.parametrize("itype", ALL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("name, in_keys, entries", _LIB_CASES, ids=[c[0] for c in _LIB_CASES])
 def test_library_distributions(name, in_keys, entries, itype):
     """The distributions of ``nn.distributions`` work through the generic module path."""
     from steersman.tensordict.nn import distributions as dists
 
-    cls = getattr(dists, name, None)
-    if cls is None:
-        pytest.skip(f"no {name}")
+    cls = getattr(dists, name)
     g = torch.Generator().manual_seed(0)
     td = TensorDict(
         {k: (torch.rand(*shape, generator=g) > 0.3) | (torch.arange(shape[-1]) == 0)
@@ -216,7 +210,6 @@ def test_library_distributions(name, in_keys, entries, itype):
     torch.testing.assert_close(td["sample_log_prob"], dist.log_prob(want))
 
 
-@pytest.mark.skipif(not _HAS_LIB_DISTS, reason="steersman.tensordict.nn.distributions is not there yet")
 def test_default_distribution_is_delta():
     module = ProbabilisticTensorDictModule(["param"], ["action"])
     td = TensorDict(param=torch.randn(3, 2), batch_size=[3])
