@@ -1,6 +1,8 @@
-"""L2: data. Tensor specs (replay buffers come later)."""
+"""L2: data. Tensor specs and replay buffers (storages, samplers, writers)."""
 
+from .replay_buffers import *  # noqa: F403
+from .replay_buffers import __all__ as _rb_all
 from .specs import *  # noqa: F403
 from .specs import __all__ as _specs_all
 
-__all__ = list(_specs_all)
+__all__ = list(_specs_all) + list(_rb_all)

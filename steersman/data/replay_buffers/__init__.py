@@ -1,0 +1,55 @@
+"""Replay buffers: storages own memory, samplers own indices, writers own placement.
+
+``ReplayBuffer(storage=, sampler=, writer=)`` composes them; the TensorDict and
+prioritized variants follow TorchRL's names and semantics.
+"""
+
+from ._checkpoint import CheckpointError
+from .replay_buffers import (
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+    stack_anything,
+)
+from .samplers import (
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    Sampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
+from .utils import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
+from .writers import RoundRobinWriter, TensorDictMaxValueWriter, TensorDictRoundRobinWriter, Writer
+
+__all__ = [
+    "ReplayBuffer",
+    "TensorDictReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
+    "Storage",
+    "ListStorage",
+    "TensorStorage",
+    "LazyTensorStorage",
+    "LazyMemmapStorage",
+    "Sampler",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "PrioritizedSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+    "PrioritizedSliceSampler",
+    "Writer",
+    "RoundRobinWriter",
+    "TensorDictRoundRobinWriter",
+    "TensorDictMaxValueWriter",
+    "SumSegmentTree",
+    "MinSegmentTree",
+    "MaxSegmentTree",
+    "PriorityTree",
+    "CheckpointError",
+    "stack_anything",
+]

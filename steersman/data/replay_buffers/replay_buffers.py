@@ -1,0 +1,715 @@
+"""Replay buffers: a storage, a sampler and a writer behind one object.
+
+:class:`ReplayBuffer` composes the three parts (plus an optional transform applied to
+sampled batches and a ``collate_fn``); :class:`TensorDictReplayBuffer` adds the sampled
+indices (and the sampler's extras, e.g. importance weights) to each sampled TensorDict;
+the ``Prioritized`` variants build a :class:`PrioritizedSampler` for you.
+
+Concurrency: one writer and any number of sampling threads may use a buffer at once. A
+lock covers every change of the buffer (writes, priority updates, empty/load) and the
+choice + gather of the sampled items, so a batch is a consistent snapshot; transforms and
+``collate_fn`` run outside the lock. ``prefetch=k`` keeps ``k`` batches being sampled in a
+background thread.
+
+Checkpoints: :meth:`ReplayBuffer.dumps` writes the buffer under a folder as JSON metadata
+plus raw tensor files (no pickle), into a new sub-folder that becomes current only once
+complete (an atomically replaced pointer file), so a process killed mid-way leaves the
+previous checkpoint loadable. :meth:`ReplayBuffer.loads` validates everything before
+changing the buffer.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import threading
+import uuid
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steersman.tensordict import NestedKey, TensorDictBase, is_tensor_collection, unravel_key
+from steersman.tensordict import stack as td_stack
+
+from ._checkpoint import (
+    FORMAT,
+    VERSION,
+    CheckpointError,
+    fsync_dir,
+    read_component,
+    read_json,
+    write_json,
+)
+from .samplers import PrioritizedSampler, RandomSampler, Sampler, SliceSampler
+from .storages import ListStorage, Storage, TensorStorage
+from .writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
+
+__all__ = [
+    "ReplayBuffer",
+    "TensorDictReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
+    "stack_anything",
+]
+
+_POINTER = "LATEST.json"
+_CKPT = re.compile(r"^ckpt-\d{6,}$")
+
+
+def stack_anything(items: list) -> Any:
+    """Default ``collate_fn`` for :class:`ListStorage`: stacks tensors or TensorDicts.
+
+    Anything else (or a mix) is returned as the list itself.
+
+    Example:
+        >>> import torch
+        >>> stack_anything([torch.zeros(2), torch.ones(2)]).shape
+        torch.Size([2, 2])
+        >>> stack_anything(["a", 1])
+        ['a', 1]
+    """
+    if not items:
+        return items
+    first = items[0]
+    if isinstance(first, Tensor) and all(isinstance(x, Tensor) for x in items):
+        try:
+            return torch.stack(items)
+        except RuntimeError:
+            return items
+    if is_tensor_collection(first) and all(is_tensor_collection(x) for x in items):
+        return td_stack(items)
+    return items
+
+
+class _Inverse:
+    """Wraps a transform that should run on writes (``extend``/``add``) only."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, data: Any) -> Any:
+        return data
+
+    def inv(self, data: Any) -> Any:
+        return self.transform(data)
+
+    def __repr__(self) -> str:
+        return f"inverse({self.transform!r})"
+
+
+class _TransformChain:
+    """Transforms applied in order to sampled data; their ``inv`` in reverse order on writes."""
+
+    def __init__(self, transforms: list | None = None) -> None:
+        self.transforms: list = list(transforms or [])
+
+    def __len__(self) -> int:
+        return len(self.transforms)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.transforms[i]
+
+    def __call__(self, data: Any) -> Any:
+        for t in self.transforms:
+            data = t(data)
+        return data
+
+    def has_inv(self) -> bool:
+        return any(hasattr(t, "inv") for t in self.transforms)
+
+    def inv(self, data: Any) -> Any:
+        for t in reversed(self.transforms):
+            inv = getattr(t, "inv", None)
+            if inv is not None:
+                data = inv(data)
+        return data
+
+    def __repr__(self) -> str:
+        return f"[{', '.join(repr(t) for t in self.transforms)}]"
+
+
+def _shutdown(executor: ThreadPoolExecutor, queue: collections.deque) -> None:
+    for fut in queue:
+        fut.cancel()
+    queue.clear()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+class ReplayBuffer:
+    """A buffer of experience: a storage (memory), a sampler (which items) and a writer (where).
+
+    Args:
+        storage: default ``ListStorage(1000)``.
+        sampler: default :class:`RandomSampler`.
+        writer: default :class:`RoundRobinWriter`.
+        collate_fn: applied to the gathered items (default: stack items of a
+            :class:`ListStorage`; identity for tensor storages).
+        pin_memory: pin sampled batches (when CUDA is available).
+        prefetch: number of batches sampled ahead in a background thread (only used for
+            ``sample()`` with the buffer's own ``batch_size``).
+        transform: a callable (or list of callables) applied to each sampled batch; a
+            transform with an ``inv`` method also sees every written batch through ``inv``.
+        batch_size: default batch size of :meth:`sample` and of iteration.
+
+    Shapes: with a tensor storage of items ``[*item]``, ``sample(B)`` returns ``[B, *item]``
+    (slice samplers: ``[num_slices * slice_len, *item]``).
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(1000), batch_size=32)
+        >>> rb.extend(TensorDict({"obs": torch.randn(100, 4), "action": torch.zeros(100, 1)}, [100])).shape
+        torch.Size([100])
+        >>> len(rb), rb.sample()["obs"].shape
+        (100, torch.Size([32, 4]))
+    """
+
+    _default_writer = RoundRobinWriter
+
+    def __init__(self, *, storage: Storage | None = None, sampler: Sampler | None = None,
+                 writer: Writer | None = None, collate_fn: Any = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Any = None, batch_size: int | None = None) -> None:
+        self._storage = storage if storage is not None else ListStorage(1000)
+        if not isinstance(self._storage, Storage):
+            raise TypeError(f"storage must be a Storage, got {type(self._storage).__name__}")
+        self._sampler = sampler if sampler is not None else RandomSampler()
+        if not isinstance(self._sampler, Sampler):
+            raise TypeError(f"sampler must be a Sampler, got {type(self._sampler).__name__}")
+        self._writer = writer if writer is not None else self._default_writer()
+        if not isinstance(self._writer, Writer):
+            raise TypeError(f"writer must be a Writer, got {type(self._writer).__name__}")
+        self._writer.register_storage(self._storage)
+        if isinstance(self._sampler, PrioritizedSampler) and self._sampler.max_capacity < self._storage.max_size:
+            raise ValueError(
+                f"the sampler's max_capacity ({self._sampler.max_capacity}) is smaller than the storage's "
+                f"max_size ({self._storage.max_size})"
+            )
+        if isinstance(self._sampler, SliceSampler) and not isinstance(self._storage, TensorStorage):
+            raise TypeError("slice samplers need a tensor storage (LazyTensorStorage, LazyMemmapStorage, TensorStorage)")
+        if collate_fn is None and isinstance(self._storage, ListStorage):
+            collate_fn = stack_anything
+        self._collate_fn = collate_fn
+        self._pin_memory = pin_memory and torch.cuda.is_available()
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self._batch_size = batch_size
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be a non-negative integer or None, got {prefetch!r}")
+        self._prefetch = prefetch or 0
+        self._prefetch_queue: collections.deque[Future] = collections.deque()
+        self._executor: ThreadPoolExecutor | None = None
+        self._finalizer: Any = None
+        self._lock = threading.RLock()
+        if transform is None:
+            transforms: list = []
+        elif isinstance(transform, (list, tuple)):
+            transforms = list(transform)
+        else:
+            transforms = [transform]
+        self._transform = _TransformChain(transforms)
+
+    # ---------------------------------------------------------------- parts
+    @property
+    def storage(self) -> Storage:
+        return self._storage
+
+    @property
+    def sampler(self) -> Sampler:
+        return self._sampler
+
+    @property
+    def writer(self) -> Writer:
+        return self._writer
+
+    @property
+    def transform(self) -> _TransformChain:
+        return self._transform
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batch_size
+
+    @property
+    def write_count(self) -> int:
+        """Number of items ever written (survives wrap-around; reset by :meth:`empty`)."""
+        return self._writer.write_count
+
+    def __len__(self) -> int:
+        return len(self._storage)
+
+    def insert_transform(self, index: int, transform: Any, *, invert: bool = False) -> None:
+        """Inserts ``transform`` at position ``index`` of the sampled-batch transforms.
+
+        ``invert=True`` makes it a write-time transform (applied on ``extend``/``add``).
+        """
+        self._transform.transforms.insert(index, _Inverse(transform) if invert else transform)
+
+    def append_transform(self, transform: Any, *, invert: bool = False) -> ReplayBuffer:
+        """Appends ``transform`` (see :meth:`insert_transform`); returns the buffer."""
+        self._transform.transforms.append(_Inverse(transform) if invert else transform)
+        return self
+
+    # ---------------------------------------------------------------- writes
+    def _flat(self, index: Any) -> Tensor:
+        """Flat element indices from an ``"index"``-style value (``[B, 2]`` or a tuple for ndim=2)."""
+        st = self._storage
+        if st.ndim == 2 and isinstance(st, TensorStorage):
+            if isinstance(index, tuple):
+                return (index[0] * st._T + index[1]).reshape(-1)
+        return index
+
+    def add(self, data: Any) -> Any:
+        """Writes one item; returns its slot."""
+        if self._transform.transforms and self._transform.has_inv():
+            data = self._transform.inv(data)
+        with self._lock:
+            index = self._writer.add(data)
+            if index is not None:
+                self._sampler.add(self._storage._flat_index(torch.as_tensor(index)).reshape(-1))
+        return index
+
+    def extend(self, data: Any) -> Tensor:
+        """Writes a batch (a TensorDict/tensor with a leading batch dim, or a list of items for a
+        :class:`ListStorage`); returns the slots written (a long tensor)."""
+        if self._transform.transforms and self._transform.has_inv():
+            data = self._transform.inv(data)
+        with self._lock:
+            index = self._writer.extend(data)
+            if index.numel():
+                st = self._storage
+                span = self._writer._last_span if st._row_len == 1 else None
+                self._sampler._written(st._flat_index(index), span)
+        return index
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        with self._lock:
+            self._storage.set(index, value)
+            if isinstance(index, int):
+                index = torch.tensor([index])
+            elif isinstance(index, slice):
+                index = torch.arange(*index.indices(len(self._storage)))
+            self._sampler.mark_update(self._storage._flat_index(torch.as_tensor(index).reshape(-1)))
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Sets the priorities of the items at ``index`` (no-op without a prioritized sampler).
+
+        Raises ``ValueError`` on a negative/NaN/infinite priority and ``IndexError`` on an
+        index that holds no item; nothing is changed then.
+        """
+        with self._lock:
+            self._sampler.update_priority(self._flat(index), priority, storage=self._storage)
+
+    def empty(self) -> None:
+        """Removes every item (allocated memory is kept) and resets the sampler and writer."""
+        with self._lock:
+            self._clear_prefetch()
+            self._storage._empty()
+            self._writer._empty()
+            self._sampler._empty()
+
+    # ---------------------------------------------------------------- reads
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, str) or (isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)):
+            with self._lock:
+                data = self._storage.get(slice(None))
+            return data.get(unravel_key(index))
+        with self._lock:
+            data = self._storage.get(index)
+        if self._collate_fn is not None and isinstance(data, list):
+            data = self._collate_fn(data)
+        if self._transform.transforms:
+            data = self._transform(data)
+        return data
+
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        with self._lock:
+            index, info = self._sampler.sample(self._storage, batch_size)
+            data = self._storage._get_fast(index)
+        info["index"] = index
+        if self._collate_fn is not None:
+            data = self._collate_fn(data)
+        if self._pin_memory and hasattr(data, "pin_memory"):
+            data = data.pin_memory()
+        if self._transform.transforms:
+            data = self._transform(data)
+        return data, info
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
+        """A batch of stored items (and, with ``return_info``, a dict with ``"index"`` and the
+        sampler's extras such as ``"_weight"``).
+
+        Raises ``RuntimeError`` on an empty buffer.
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+            if batch_size is None:
+                raise RuntimeError("no batch_size: pass one to sample() or to the buffer's constructor")
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if self._prefetch and batch_size == self._batch_size:
+            data, info = self._prefetched(batch_size)
+        else:
+            data, info = self._sample(batch_size)
+        return (data, info) if return_info else data
+
+    # ---------------------------------------------------------------- prefetch
+    def _prefetched(self, batch_size: int) -> tuple[Any, dict]:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steersman-rb-prefetch")
+            self._finalizer = weakref.finalize(self, _shutdown, self._executor, self._prefetch_queue)
+        q = self._prefetch_queue
+        while len(q) < self._prefetch:
+            q.append(self._executor.submit(self._sample, batch_size))
+        fut = q.popleft()
+        try:
+            out = fut.result()
+        except BaseException:
+            self._clear_prefetch()
+            raise
+        if not self._sampler.ran_out:
+            q.append(self._executor.submit(self._sample, batch_size))
+        return out
+
+    def _clear_prefetch(self) -> None:
+        q = self._prefetch_queue
+        while q:
+            fut = q.popleft()
+            if not fut.cancel():
+                try:
+                    fut.result()
+                except BaseException:  # noqa: BLE001 - a stale batch's error is irrelevant
+                    pass
+
+    def close(self) -> None:
+        """Stops the prefetch thread (waits for it); the buffer stays usable."""
+        self._clear_prefetch()
+        ex, self._executor = self._executor, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self):
+        """Batches of ``batch_size`` until the sampler runs out (one epoch with a
+        without-replacement sampler; endless with a random or prioritized one)."""
+        if self._batch_size is None:
+            raise RuntimeError("cannot iterate over a replay buffer without a batch_size")
+        self._clear_prefetch()
+        self._sampler._reset_epoch()
+        epochs = hasattr(self._sampler, "drop_last")  # epoch-based: no prefetching past the epoch
+        while True:
+            if self._sampler.ran_out and not self._prefetch_queue:
+                return
+            if epochs:
+                yield self._sample(self._batch_size)[0]
+            else:
+                yield self.sample()
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Components' states (tensors and Python values; for ``torch.save``)."""
+        with self._lock:
+            return {"_storage": self._storage.state_dict(), "_sampler": self._sampler.state_dict(),
+                    "_writer": self._writer.state_dict(), "_batch_size": self._batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self._clear_prefetch()
+            self._storage.load_state_dict(state["_storage"])
+            self._sampler.load_state_dict(state["_sampler"])
+            self._writer.load_state_dict(state["_writer"])
+            self._batch_size = state.get("_batch_size", self._batch_size)
+
+    def dumps(self, path: Any) -> None:
+        """Writes a checkpoint under the folder ``path`` (created if needed), atomically.
+
+        The data goes to a new ``ckpt-NNNNNN`` sub-folder (raw tensor files + JSON, fsynced);
+        then ``LATEST.json`` is atomically replaced to point at it and older checkpoints are
+        removed. A process killed at any point leaves the previous checkpoint loadable.
+        Writes wait while the dump runs (it sees one consistent state).
+        """
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        pointer = root / _POINTER
+        current = None
+        if pointer.exists():
+            current = self._read_pointer(root)
+        else:
+            foreign = [p.name for p in root.iterdir() if not (_CKPT.match(p.name) or p.name.startswith("."))]
+            if foreign:
+                raise FileExistsError(
+                    f"{root} is not empty and holds no replay-buffer checkpoint ({foreign[:3]}...); refusing to write there"
+                )
+        existing = [int(p.name[5:]) for p in root.iterdir() if _CKPT.match(p.name)]
+        gen = max(existing, default=0) + 1
+        name = f"ckpt-{gen:06d}"
+        tmp = root / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with self._lock:
+                self._storage.dumps(tmp / "storage")
+                self._sampler.dumps(tmp / "sampler")
+                self._writer.dumps(tmp / "writer")
+                write_json(tmp / "buffer.json", {
+                    "format": FORMAT, "version": VERSION, "type": type(self).__name__,
+                    "storage": type(self._storage).__name__, "sampler": type(self._sampler).__name__,
+                    "writer": type(self._writer).__name__, "len": len(self._storage),
+                    "write_count": self.write_count, "batch_size": self._batch_size,
+                })
+            for dirpath, _, _ in os.walk(tmp, topdown=False):
+                fsync_dir(Path(dirpath))
+            os.rename(tmp, root / name)
+            fsync_dir(root)
+            write_json(pointer, {"format": FORMAT, "version": VERSION, "current": name})
+            fsync_dir(root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for p in root.iterdir():  # best effort: old checkpoints and leftovers of killed dumps
+            if p.name != name and (_CKPT.match(p.name) or (p.name.startswith(".ckpt-") and p.name.endswith(".tmp"))):
+                if p.name == current or _CKPT.match(p.name) or not _pid_alive(p.name):
+                    shutil.rmtree(p, ignore_errors=True)
+
+    @staticmethod
+    def _read_pointer(root: Path) -> str:
+        ptr = read_json(root / _POINTER)
+        if not isinstance(ptr, dict) or ptr.get("format") != FORMAT:
+            raise CheckpointError(f"{root / _POINTER} is not a replay-buffer checkpoint pointer")
+        current = ptr.get("current")
+        if not isinstance(current, str) or not _CKPT.match(current):
+            raise CheckpointError(f"{root / _POINTER} points at an invalid checkpoint name {current!r}")
+        return current
+
+    def loads(self, path: Any) -> None:
+        """Loads the checkpoint under ``path`` (written by :meth:`dumps`).
+
+        Everything is read and validated first (raising :class:`ValueError` on a corrupted,
+        foreign or incompatible folder); only then is the buffer changed.
+        """
+        root = Path(path)
+        if not (root / _POINTER).exists():
+            raise CheckpointError(f"{root} holds no replay-buffer checkpoint ({_POINTER} is missing)")
+        d = root / self._read_pointer(root)
+        meta = read_json(d / "buffer.json")
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise CheckpointError(f"{d / 'buffer.json'} is not replay-buffer metadata of version {VERSION}")
+        for part, obj in (("storage", self._storage), ("sampler", self._sampler), ("writer", self._writer)):
+            saved = meta.get(part)
+            ok = saved == type(obj).__name__ or (part == "storage" and saved in obj._checkpoint_types())
+            if not ok:
+                raise CheckpointError(f"{d} was written with a {saved}; this buffer's {part} is a {type(obj).__name__}")
+        parts = []
+        for part, obj in (("storage", self._storage), ("sampler", self._sampler), ("writer", self._writer)):
+            types = obj._checkpoint_types() if part == "storage" else type(obj).__name__
+            m, t = read_component(d / part, types)
+            parts.append((obj, obj._prepare_load(m, t, d / part)))
+        with self._lock:
+            self._clear_prefetch()
+            for obj, prepared in parts:
+                obj._commit_load(prepared)
+            bs = meta.get("batch_size")
+            if self._batch_size is None and isinstance(bs, int):
+                self._batch_size = bs
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(\n    storage={self._storage!r},\n    sampler={self._sampler!r},\n"
+                f"    writer={self._writer!r},\n    batch_size={self._batch_size},\n"
+                f"    transform={self._transform!r},\n    collate_fn={getattr(self._collate_fn, '__name__', self._collate_fn)})")
+
+
+def _pid_alive(name: str) -> bool:
+    """Whether the process that named a temp folder ``.ckpt-N.<pid>.<id>.tmp`` still runs."""
+    try:
+        pid = int(name.split(".")[2])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class TensorDictReplayBuffer(ReplayBuffer):
+    """A :class:`ReplayBuffer` of TensorDicts that adds the sampling info to each batch.
+
+    Sampled batches get ``"index"`` (the flat slot of each item) and the sampler's extras
+    (``"_weight"`` for prioritized samplers, truncation flags for slice samplers). The
+    default writer is :class:`TensorDictRoundRobinWriter` (it also sets ``"index"`` on the
+    data passed to ``extend``).
+
+    Args:
+        priority_key: the entry :meth:`update_tensordict_priority` reads priorities from
+            (default ``"td_error"``).
+        **kwargs: as :class:`ReplayBuffer`.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), batch_size=4)
+        >>> _ = rb.extend(TensorDict({"obs": torch.arange(10.0)}, [10]))
+        >>> s = rb.sample()
+        >>> bool((s["obs"] == s["index"].float()).all())
+        True
+    """
+
+    _default_writer = TensorDictRoundRobinWriter
+
+    def __init__(self, *, priority_key: NestedKey = "td_error", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.priority_key = unravel_key(priority_key)
+
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        data, info = super()._sample(batch_size)
+        if isinstance(data, TensorDictBase):
+            if data.is_locked:
+                data = data.copy().unlock_() if hasattr(data, "unlock_") else data
+            bs = data.batch_size
+            for key, val in info.items():
+                if isinstance(val, Tensor):
+                    if val.device != data.device and data.device is not None:
+                        val = val.to(data.device)
+                    if val.shape[: len(bs)] != bs and val.ndim <= len(bs):
+                        val = val.reshape(tuple(val.shape) + (1,) * (len(bs) - val.ndim)).expand(bs)
+                    data.set(key, val)
+        return data, info
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, TensorDictBase) and isinstance(self._writer, TensorDictRoundRobinWriter):
+            value = value.copy() if value.is_locked else value
+            if isinstance(index, int):
+                slot = torch.tensor(index % max(len(self._storage), 1))
+            else:
+                slot = torch.as_tensor(index if not isinstance(index, slice)
+                                       else range(*index.indices(len(self._storage))))
+            bs = value.batch_size
+            value.set("index", slot.reshape(tuple(slot.shape) + (1,) * (len(bs) - slot.ndim)).expand(bs).clone())
+        super().__setitem__(index, value)
+
+    def extend(self, data: Any) -> Tensor:
+        index = super().extend(data)
+        if (isinstance(self._sampler, PrioritizedSampler) and isinstance(data, TensorDictBase)
+                and self.priority_key in data.keys(include_nested=True)):
+            self.update_tensordict_priority(data)
+        return index
+
+    def add(self, data: Any) -> Any:
+        index = super().add(data)
+        if (isinstance(self._sampler, PrioritizedSampler) and isinstance(data, TensorDictBase)
+                and self.priority_key in data.keys(include_nested=True) and index is not None):
+            p = data.get(self.priority_key).detach().reshape(-1)
+            self.update_priority(self._storage._flat_index(torch.as_tensor([index])),
+                                 p.amax() if self._storage._row_len == 1 else p)
+        return index
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Updates priorities from ``data[priority_key]`` at ``data["index"]``.
+
+        Items with several priority values (trajectories) are reduced with the sampler's
+        ``reduction``; a missing priority entry resets the items to the max priority.
+        """
+        if not isinstance(self._sampler, PrioritizedSampler):
+            return
+        index = data.get("index")
+        st = self._storage
+        if not data.batch_size:
+            index = index.reshape(-1)[:1] if st._row_len == 1 else index.reshape(-1)
+            n = index.numel()
+        else:
+            n = data.batch_size[0]
+            index = index.reshape(-1) if st._row_len > 1 else index.reshape(n, -1)[:, 0]
+        prio = data.get(self.priority_key, None) if self.priority_key in data.keys(include_nested=True) else None
+        if prio is None:
+            prio = torch.full((index.numel(),), self._sampler.max_priority, dtype=torch.float64)
+        else:
+            prio = prio.detach()
+            if st._row_len > 1:
+                prio = prio.reshape(index.numel(), -1)
+            else:
+                prio = prio.reshape(n, -1)
+            if prio.shape[1] == 1:
+                prio = prio.reshape(-1)
+        keep = index >= 0
+        if not bool(keep.all()):  # items a max-value writer did not keep
+            index, prio = index[keep], prio[keep]
+        self.update_priority(index, prio)
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A :class:`ReplayBuffer` with a :class:`PrioritizedSampler` over its storage.
+
+    Args:
+        alpha, beta, eps, dtype: see :class:`PrioritizedSampler`.
+        storage, collate_fn, pin_memory, prefetch, transform, batch_size: as
+            :class:`ReplayBuffer`.
+
+    Example:
+        >>> import torch
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(10))
+        >>> idx = rb.extend(torch.arange(10.0).unsqueeze(-1))
+        >>> rb.update_priority(idx, torch.linspace(0.1, 1.0, 10))
+        >>> data, info = rb.sample(5, return_info=True)
+        >>> data.shape, info["_weight"].shape, bool((info["_weight"] <= 1).all())
+        (torch.Size([5, 1]), torch.Size([5]), True)
+    """
+
+    def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float64,
+                 storage: Storage | None = None, collate_fn: Any = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Any = None, batch_size: int | None = None) -> None:
+        storage = storage if storage is not None else ListStorage(1000)
+        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
+        super().__init__(storage=storage, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory,
+                         prefetch=prefetch, transform=transform, batch_size=batch_size)
+
+
+class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
+    """A :class:`TensorDictReplayBuffer` with a :class:`PrioritizedSampler`.
+
+    Sampled batches carry ``"index"`` and ``"_weight"``; after computing a loss, write
+    the new priorities under ``priority_key`` and call :meth:`update_tensordict_priority`.
+    ``extend`` with data that already holds ``priority_key`` uses those priorities.
+
+    Args:
+        alpha, beta, eps, dtype, reduction: see :class:`PrioritizedSampler`.
+        priority_key: default ``"td_error"``.
+        storage, collate_fn, pin_memory, prefetch, transform, batch_size, writer: as
+            :class:`ReplayBuffer`.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> rb = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(100), batch_size=8)
+        >>> _ = rb.extend(TensorDict({"obs": torch.randn(50, 3)}, [50]))
+        >>> batch = rb.sample()
+        >>> batch["td_error"] = torch.rand(8)
+        >>> rb.update_tensordict_priority(batch)
+        >>> sorted(k for k in batch.keys() if k != "obs")
+        ['_weight', 'index', 'td_error']
+    """
+
+    def __init__(self, *, alpha: float, beta: float, priority_key: NestedKey = "td_error", eps: float = 1e-8,
+                 dtype: torch.dtype = torch.float64, storage: Storage | None = None, collate_fn: Any = None,
+                 pin_memory: bool = False, prefetch: int | None = None, transform: Any = None,
+                 reduction: str = "max", batch_size: int | None = None, writer: Writer | None = None,
+                 max_priority_within_buffer: bool = False) -> None:
+        storage = storage if storage is not None else ListStorage(1000)
+        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype, reduction,
+                                     max_priority_within_buffer)
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, collate_fn=collate_fn,
+                         pin_memory=pin_memory, prefetch=prefetch, transform=transform, batch_size=batch_size,
+                         writer=writer)
+

@@ -1,0 +1,886 @@
+"""Samplers: which stored items a batch is made of.
+
+A sampler's ``sample(storage, batch_size)`` returns ``(index, info)``: a long tensor of
+flat element indices in ``[0, len(storage))`` and a dict of extras (importance weights
+under ``"_weight"``, slice truncation flags...). Samplers also hear about writes
+(``add``/``extend``/``mark_update``) so they can keep their own bookkeeping (priorities,
+caches) in step with the storage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from steersman.tensordict import NestedKey, TensorDict, unravel_key
+
+from ._checkpoint import CheckpointError, get_field, read_component, write_component
+from .storages import _EMPTY, Storage, TensorStorage
+from .utils import PriorityTree
+
+__all__ = [
+    "Sampler",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "PrioritizedSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+    "PrioritizedSliceSampler",
+]
+
+
+class Sampler:
+    """Base class of samplers. ``ran_out`` is True after the last batch of an epoch."""
+
+    ran_out = False
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:  # pragma: no cover
+        raise NotImplementedError
+
+    def add(self, index: Any) -> None:
+        """Hook: one item was written at ``index``."""
+
+    def extend(self, index: Tensor) -> None:
+        """Hook: items were written at the flat indices ``index``."""
+
+    def _written(self, index: Tensor, span: tuple[int, int] | None) -> None:
+        """Hook used by buffers after a writer's ``extend`` (distinct indices; ``span`` is
+        ``(start, stop)`` when they form that contiguous range)."""
+        self.extend(index)
+
+    def mark_update(self, index: Any) -> None:
+        """Hook: the items at ``index`` were overwritten through ``buffer[index] = ...``."""
+        self.extend(index)
+
+    def update_priority(self, index: Any, priority: Any, *, storage: Storage | None = None) -> None:
+        """No-op for samplers without priorities."""
+
+    def _empty(self) -> None:
+        """Forget everything (the buffer was emptied)."""
+
+    def _reset_epoch(self) -> None:
+        """Start a new epoch (iteration over a buffer starts one)."""
+        self.ran_out = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    def _checkpoint_state(self) -> tuple[dict, Any]:
+        return {}, None
+
+    def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        return None
+
+    def _commit_load(self, prepared: Any) -> None:
+        return None
+
+    def dumps(self, path: Any) -> None:
+        meta, tensors = self._checkpoint_state()
+        write_component(path, type(self).__name__, meta, tensors)
+
+    def loads(self, path: Any) -> None:
+        meta, tensors = read_component(path, type(self).__name__)
+        self._commit_load(self._prepare_load(meta, tensors, path))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _check_batch_size(batch_size: Any) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return batch_size
+
+
+class RandomSampler(Sampler):
+    """Uniform sampling with replacement over the filled part of the storage.
+
+    Example:
+        >>> import torch
+        >>> from steersman.data.replay_buffers import ListStorage
+        >>> st = ListStorage(10); st.set(range(4), list("abcd"))
+        >>> index, info = RandomSampler().sample(st, 6)
+        >>> index.shape, bool(((index >= 0) & (index < 4)).all()), info
+        (torch.Size([6]), True, {})
+    """
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        n = len(storage)
+        if n == 0:
+            raise RuntimeError(_EMPTY)
+        return torch.randint(n, (batch_size,), device=storage._leaf_device()), {}
+
+
+class SamplerWithoutReplacement(Sampler):
+    """Each item once per epoch, in a random (``shuffle=True``) or storage order.
+
+    Args:
+        drop_last: drop the last batch of an epoch if it is smaller than ``batch_size``
+            (otherwise it is returned short).
+        shuffle: random order (default) or ``0, 1, 2, ...``.
+
+    A new epoch starts when the previous one is exhausted, or when the storage length
+    changed since the epoch started. ``ran_out`` is True right after an epoch's last batch
+    (iterating over a buffer stops there).
+
+    Example:
+        >>> import torch
+        >>> from steersman.data.replay_buffers import ListStorage
+        >>> st = ListStorage(10); st.set(range(5), list("abcde"))
+        >>> s = SamplerWithoutReplacement()
+        >>> a, _ = s.sample(st, 3); b, _ = s.sample(st, 3)
+        >>> sorted(a.tolist() + b.tolist()), s.ran_out
+        ([0, 1, 2, 3, 4], True)
+    """
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True) -> None:
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self._sample_list: Tensor | None = None
+        self._len_at_start = 0
+        self.ran_out = False
+
+    def _new_epoch(self, n: int, device: Any) -> None:
+        self._sample_list = torch.randperm(n, device=device) if self.shuffle else torch.arange(n, device=device)
+        self._len_at_start = n
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        n = len(storage)
+        if n == 0:
+            raise RuntimeError(_EMPTY)
+        if self.drop_last and n < batch_size:
+            raise ValueError(f"batch_size={batch_size} is larger than the {n} stored items and drop_last=True")
+        lst = self._sample_list
+        if lst is None or lst.numel() == 0 or n != self._len_at_start or (self.drop_last and lst.numel() < batch_size):
+            self._new_epoch(n, storage._leaf_device())
+            lst = self._sample_list
+        index, self._sample_list = lst[:batch_size], lst[batch_size:]
+        left = self._sample_list.numel()
+        self.ran_out = left == 0 or (self.drop_last and left < batch_size)
+        return index, {}
+
+    def _empty(self) -> None:
+        self._sample_list = None
+        self._len_at_start = 0
+        self.ran_out = False
+
+    def _reset_epoch(self) -> None:
+        self._sample_list = None
+        self.ran_out = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_sample_list": None if self._sample_list is None else self._sample_list.clone(),
+                "len_storage": self._len_at_start, "_ran_out": self.ran_out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        lst = state["_sample_list"]
+        self._sample_list = None if lst is None else lst.clone()
+        self._len_at_start = int(state["len_storage"])
+        self.ran_out = bool(state["_ran_out"])
+
+    def _checkpoint_state(self) -> tuple[dict, Any]:
+        meta = {"len_storage": self._len_at_start, "ran_out": self.ran_out, "drop_last": self.drop_last,
+                "shuffle": self.shuffle, "has_list": self._sample_list is not None}
+        tensors = None if self._sample_list is None else TensorDict({"sample_list": self._sample_list}, [])
+        return meta, tensors
+
+    def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        n = get_field(meta, "len_storage", int, path)
+        ran_out = get_field(meta, "ran_out", bool, path)
+        lst = None
+        if meta.get("has_list"):
+            if tensors is None or "sample_list" not in tensors.keys():
+                raise CheckpointError(f"{path}: the sample list is missing")
+            lst = tensors.get("sample_list").clone()
+            if lst.dtype is not torch.long or lst.ndim != 1 or (lst.numel() and (lst.min() < 0 or lst.max() >= n)):
+                raise CheckpointError(f"{path}: the sample list is not a list of indices below {n}")
+        return lst, n, ran_out
+
+    def _commit_load(self, prepared: Any) -> None:
+        self._sample_list, self._len_at_start, self.ran_out = prepared
+
+    def __repr__(self) -> str:
+        return f"SamplerWithoutReplacement(drop_last={self.drop_last}, shuffle={self.shuffle})"
+
+
+_REDUCTIONS = ("max", "min", "mean", "median", "sum")
+
+
+def _reduce(x: Tensor, how: str) -> Tensor:
+    if how == "max":
+        return x.amax(1)
+    if how == "min":
+        return x.amin(1)
+    if how == "mean":
+        return x.mean(1)
+    if how == "sum":
+        return x.sum(1)
+    return x.median(1).values
+
+
+class PrioritizedSampler(Sampler):
+    """Prioritized experience replay (Schaul et al., 2015) over sum and min segment trees.
+
+    Item ``i`` is drawn with probability ``P(i) = p_i / sum_j p_j`` where
+    ``p_i = (priority_i + eps) ** alpha``; each draw comes with the importance weight
+    ``w_i = (N * P(i)) ** -beta / max_j w_j = (p_i / min_j p_j) ** -beta`` (``N`` the number
+    of stored items), returned in ``info["_weight"]`` (float32).
+
+    The priorities live in a :class:`~steersman.data.replay_buffers.utils.PriorityTree`: a
+    sum tree and a min tree (32 children per node, all levels in one flat float64 array)
+    updated and searched a whole batch at a time, ``O(log N)`` array operations per batch,
+    no compiled extension. New items get ``default_priority``.
+
+    Args:
+        max_capacity: number of slots (the storage's ``max_size``).
+        alpha: priority exponent (``0`` gives uniform sampling).
+        beta: importance-weight exponent (``0`` gives weights of 1).
+        eps: added to priorities before the exponent, so no item is never drawn.
+        dtype: accepted for TorchRL compatibility; the trees are always float64.
+        reduction: how ``update_priority`` reduces priorities that have more values per index
+            (``[B, T]`` for trajectories): ``"max"`` (default), ``"min"``, ``"mean"``,
+            ``"median"`` or ``"sum"``.
+        max_priority_within_buffer: new items get the largest priority currently *stored*
+            (True) or the largest priority ever set (False, default). Before any update it is 1.
+
+    ``update_priority`` raises ``ValueError`` for a negative, NaN or infinite priority and
+    ``IndexError`` for an index out of range, changing nothing.
+
+    Example:
+        >>> import torch
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> st = LazyTensorStorage(4); st.set(torch.arange(4), torch.zeros(4, 1))
+        >>> s = PrioritizedSampler(4, alpha=1.0, beta=1.0, eps=0.0)
+        >>> s.extend(torch.arange(4))
+        >>> s.update_priority(torch.arange(4), torch.tensor([1.0, 1.0, 1.0, 5.0]))
+        >>> idx, info = s.sample(st, 2000)
+        >>> round((idx == 3).float().mean().item(), 1)  # 5 / 8
+        0.6
+        >>> sorted(set(info["_weight"].tolist()))  # (p_i / min p) ** -1
+        [0.20000000298023224, 1.0]
+    """
+
+    def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8,
+                 dtype: torch.dtype = torch.float64, reduction: str = "max",
+                 max_priority_within_buffer: bool = False) -> None:
+        if isinstance(max_capacity, bool) or not isinstance(max_capacity, int) or max_capacity < 1:
+            raise ValueError(f"max_capacity must be a positive integer, got {max_capacity!r}")
+        for name, v in (("alpha", alpha), ("beta", beta), ("eps", eps)):
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        self._max_capacity = max_capacity
+        self._alpha = float(alpha)
+        self._beta = float(beta)
+        self._eps = float(eps)
+        self.dtype = dtype
+        self.reduction = reduction
+        self._max_priority_within_buffer = max_priority_within_buffer
+        self._max_priority: float | None = None
+        self._tree = PriorityTree(max_capacity, track_max=max_priority_within_buffer)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def max_capacity(self) -> int:
+        return self._max_capacity
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self._alpha = float(value)
+
+    @property
+    def beta(self) -> float:
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = float(value)
+
+    @property
+    def max_priority(self) -> float:
+        """The raw priority given to new items."""
+        if self._max_priority_within_buffer:
+            top = self._tree.max()
+            if top == -math.inf:
+                return 1.0
+            return max(top ** (1 / self._alpha) - self._eps, 0.0) if self._alpha else 1.0
+        return 1.0 if self._max_priority is None else self._max_priority
+
+    @property
+    def default_priority(self) -> float:
+        """The tree value (``(max_priority + eps) ** alpha``) of a new item."""
+        if self._max_priority_within_buffer:
+            top = self._tree.max()
+            if top != -math.inf:
+                return top
+            return (1.0 + self._eps) ** self._alpha
+        mp = 1.0 if self._max_priority is None else self._max_priority
+        return (mp + self._eps) ** self._alpha
+
+    # ---------------------------------------------------------------- tree writes
+    def _set(self, index: Tensor, value: Any) -> None:
+        self._tree.update(index, value)
+
+    def _as_index(self, index: Any) -> Tensor:
+        if isinstance(index, tuple):
+            raise TypeError("pass flat indices to update_priority (ReplayBuffer does this for ndim=2 storages)")
+        if isinstance(index, Tensor):
+            if index.dtype is not torch.long:
+                if index.dtype.is_floating_point or index.dtype is torch.bool:
+                    raise TypeError(f"priority indices must be integers, got dtype {index.dtype}")
+                index = index.long()
+            if index.device.type != "cpu":
+                index = index.cpu()
+            return index.reshape(-1) if index.ndim != 1 else index
+        return torch.as_tensor(index, dtype=torch.long).reshape(-1)
+
+    def _set(self, index: Tensor, value: Any) -> None:
+        self._tree.update(index, value)
+
+    def add(self, index: Any) -> None:
+        self.extend(self._as_index(index))
+
+    def extend(self, index: Tensor) -> None:
+        index = self._as_index(index)
+        if index.numel():
+            self._check_slots(index.numpy())
+            self._set(index, self.default_priority)
+
+    def _check_slots(self, idx: np.ndarray) -> None:
+        if idx.shape[0] and (idx.min() < 0 or idx.max() >= self._max_capacity):
+            raise IndexError(f"indices span [{idx.min()}, {idx.max()}] but the sampler has {self._max_capacity} slots")
+
+    def _written(self, index: Tensor, span: tuple[int, int] | None) -> None:
+        # fast path for slots just written by a writer: distinct indices (``span``: they are
+        # the contiguous range [start, stop)), all getting the default priority
+        if not index.numel():
+            return
+        value = self.default_priority
+        if span is not None:
+            self._tree.fill_range(span[0], span[1], value)
+        else:
+            self._tree.update(index if index.device.type == "cpu" else index.cpu(), value, unique=True)
+
+    def mark_update(self, index: Any) -> None:
+        self.extend(self._as_index(index))
+
+    def update_priority(self, index: Any, priority: Any, *, storage: Storage | None = None) -> None:
+        """Sets the priority of the items at ``index`` (last duplicate wins).
+
+        ``priority`` is a scalar, one value per index, or ``[len(index), ...]`` (reduced
+        with ``reduction``). Raises before changing anything on a bad value or index.
+        """
+        index = self._as_index(index)
+        n = index.shape[0]
+        if n == 0:
+            return
+        prio = priority if isinstance(priority, Tensor) else torch.as_tensor(priority)
+        if prio.requires_grad:
+            prio = prio.detach()
+        if prio.device.type != "cpu":
+            prio = prio.cpu()
+        if prio.dtype is torch.bool or prio.is_complex():
+            raise TypeError(f"priorities must be real numbers, got dtype {prio.dtype}")
+        if prio.ndim != 1 or prio.shape[0] != n:
+            if prio.numel() == 1:
+                prio = prio.reshape(1).expand(n)
+            elif prio.numel() != n:
+                if prio.ndim >= 1 and prio.shape[0] == n:
+                    prio = _reduce(prio.reshape(n, -1).to(torch.float64), self.reduction)
+                else:
+                    raise ValueError(f"got priorities of shape {list(prio.shape)} for {n} indices")
+            else:
+                prio = prio.reshape(n)
+        pr = prio.numpy().astype(np.float64)  # a private copy, in float64
+        lo, hi = pr.min(), pr.max()
+        if not (lo >= 0.0 and hi < math.inf):
+            bad = pr[~((pr >= 0) & (pr < math.inf))][:3].tolist()
+            raise ValueError(f"priorities must be finite and >= 0; got {bad} (no priority was changed)")
+        idx = index.numpy()
+        ilo, ihi = idx.min(), idx.max()
+        limit = self._max_capacity if storage is None else len(storage)
+        if ilo < 0 or ihi >= limit:
+            raise IndexError(
+                f"priority indices span [{ilo}, {ihi}] but only [0, {limit}) hold items (no priority was changed)"
+            )
+        if self._eps:
+            pr += self._eps
+        if self._alpha != 1.0:
+            np.power(pr, self._alpha, out=pr)
+        self._tree.update(idx, pr)
+        hi = float(hi)
+        if not self._max_priority_within_buffer and (self._max_priority is None or hi > self._max_priority):
+            self._max_priority = hi
+
+    # ---------------------------------------------------------------- sampling
+    def _draw(self, n: int, batch_size: int) -> tuple[Tensor, Tensor, float]:
+        """(leaf indices, their tree values, smallest stored value) of ``batch_size`` draws."""
+        tree = self._tree
+        if not tree.total() > 0:
+            raise RuntimeError("all stored priorities are zero: nothing can be sampled (use eps > 0)")
+        p_min = tree.min()
+        # with every stored priority > 0 no draw can land on a zero leaf: skip that check
+        index, p = tree.draw(torch.rand(batch_size, dtype=torch.float64), n, check=not p_min > 0)
+        return index, p, p_min
+
+    def _weights(self, p: Tensor, p_min: float) -> Tensor:
+        if self._beta == 0.0:
+            return torch.ones(p.shape, dtype=torch.float32)
+        if not p_min > 0:  # a zero priority somewhere (eps=0): normalise by the draws
+            p_min = float(p[p > 0].min()) if bool((p > 0).any()) else 1.0
+        return p.div(p_min).pow_(-self._beta).to(torch.float32)
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        n = len(storage)
+        if n == 0:
+            raise RuntimeError(_EMPTY)
+        index, p, p_min = self._draw(n, batch_size)
+        dev = storage._leaf_device()
+        if dev.type != "cpu":
+            index = index.to(dev)
+        return index, {"_weight": self._weights(p, p_min)}
+
+    # ---------------------------------------------------------------- state
+    def _empty(self) -> None:
+        self._tree.clear()
+        self._max_priority = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_alpha": self._alpha, "_beta": self._beta, "_eps": self._eps, "_max_priority": self._max_priority,
+                "_sum_tree": self._tree.leaves("sum").clone(), "_min_tree": self._tree.leaves("min").clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._commit_load(self._prepare_state(state["_sum_tree"], state["_min_tree"], state["_alpha"],
+                                              state["_beta"], state["_eps"], state["_max_priority"], "state_dict"))
+
+    def _prepare_state(self, sum_leaves: Tensor, min_leaves: Tensor, alpha: Any, beta: Any, eps: Any,
+                       max_priority: Any, where: Any) -> Any:
+        size = self._max_capacity
+        for name, t in (("sum", sum_leaves), ("min", min_leaves)):
+            if not isinstance(t, Tensor) or t.shape != (size,) or not t.dtype.is_floating_point:
+                raise CheckpointError(f"{where}: the {name}-tree leaves do not fit a sampler of capacity {size}")
+        if bool((sum_leaves < 0).any()) or bool(sum_leaves.isnan().any()) or bool(sum_leaves.isinf().any()):
+            raise CheckpointError(f"{where}: the stored priorities are not all finite and >= 0")
+        if max_priority is not None and not isinstance(max_priority, (int, float)):
+            raise CheckpointError(f"{where}: bad max priority {max_priority!r}")
+        return (sum_leaves.to(self.dtype).clone(), min_leaves.to(self.dtype).clone(), float(alpha), float(beta),
+                float(eps), max_priority)
+
+    def _commit_load(self, prepared: Any) -> None:
+        s, m, self._alpha, self._beta, self._eps, self._max_priority = prepared
+        self._tree.load(s, m)
+
+    def _checkpoint_state(self) -> tuple[dict, Any]:
+        meta = {"max_capacity": self._max_capacity, "alpha": self._alpha, "beta": self._beta, "eps": self._eps,
+                "max_priority": self._max_priority}
+        return meta, TensorDict({"sum_tree": self._tree.leaves("sum"), "min_tree": self._tree.leaves("min")}, [])
+
+    def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        cap = get_field(meta, "max_capacity", int, path)
+        if cap != self._max_capacity:
+            raise CheckpointError(f"{path}: saved with max_capacity={cap}, this sampler has {self._max_capacity}")
+        if tensors is None or not {"sum_tree", "min_tree"} <= set(tensors.keys()):
+            raise CheckpointError(f"{path}: the priority trees are missing")
+        return self._prepare_state(tensors.get("sum_tree"), tensors.get("min_tree"),
+                                   get_field(meta, "alpha", (int, float), path),
+                                   get_field(meta, "beta", (int, float), path),
+                                   get_field(meta, "eps", (int, float), path), meta.get("max_priority"), path)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, beta={self._beta}, "
+                f"eps={self._eps}, reduction={self.reduction!r})")
+
+
+# --------------------------------------------------------------------------------------
+# slices
+# --------------------------------------------------------------------------------------
+def _replace_last(key: NestedKey, new: str) -> NestedKey:
+    key = unravel_key(key)
+    return new if isinstance(key, str) else key[:-1] + (new,)
+
+
+class SliceSampler(Sampler):
+    """Samples sub-trajectories (slices) of consecutive steps that stay inside one episode.
+
+    Args:
+        num_slices: slices per batch (``slice_len = batch_size // num_slices``), or
+        slice_len: steps per slice (``num_slices = batch_size // slice_len``); give exactly one.
+        end_key: a boolean entry marking the last step of each episode (default
+            ``("next", "done")``).
+        traj_key: an entry holding an episode id per step; used instead of ``end_key``
+            when given (with neither key given: ``"episode"`` if the storage has it, else
+            ``("next", "done")``).
+        ends / trajectories: precomputed end flags / episode ids, for static datasets.
+        cache_values: remember the episode layout between batches (recomputed after writes).
+        truncated_key: where ``info`` marks the last step of every slice (also sets the
+            matching ``"done"`` to ``stored done | truncated`` and passes ``"terminated"``
+            through); ``None`` disables it.
+        strict_length: if False, episodes shorter than ``slice_len`` yield shorter slices
+            and the batch is a flat concatenation of fewer than ``batch_size`` steps.
+
+    Episode boundaries come from ``traj_key``/``end_key`` and from the writer: the newest
+    item ends a trajectory (in a full circular buffer the next slot holds the oldest data),
+    and with ``ndim=2`` storages every row ends one. A slice may wrap around the end of a
+    full circular storage when the episode does. Episodes are drawn uniformly, then a start
+    uniformly within each (every valid start of an episode equally likely).
+
+    The result has batch ``[num_slices * slice_len]``, slices one after another: reshape
+    with ``data.reshape(num_slices, slice_len)``.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> st = LazyTensorStorage(100)
+        >>> done = torch.zeros(20, 1, dtype=torch.bool); done[[4, 14, 19]] = True  # 3 episodes
+        >>> st.set(torch.arange(20), TensorDict({"step": torch.arange(20), "next": {"done": done}}, [20]))
+        >>> st._last_cursor = 19
+        >>> index, info = SliceSampler(slice_len=4).sample(st, 8)
+        >>> steps = index.view(2, 4)
+        >>> bool(((steps[:, 1:] - steps[:, :-1]) == 1).all())  # consecutive, same episode
+        True
+        >>> info[("next", "truncated")].view(2, 4)[:, -1].tolist()
+        [True, True]
+    """
+
+    def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
+                 end_key: NestedKey | None = None, traj_key: NestedKey | None = None,
+                 ends: Tensor | None = None, trajectories: Tensor | None = None, cache_values: bool = False,
+                 truncated_key: NestedKey | None = ("next", "truncated"), strict_length: bool = True) -> None:
+        if (num_slices is None) == (slice_len is None):
+            raise ValueError("give exactly one of num_slices and slice_len")
+        for name, v in (("num_slices", num_slices), ("slice_len", slice_len)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.num_slices = num_slices
+        self.slice_len = slice_len
+        self._auto_episode = end_key is None and traj_key is None  # TorchRL: "episode" if stored
+        self.end_key = ("next", "done") if end_key is None else unravel_key(end_key)
+        self.traj_key = None if traj_key is None else unravel_key(traj_key)
+        self._ends = ends
+        self._trajectories = trajectories
+        self.cache_values = cache_values
+        self.truncated_key = None if truncated_key is None else unravel_key(truncated_key)
+        self.strict_length = strict_length
+        self._cache: tuple | None = None
+
+    # ---------------------------------------------------------------- layout
+    def extend(self, index: Tensor) -> None:
+        self._cache = None
+
+    def add(self, index: Any) -> None:
+        self._cache = None
+
+    def mark_update(self, index: Any) -> None:
+        self._cache = None
+
+    def _empty(self) -> None:
+        self._cache = None
+
+    def _episode_ends(self, storage: Storage) -> Tensor:
+        if not isinstance(storage, TensorStorage) or not storage.initialized or not storage._is_td:
+            raise TypeError("slice samplers need a tensor storage of TensorDicts (LazyTensorStorage, LazyMemmapStorage...)")
+        n = len(storage)
+        rows = storage._filled_rows
+        td = storage._storage
+        if self._trajectories is not None:
+            traj = torch.as_tensor(self._trajectories).reshape(-1)[:n]
+            ends = traj != traj.roll(-1)
+        elif self._ends is not None:
+            ends = torch.as_tensor(self._ends, dtype=torch.bool).reshape(-1)[:n].clone()
+        else:
+            keys = td.keys(include_nested=True, leaves_only=True)
+            traj_key = self.traj_key
+            if traj_key is None and self._auto_episode and "episode" in keys:
+                traj_key = "episode"
+            if traj_key is not None:
+                if traj_key not in keys:
+                    raise KeyError(f"the storage has no trajectory-id entry {traj_key!r}")
+                traj = td.get(traj_key)[:rows].reshape(n, -1)[:, 0]
+                ends = traj != traj.roll(-1)
+            else:
+                if self.end_key not in keys:
+                    raise KeyError(
+                        f"the storage has neither the end entry {self.end_key!r} nor a trajectory id "
+                        "(pass end_key= or traj_key=)"
+                    )
+                ends = td.get(self.end_key)[:rows].reshape(n, -1).any(-1)
+        ends = ends.cpu()
+        if storage.ndim == 2:
+            ends.view(rows, storage._T)[:, -1] = True
+        else:
+            last = storage._last_cursor
+            ends[(n - 1) if last is None or last >= n else last] = True
+        return ends
+
+    def _layout(self, storage: Storage) -> tuple[Tensor, Tensor, Tensor, int]:
+        """(episode ends positions, starts, lengths, n); every slot in exactly one episode."""
+        n = len(storage)
+        if n == 0:
+            raise RuntimeError(_EMPTY)
+        if self.cache_values and self._cache is not None and self._cache[-1] == n:
+            return self._cache
+        ends = self._episode_ends(storage)
+        stop = ends.nonzero().squeeze(1)
+        prev = stop.roll(1)
+        starts = (prev + 1) % n
+        lengths = (stop - prev - 1) % n + 1
+        out = (stop, starts, lengths, n)
+        if self.cache_values:
+            self._cache = out
+        return out
+
+    def _slice_shape(self, batch_size: int) -> tuple[int, int]:
+        if self.num_slices is not None:
+            if batch_size % self.num_slices:
+                raise ValueError(f"batch_size={batch_size} is not a multiple of num_slices={self.num_slices}")
+            return self.num_slices, batch_size // self.num_slices
+        if batch_size % self.slice_len:
+            raise ValueError(f"batch_size={batch_size} is not a multiple of slice_len={self.slice_len}")
+        return batch_size // self.slice_len, self.slice_len
+
+    def _pick(self, n_traj: int, k: int) -> Tensor:
+        return torch.randint(n_traj, (k,))
+
+    def _eligible(self, starts: Tensor, lengths: Tensor, L: int) -> tuple[Tensor, Tensor]:
+        if not self.strict_length:
+            return starts, lengths
+        ok = lengths >= L
+        if not bool(ok.any()):
+            raise RuntimeError(
+                f"no stored episode is at least slice_len={L} steps long (longest: {int(lengths.max())}); "
+                "use a shorter slice or strict_length=False"
+            )
+        return starts[ok], lengths[ok]
+
+    def _finish(self, storage: Storage, start: Tensor, avail: Tensor, L: int, n: int) -> tuple[Tensor, dict]:
+        """Indices of slices beginning at ``start`` with ``avail`` steps left in their episode."""
+        k = start.shape[0]
+        steps = torch.arange(L)
+        index = (start.unsqueeze(1) + steps) % n
+        if self.strict_length:
+            index = index.reshape(-1)
+            seq = None
+        else:
+            seq = avail.clamp(max=L)
+            index = index[steps < seq.unsqueeze(1)]
+        info: dict[Any, Any] = {}
+        if self.truncated_key is not None:
+            truncated = torch.zeros(index.shape[0], 1, dtype=torch.bool)
+            if seq is None:
+                truncated.view(k, L)[:, -1] = True
+            else:
+                truncated[seq.cumsum(0) - 1] = True
+            done_key = _replace_last(self.truncated_key, "done")
+            term_key = _replace_last(self.truncated_key, "terminated")
+            td = storage._storage
+            keys = td.keys(include_nested=True, leaves_only=True)
+            nd = storage._unflat(index)
+            done = td.get(done_key)[nd] if done_key in keys else None
+            done = truncated.clone() if done is None else done.reshape(index.shape[0], -1).bool() | truncated
+            term = td.get(term_key)[nd].reshape(index.shape[0], -1).bool() if term_key in keys else torch.zeros_like(truncated)
+            info = {self.truncated_key: truncated, done_key: done, term_key: term}
+        dev = storage._leaf_device()
+        if dev.type != "cpu":
+            index = index.to(dev)
+        return index, info
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        k, L = self._slice_shape(batch_size)
+        _, starts, lengths, n = self._layout(storage)
+        starts, lengths = self._eligible(starts, lengths, L)
+        traj = self._pick(starts.shape[0], k)
+        if traj.numel() == 0:
+            raise RuntimeError("no episode left to sample in this epoch")
+        length = lengths[traj]
+        span = (length - L + 1).clamp_min(1)
+        offset = (torch.rand(traj.shape[0]) * span).long().clamp_(max=span - 1)
+        return self._finish(storage, starts[traj] + offset, length - offset, L, n)
+
+    def __repr__(self) -> str:
+        what = f"num_slices={self.num_slices}" if self.num_slices is not None else f"slice_len={self.slice_len}"
+        key = f"traj_key={self.traj_key!r}" if self.traj_key is not None else f"end_key={self.end_key!r}"
+        return f"{type(self).__name__}({what}, {key}, strict_length={self.strict_length})"
+
+
+class SliceSamplerWithoutReplacement(SliceSampler):
+    """A :class:`SliceSampler` that draws each episode at most once per epoch.
+
+    Args: as :class:`SliceSampler`, plus ``drop_last`` (drop a final batch with fewer than
+    ``num_slices`` episodes left) and ``shuffle`` (random episode order, default True).
+    One slice (at a random start) is taken from each episode drawn; ``ran_out`` is True
+    after the epoch's last batch.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> st = LazyTensorStorage(100)
+        >>> ep = torch.arange(12) // 4  # three episodes of 4 steps
+        >>> st.set(torch.arange(12), TensorDict({"episode": ep}, [12])); st._last_cursor = 11
+        >>> s = SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode")
+        >>> a, _ = s.sample(st, 4); b, _ = s.sample(st, 4)
+        >>> sorted(set((torch.cat([a, b]) // 4).tolist())), s.ran_out
+        ([0, 1, 2], True)
+    """
+
+    def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None, drop_last: bool = False,
+                 end_key: NestedKey | None = None, traj_key: NestedKey | None = None, ends: Tensor | None = None,
+                 trajectories: Tensor | None = None, truncated_key: NestedKey | None = ("next", "truncated"),
+                 strict_length: bool = True, shuffle: bool = True, cache_values: bool = False) -> None:
+        super().__init__(num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key, ends=ends,
+                         trajectories=trajectories, cache_values=cache_values, truncated_key=truncated_key,
+                         strict_length=strict_length)
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self._perm: Tensor | None = None
+        self._epoch_key: Any = None
+        self.ran_out = False
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        k, L = self._slice_shape(batch_size)
+        stop, starts, lengths, n = self._layout(storage)
+        starts, lengths = self._eligible(starts, lengths, L)
+        key = (n, storage._last_cursor, starts.shape[0])
+        m = starts.shape[0]
+        if self.drop_last and m < k:
+            raise ValueError(f"only {m} episodes can be sliced but num_slices={k} and drop_last=True")
+        if (self._perm is None or self._perm.numel() == 0 or key != self._epoch_key
+                or (self.drop_last and self._perm.numel() < k)):
+            self._perm = torch.randperm(m) if self.shuffle else torch.arange(m)
+            self._epoch_key = key
+        traj, self._perm = self._perm[:k], self._perm[k:]
+        left = self._perm.numel()
+        self.ran_out = left == 0 or (self.drop_last and left < k)
+        length = lengths[traj]
+        span = (length - L + 1).clamp_min(1)
+        offset = (torch.rand(traj.shape[0]) * span).long().clamp_(max=span - 1)
+        return self._finish(storage, starts[traj] + offset, length - offset, L, n)
+
+    def _empty(self) -> None:
+        super()._empty()
+        self._perm = None
+        self.ran_out = False
+
+    def _reset_epoch(self) -> None:
+        self._perm = None
+        self.ran_out = False
+
+
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
+    """Slices whose *start* is drawn with probability proportional to its step priority.
+
+    Priorities live on steps (``update_priority(step_indices, per_step_priorities)``, e.g.
+    with the ``"index"`` and TD errors of a sampled batch). A slice start ``s`` is drawn with
+    probability ``p_s / sum_{valid starts} p`` among the valid starts (those leaving
+    ``slice_len`` steps in their episode; every step when ``strict_length=False``); the
+    importance weight of the start, ``(p_s / min_j p_j) ** -beta`` with ``min_j`` over all
+    stored steps, is repeated over the slice in ``info["_weight"]``.
+
+    Args: ``max_capacity, alpha, beta, eps, dtype, reduction, max_priority_within_buffer``
+    as :class:`PrioritizedSampler`; the rest as :class:`SliceSampler`.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> st = LazyTensorStorage(16)
+        >>> st.set(torch.arange(16), TensorDict({"episode": torch.arange(16) // 8}, [16])); st._last_cursor = 15
+        >>> s = PrioritizedSliceSampler(16, alpha=1.0, beta=0.5, slice_len=4, traj_key="episode")
+        >>> s.extend(torch.arange(16))
+        >>> index, info = s.sample(st, 8)
+        >>> index.shape, info["_weight"].shape
+        (torch.Size([8]), torch.Size([8]))
+    """
+
+    def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8,
+                 dtype: torch.dtype = torch.float64, reduction: str = "max", *,
+                 num_slices: int | None = None, slice_len: int | None = None, end_key: NestedKey | None = None,
+                 traj_key: NestedKey | None = None, ends: Tensor | None = None, trajectories: Tensor | None = None,
+                 cache_values: bool = False, truncated_key: NestedKey | None = ("next", "truncated"),
+                 strict_length: bool = True, max_priority_within_buffer: bool = False) -> None:
+        SliceSampler.__init__(self, num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key,
+                              ends=ends, trajectories=trajectories, cache_values=cache_values,
+                              truncated_key=truncated_key, strict_length=strict_length)
+        PrioritizedSampler.__init__(self, max_capacity, alpha, beta, eps, dtype, reduction,
+                                    max_priority_within_buffer)
+
+    def extend(self, index: Tensor) -> None:
+        SliceSampler.extend(self, index)
+        PrioritizedSampler.extend(self, index)
+
+    def _written(self, index: Tensor, span: tuple[int, int] | None) -> None:
+        SliceSampler.extend(self, index)
+        PrioritizedSampler._written(self, index, span)
+
+    def add(self, index: Any) -> None:
+        SliceSampler.add(self, index)
+        PrioritizedSampler.add(self, index)
+
+    def mark_update(self, index: Any) -> None:
+        SliceSampler.mark_update(self, index)
+        PrioritizedSampler.mark_update(self, index)
+
+    def _empty(self) -> None:
+        SliceSampler._empty(self)
+        PrioritizedSampler._empty(self)
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
+        k, L = self._slice_shape(batch_size)
+        stop, starts, lengths, n = self._layout(storage)
+        # steps left in the episode after each position (0 at an episode's last step)
+        pos = torch.arange(n)
+        j = torch.searchsorted(stop, pos) % stop.shape[0]
+        left = (stop[j] - pos) % n
+        if self.strict_length:
+            bad = (left < L - 1).nonzero().squeeze(1)
+            if bad.numel() == n:
+                raise RuntimeError(
+                    f"no stored episode is at least slice_len={L} steps long; use a shorter slice or strict_length=False"
+                )
+        else:
+            bad = torch.arange(n, n)
+        tree = self._tree
+        saved = tree.leaves("sum")[bad] if bad.numel() else None
+        if saved is not None:
+            tree.update(bad, 0.0, kinds=("sum",))
+        try:
+            start, p, p_min = self._draw(n, k)
+        finally:
+            if saved is not None:
+                tree.update(bad, saved, unique=True, kinds=("sum",))
+        index, info = self._finish(storage, start, left[start] + 1, L, n)
+        w = self._weights(p, p_min)
+        if self.strict_length:
+            w = w.repeat_interleave(L)
+        else:
+            w = w.repeat_interleave((left[start] + 1).clamp(max=L))
+        info["_weight"] = w
+        return index, info
+
+    def state_dict(self) -> dict[str, Any]:
+        return PrioritizedSampler.state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        PrioritizedSampler.load_state_dict(self, state)
+        self._cache = None
+
+    def _commit_load(self, prepared: Any) -> None:
+        PrioritizedSampler._commit_load(self, prepared)
+        self._cache = None
+
+    def __repr__(self) -> str:
+        return (f"PrioritizedSliceSampler(max_capacity={self._max_capacity}, alpha={self._alpha}, beta={self._beta}, "
+                f"{SliceSampler.__repr__(self).split('(', 1)[1]}")

@@ -1,0 +1,345 @@
+"""Writers: where each new item goes in the storage.
+
+* :class:`RoundRobinWriter` writes at a cursor that wraps around (a circular buffer: the
+  oldest items are overwritten first).
+* :class:`TensorDictRoundRobinWriter` does the same and also records each item's slot in
+  the item itself, under ``"index"``.
+* :class:`TensorDictMaxValueWriter` keeps the ``max_size`` items with the largest rank
+  (e.g. the best episodes by return): a new item replaces the lowest-ranked one only if it
+  ranks higher.
+
+``extend`` returns the slots written (a long tensor); with ``ndim=2`` storages a slot is a
+row of ``T`` elements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steersman.tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
+
+from ._checkpoint import CheckpointError, get_field, read_component, write_component
+from .storages import Storage, TensorStorage
+
+__all__ = ["Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter", "TensorDictMaxValueWriter"]
+
+
+def _n_items(data: Any) -> int:
+    if isinstance(data, Tensor):
+        if data.ndim == 0:
+            raise ValueError("extend needs a batch dim: got a 0-d tensor (use add for one item)")
+        return data.shape[0]
+    if is_tensor_collection(data):
+        if not data.batch_size:
+            raise ValueError("extend needs data with at least one batch dim (use add for a single item)")
+        return data.batch_size[0]
+    return len(data)
+
+
+def _with_index(data: Any) -> Any:
+    """``data`` with an ``"index"`` entry (a placeholder, so a lazy storage allocates it)."""
+    if not isinstance(data, TensorDictBase):
+        return data
+    if data.is_locked:
+        data = data.copy().unlock_()
+    if "index" not in data.keys():
+        data.set("index", torch.zeros(data.batch_size, dtype=torch.long, device=data.device))
+    return data
+
+
+class Writer:
+    """Base class: a cursor and a write count over a registered storage."""
+
+    def __init__(self) -> None:
+        self._storage: Storage | None = None
+        self._cursor = 0
+        self._write_count = 0
+        self._last_span: tuple[int, int] | None = None  # contiguous slots of the last extend
+
+    def register_storage(self, storage: Storage) -> None:
+        self._storage = storage
+
+    @property
+    def write_count(self) -> int:
+        """Number of items ever written (``add`` counts 1, ``extend`` its batch length)."""
+        return self._write_count
+
+    def add(self, data: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def extend(self, data: Any) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _empty(self) -> None:
+        self._cursor = 0
+        self._write_count = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_cursor": self._cursor, "_write_count": self._write_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._cursor = int(state["_cursor"])
+        self._write_count = int(state["_write_count"])
+
+    def _checkpoint_state(self) -> tuple[dict, Any]:
+        return {"cursor": self._cursor, "write_count": self._write_count}, None
+
+    def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        cursor = get_field(meta, "cursor", int, path)
+        count = get_field(meta, "write_count", int, path)
+        if cursor < 0 or count < 0:
+            raise CheckpointError(f"{path}: negative cursor or write count")
+        return cursor, count
+
+    def _commit_load(self, prepared: Any) -> None:
+        self._cursor, self._write_count = prepared
+
+    def dumps(self, path: Any) -> None:
+        meta, tensors = self._checkpoint_state()
+        write_component(path, type(self).__name__, meta, tensors)
+
+    def loads(self, path: Any) -> None:
+        meta, tensors = read_component(path, type(self).__name__)
+        self._commit_load(self._prepare_load(meta, tensors, path))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cursor={self._cursor}, full_storage={self._storage is not None and len(self._storage) == self._storage.max_size})"
+
+
+class RoundRobinWriter(Writer):
+    """Writes at a cursor that wraps around the storage (oldest items overwritten first).
+
+    Example:
+        >>> import torch
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> w = RoundRobinWriter()
+        >>> w.register_storage(LazyTensorStorage(4))
+        >>> w.extend(torch.arange(3)).tolist(), w.extend(torch.arange(3)).tolist()
+        ([0, 1, 2], [3, 0, 1])
+    """
+
+    def _mark(self, data: Any, index: Any) -> Any:
+        return data
+
+    def _pre(self, data: Any) -> Any:
+        return data
+
+    def add(self, data: Any) -> int:
+        st = self._storage
+        data = self._pre(data)
+        if isinstance(st, TensorStorage):
+            data = st._prepare(data, 0)
+        cur = self._cursor
+        if cur >= st._rows_capacity:  # capacity known only after the lazy init
+            cur = self._cursor = 0
+        data = self._mark(data, cur)
+        filled = len(st) // st._row_len
+        st._write(cur, data, max(filled, cur + 1))
+        st._last_cursor = cur
+        self._cursor = (cur + 1) % st._rows_capacity
+        self._write_count += 1
+        return cur
+
+    def extend(self, data: Any) -> Tensor:
+        st = self._storage
+        data = self._pre(data)
+        if isinstance(st, TensorStorage):
+            data = st._prepare(data, 1)
+        n = total = _n_items(data)
+        dev = st._leaf_device() if isinstance(st, TensorStorage) else torch.device("cpu")
+        self._last_span = None
+        if n == 0:
+            return torch.empty(0, dtype=torch.long, device=dev)
+        cap = st._rows_capacity
+        cur = self._cursor % cap
+        if n > cap:  # only the last `cap` items survive
+            cur = (cur + n - cap) % cap
+            data = data[n - cap :]
+            n = cap
+        end = cur + n
+        if end <= cap:
+            index = torch.arange(cur, end, device=dev)
+            data = self._mark(data, index)
+            st._write(slice(cur, end), data, max(len(st) // st._row_len, end))
+            self._last_span = (cur, end)
+        else:
+            index = torch.arange(cur, end, device=dev).remainder_(cap)
+            data = self._mark(data, index)
+            st._write(index, data, cap)
+            self._last_span = None
+        st._last_cursor = (end - 1) % cap
+        self._cursor = end % cap
+        self._write_count += total
+        return index
+
+
+class TensorDictRoundRobinWriter(RoundRobinWriter):
+    """A :class:`RoundRobinWriter` that also stores each item's slot under ``"index"``.
+
+    The ``"index"`` entry is set on the data passed to ``extend``/``add`` (in place, unless
+    it is locked), so after ``rb.extend(td)`` one can compute priorities on ``td`` and call
+    ``rb.update_tensordict_priority(td)``.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> w = TensorDictRoundRobinWriter()
+        >>> w.register_storage(LazyTensorStorage(10))
+        >>> td = TensorDict({"x": torch.zeros(3)}, [3])
+        >>> _ = w.extend(td)
+        >>> td["index"].tolist()
+        [0, 1, 2]
+    """
+
+    def _pre(self, data: Any) -> Any:
+        return _with_index(data)
+
+    def _mark(self, data: Any, index: Any) -> Any:
+        if not isinstance(data, TensorDictBase):
+            return data
+        st = self._storage
+        if isinstance(index, int):
+            idx = torch.as_tensor(index * st._row_len)
+            if st._row_len > 1:
+                idx = idx + torch.arange(st._row_len)
+        else:
+            idx = st._flat_index(index).reshape(index.shape[0], *([st._row_len] if st._row_len > 1 else []))
+        bs = data.batch_size
+        if idx.shape != bs:
+            idx = idx.reshape(tuple(idx.shape) + (1,) * (len(bs) - idx.ndim)).expand(bs)
+        data.set("index", idx)
+        return data
+
+
+class TensorDictMaxValueWriter(Writer):
+    """Keeps the ``max_size`` items with the highest rank.
+
+    Args:
+        rank_key: the entry ranking the items (default ``("next", "reward")``); entries with
+            more than one value per item are reduced with ``reduction``.
+        reduction: ``"sum"``, ``"max"``, ``"min"`` or ``"mean"``.
+
+    While the storage has room every item is written; once full, an item replaces the
+    lowest-ranked stored item only if it ranks strictly higher. ``extend`` returns the slots
+    of the items it wrote (items that did not make it are skipped); a TensorDict gets
+    ``"index"`` set to the slot, or ``-1`` for an item that was not kept.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data.replay_buffers import LazyTensorStorage
+        >>> st = LazyTensorStorage(2)
+        >>> w = TensorDictMaxValueWriter(rank_key="r")
+        >>> w.register_storage(st)
+        >>> _ = w.extend(TensorDict({"r": torch.tensor([1.0, 5.0, 3.0])}, [3]))
+        >>> sorted(st.get(torch.arange(2))["r"].tolist())
+        [3.0, 5.0]
+    """
+
+    def __init__(self, rank_key: NestedKey | None = None, reduction: str = "sum") -> None:
+        super().__init__()
+        if reduction not in ("sum", "max", "min", "mean"):
+            raise ValueError(f"reduction must be 'sum', 'max', 'min' or 'mean', got {reduction!r}")
+        self._rank_key = ("next", "reward") if rank_key is None else rank_key
+        self._reduction = reduction
+        self._ranks: Tensor | None = None
+
+    def register_storage(self, storage: Storage) -> None:
+        if not isinstance(storage, TensorStorage):
+            raise TypeError("TensorDictMaxValueWriter needs a tensor storage (LazyTensorStorage, LazyMemmapStorage...)")
+        if storage.ndim != 1:
+            raise ValueError("TensorDictMaxValueWriter supports ndim=1 storages only")
+        super().register_storage(storage)
+
+    def _rank(self, data: Any, batch: bool) -> Tensor:
+        if not isinstance(data, TensorDictBase):
+            raise TypeError("TensorDictMaxValueWriter ranks TensorDicts; got " + type(data).__name__)
+        try:
+            r = data.get(self._rank_key)
+        except KeyError:
+            raise KeyError(f"the data has no rank entry {self._rank_key!r} (set rank_key=)") from None
+        r = r.detach().to(torch.float64)
+        r = r.reshape(r.shape[0], -1) if batch else r.reshape(1, -1)
+        return getattr(r, self._reduction if self._reduction not in ("max", "min") else "a" + self._reduction)(1)
+
+    def add(self, data: Any) -> int | None:
+        index = self._extend(data, single=True)
+        return int(index[0]) if index.numel() else None
+
+    def extend(self, data: Any) -> Tensor:
+        return self._extend(data, single=False)
+
+    def _extend(self, data: Any, single: bool) -> Tensor:
+        self._last_span = None
+        st = self._storage
+        data = st._prepare(_with_index(data), 0 if single else 1)
+        ranks = self._rank(data, batch=not single)
+        n = ranks.shape[0]
+        dev = st._leaf_device()
+        cap = st._rows_capacity
+        if self._ranks is None or self._ranks.shape[0] != cap:
+            self._ranks = torch.full((cap,), -torch.inf, dtype=torch.float64)
+        filled = len(st)
+        order = torch.argsort(ranks, descending=True, stable=True)
+        free = cap - filled
+        m = min(free, n)
+        take_new = order[:m]
+        slots = torch.arange(filled, filled + m)
+        rest = order[m:]
+        if rest.numel():
+            cur = self._ranks.clone()
+            cur[slots] = ranks[take_new]
+            slot_order = torch.argsort(cur, stable=True)[: rest.numel()]
+            better = ranks[rest] > cur[slot_order]
+            j = int(better.sum())
+            take_new = torch.cat([take_new, rest[:j]])
+            slots = torch.cat([slots, slot_order[:j]])
+        self._write_count += n
+        keep_index = torch.full((n,), -1, dtype=torch.long)
+        keep_index[take_new] = slots
+        data.set("index", keep_index[0] if single else keep_index.to(dev))
+        if take_new.numel() == 0:
+            return slots.to(dev)
+        if single:
+            st._write(int(slots[0]), data, filled + m)
+        else:
+            st._write(slots.to(dev), data[take_new.to(dev)], filled + m)
+        self._ranks[slots] = ranks[take_new]
+        st._last_cursor = int(slots[-1])
+        self._cursor = (filled + m) % cap
+        return slots.to(dev)
+
+    def _empty(self) -> None:
+        super()._empty()
+        self._ranks = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "_ranks": None if self._ranks is None else self._ranks.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        r = state.get("_ranks")
+        self._ranks = None if r is None else r.clone()
+
+    def _checkpoint_state(self) -> tuple[dict, Any]:
+        meta, _ = super()._checkpoint_state()
+        tensors = None if self._ranks is None else TensorDict({"ranks": self._ranks}, [])
+        return meta, tensors
+
+    def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        base = super()._prepare_load(meta, tensors, path)
+        ranks = None
+        if tensors is not None:
+            if "ranks" not in tensors.keys():
+                raise CheckpointError(f"{path}: the ranks are missing")
+            ranks = tensors.get("ranks").clone()
+        return base, ranks
+
+    def _commit_load(self, prepared: Any) -> None:
+        base, ranks = prepared
+        super()._commit_load(base)
+        self._ranks = ranks
