@@ -1,0 +1,52 @@
+"""L3: environments. ``EnvBase``, ``step_mdp``, ``check_env_specs``, the native envs,
+Gymnasium wrappers, vectorized envs and transforms."""
+
+from typing import Any
+
+from . import libs as _libs
+from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
+from .common import EnvBase, EnvClosedError
+from .libs import GymEnv, GymWrapper, space_to_spec
+from .native import (
+    AcrobotEnv,
+    CartPoleEnv,
+    GridWorldEnv,
+    MountainCarContinuousEnv,
+    MountainCarEnv,
+    NativeEnv,
+    PendulumEnv,
+)
+from .transforms import *  # noqa: F403
+from .transforms import __all__ as _transforms_all
+from .utils import check_env_specs, next_seed, step_mdp
+
+__all__ = [
+    "EnvBase",
+    "EnvClosedError",
+    "step_mdp",
+    "check_env_specs",
+    "next_seed",
+    "NativeEnv",
+    "CartPoleEnv",
+    "PendulumEnv",
+    "MountainCarEnv",
+    "MountainCarContinuousEnv",
+    "AcrobotEnv",
+    "GridWorldEnv",
+    "GymEnv",
+    "GymWrapper",
+    "space_to_spec",
+    "SerialEnv",
+    "ParallelEnv",
+    "EnvCreator",
+    "EnvWorkerError",
+    *_transforms_all,
+]
+
+
+def __getattr__(name: str) -> Any:
+    # to_gymnasium, spec_to_space, GymnasiumExport, GymnasiumVectorExport need gymnasium
+    # at import time: loaded on first use only (and so not listed in __all__)
+    if name in _libs._EXPORT_NAMES:
+        return getattr(_libs, name)
+    raise AttributeError(f"module 'steersman.envs' has no attribute {name!r}")

@@ -1,0 +1,198 @@
+"""``EnvCreator``: a picklable env factory that knows its env's specs without keeping one."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from steersman.data import Composite
+
+from ..common import EnvBase
+from ._buffers import SPEC_NAMES
+
+__all__ = ["EnvCreator", "EnvMetaData"]
+
+
+class EnvMetaData:
+    """What a batched env needs to know about its sub-env: specs, batch size, device.
+
+    Attributes:
+        specs: the ``full_*_spec`` Composites by name (observation, action, state,
+            reward, done), each of shape ``batch_size``.
+        batch_size: the sub-env's batch size.
+        device: the sub-env's device.
+        env_type: the sub-env's class name (for messages).
+
+    Example:
+        >>> from steersman.envs import CartPoleEnv
+        >>> from steersman.envs.batched import EnvMetaData
+        >>> a = EnvMetaData.from_env(CartPoleEnv())
+        >>> b = EnvMetaData.from_env(CartPoleEnv(batch_size=[2]))
+        >>> a.mismatch(a) is None, a.mismatch(b)
+        (True, 'batch_size [2] instead of []')
+    """
+
+    __slots__ = ("specs", "batch_size", "device", "env_type")
+
+    def __init__(self, specs: dict[str, Composite], batch_size: torch.Size, device: torch.device,
+                 env_type: str) -> None:
+        self.specs = specs
+        self.batch_size = torch.Size(batch_size)
+        self.device = torch.device(device)
+        self.env_type = env_type
+
+    @classmethod
+    def from_env(cls, env: EnvBase) -> EnvMetaData:
+        specs = {name: getattr(env, name).clone() for name in SPEC_NAMES}
+        return cls(specs, env.batch_size, env.device, type(env).__name__)
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def mismatch(self, other: EnvMetaData) -> str | None:
+        """A sentence naming the first difference with ``other`` (None if they agree)."""
+        if self.batch_size != other.batch_size:
+            return f"batch_size {list(other.batch_size)} instead of {list(self.batch_size)}"
+        for name in SPEC_NAMES:
+            a, b = self.specs[name], other.specs[name]
+            if a == b:
+                continue
+            what = name.replace("full_", "")
+            ka = set(a.keys(include_nested=True, leaves_only=True))
+            kb = set(b.keys(include_nested=True, leaves_only=True))
+            if ka != kb:
+                return (f"{what} has the keys {sorted(map(str, kb))} instead of "
+                        f"{sorted(map(str, ka))}")
+            for key in sorted(ka, key=str):
+                if a[key] != b[key]:
+                    return f"{what}[{key!r}] is {b[key]!r} instead of {a[key]!r}"
+            return f"{what} is {b!r} instead of {a!r}"
+        return None
+
+    def __repr__(self) -> str:
+        return (f"EnvMetaData(env_type={self.env_type}, batch_size={list(self.batch_size)}, "
+                f"device={self.device})")
+
+
+def _fn_name(fn: Any) -> str:
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({_fn_name(fn.func)}, ...)"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        return repr(fn)
+    mod = getattr(fn, "__module__", None)
+    return f"{mod}.{name}" if mod and mod != "builtins" else name
+
+
+def check_env_fn(create_env_fn: Any, owner: str) -> None:
+    """Rejects what cannot create envs (an env instance, a non-callable) with a clear error."""
+    if isinstance(create_env_fn, EnvBase):
+        raise TypeError(
+            f"{owner}: create_env_fn must be a callable that returns a new env, got an env instance "
+            f"({type(create_env_fn).__name__}); pass its class or a function, e.g. "
+            f"{owner}(2, {type(create_env_fn).__name__}) or "
+            f"{owner}(2, functools.partial({type(create_env_fn).__name__}, ...))"
+        )
+    if not callable(create_env_fn):
+        raise TypeError(
+            f"{owner}: create_env_fn must be a callable returning an EnvBase, got "
+            f"{type(create_env_fn).__name__}"
+        )
+
+
+class EnvCreator:
+    """Wraps an env factory: ``creator()`` builds a new env, ``creator.meta_data`` its specs.
+
+    The specs are read from a probe env built on first access to ``meta_data`` and
+    closed right after, so the process that holds the creator (e.g. the parent of a
+    :class:`~steersman.envs.ParallelEnv`) does not keep an env alive. The creator
+    pickles as its function, its keyword arguments and the metadata; the function must
+    be picklable for the ``spawn``/``forkserver`` start methods (a module-level function,
+    a class or a ``functools.partial`` of one; lambdas and closures are not, unless
+    ``mp_start_method="fork"``).
+
+    Args:
+        create_env_fn: a callable returning an :class:`~steersman.envs.EnvBase`
+            (an env class, a function, a ``functools.partial`` ...), or an ``EnvCreator``.
+        create_env_kwargs: keyword arguments passed to it on every call.
+
+    Raises:
+        TypeError: if ``create_env_fn`` is not callable (or is an env instance), or,
+            on call, if it returns something that is not an ``EnvBase``.
+
+    Example:
+        >>> import functools
+        >>> from steersman.envs import CartPoleEnv
+        >>> from steersman.envs.batched import EnvCreator
+        >>> creator = EnvCreator(CartPoleEnv, {"batch_size": [3]})
+        >>> creator.meta_data.batch_size
+        torch.Size([3])
+        >>> sorted(creator.meta_data.specs["full_observation_spec"].keys())
+        ['observation']
+        >>> env = creator(seed=0)        # extra kwargs override create_env_kwargs
+        >>> env.reset()["observation"].shape
+        torch.Size([3, 4])
+    """
+
+    def __init__(self, create_env_fn: Callable[..., EnvBase] | EnvCreator,
+                 create_env_kwargs: dict[str, Any] | None = None) -> None:
+        if isinstance(create_env_fn, EnvCreator):
+            kwargs = {**create_env_fn.create_env_kwargs, **(create_env_kwargs or {})}
+            self._meta: EnvMetaData | None = create_env_fn._meta if not create_env_kwargs else None
+            create_env_fn = create_env_fn.create_env_fn
+        else:
+            check_env_fn(create_env_fn, "EnvCreator")
+            kwargs = dict(create_env_kwargs or {})
+            self._meta = None
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"EnvCreator: create_env_kwargs must be a dict, got {type(kwargs).__name__}")
+        self.create_env_fn = create_env_fn
+        self.create_env_kwargs = kwargs
+
+    @property
+    def name(self) -> str:
+        """A readable name of the wrapped function (for messages)."""
+        return _fn_name(self.create_env_fn)
+
+    def __call__(self, **kwargs: Any) -> EnvBase:
+        env = self.create_env_fn(**{**self.create_env_kwargs, **kwargs})
+        if not isinstance(env, EnvBase):
+            closer = getattr(env, "close", None)
+            if callable(closer):
+                try:
+                    closer()
+                except Exception:  # noqa: BLE001 - best effort on an object we reject
+                    pass
+            raise TypeError(
+                f"create_env_fn {self.name} returned a {type(env).__module__}.{type(env).__qualname__}, "
+                "not a steersman EnvBase; wrap it (e.g. GymWrapper(gym_env)) or return an EnvBase subclass"
+            )
+        return env
+
+    @property
+    def meta_data(self) -> EnvMetaData:
+        """The specs, batch size and device of the env (from a probe env, built once)."""
+        if self._meta is None:
+            env = self()
+            try:
+                self._meta = EnvMetaData.from_env(env)
+            finally:
+                env.close()
+        return self._meta
+
+    def __getstate__(self) -> dict:
+        return {"create_env_fn": self.create_env_fn, "create_env_kwargs": self.create_env_kwargs,
+                "_meta": self._meta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"EnvCreator({self.name}, create_env_kwargs={self.create_env_kwargs})"

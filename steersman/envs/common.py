@@ -1,0 +1,732 @@
+"""``EnvBase``: the interface of every environment (TensorDicts in, TensorDicts out).
+
+A subclass declares its specs in ``__init__`` and implements three methods:
+
+* ``_reset(tensordict) -> TensorDict``: the reset entries (observations, done keys
+  set to False) for the whole batch. ``tensordict`` may be None or hold a ``"_reset"``
+  bool mask of shape ``[*batch, 1]`` or ``[*batch]``; then only those sub-envs reset.
+  Entries of the other sub-envs are overwritten by :meth:`EnvBase.reset` with the
+  values of the input (so ``_reset`` may return anything there), unless the class
+  sets ``_handles_partial_reset = True`` (it then returns their current values itself).
+* ``_step(tensordict) -> TensorDict``: reads the action(s) from ``tensordict`` and
+  returns a *new* TensorDict of batch size ``batch_size`` holding the next
+  observations, the reward(s) and **every** done key (``done``, ``terminated``,
+  ``truncated``, each ``[*batch, 1]`` bool, ``done = terminated | truncated``).
+  Nothing is checked or completed on this path: it is the hot path.
+* ``_set_seed(seed)``: seeds the env's randomness (batched envs give each sub-env a
+  distinct seed derived from ``seed``).
+
+Bootstrapping convention: ``terminated`` ends the return (no bootstrap from the next
+value); ``truncated`` (e.g. a time limit) does not.
+
+Helpers for subclasses and wrappers (stable names): ``_reset_mask(td)`` (the validated
+``"_reset"`` mask as ``[*batch]`` bool, or None), ``_assert_open()``, ``_close()``
+(hook called once by ``close``), ``_step_mdp(td)`` (``step_mdp`` with the env's keys,
+precomputed), ``_hot_plan()`` (the keys used on every step: ``action_keys``,
+``reward_keys``, ``done_keys``, ``reset_from`` = the ``done`` entries whose OR is the
+auto-reset mask), ``_check_action(td)`` (what ``step(check=True)`` runs), and the
+spec Composites ``_full_{observation,action,reward,done,state}_spec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steersman.data import Categorical, Composite, TensorSpec, Unbounded
+from steersman.tensordict import TensorDict, TensorDictBase, lazy_stack
+from steersman.tensordict._utils import NestedKey
+
+from .utils import _any_done, _step_mdp_fast, next_seed, step_mdp
+
+__all__ = ["EnvBase", "EnvClosedError"]
+
+
+class EnvClosedError(RuntimeError):
+    """Raised when a closed env is reset or stepped.
+
+    Example:
+        >>> from steersman.envs import CartPoleEnv, EnvClosedError
+        >>> env = CartPoleEnv()
+        >>> env.close()
+        >>> try:
+        ...     env.reset()
+        ... except EnvClosedError as err:
+        ...     print(str(err).split(":")[0])
+        CartPoleEnv is closed
+    """
+
+
+def _as_device(device: Any) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _as_batch_size(batch_size: Any) -> torch.Size:
+    if batch_size is None:
+        return torch.Size(())
+    if isinstance(batch_size, int):
+        return torch.Size((batch_size,))
+    return torch.Size([int(b) for b in batch_size])
+
+
+def _leaf_keys(spec: Composite) -> list[NestedKey]:
+    return list(spec.keys(include_nested=True, leaves_only=True))
+
+
+class EnvBase:
+    """Base class of environments: specs, ``reset``/``step``/``rollout`` on TensorDicts.
+
+    Args:
+        device: where the env's tensors live (default CPU).
+        batch_size: the env's batch shape (``[]`` for a single env, ``[n]`` for ``n``
+            sub-envs, any number of dims).
+
+    Specs (set in the subclass's ``__init__``; every spec's shape starts with
+    ``batch_size``): ``observation_spec`` (a :class:`Composite`), ``action_spec`` (a leaf
+    spec stored under ``"action"``, or a Composite), ``reward_spec`` (a leaf stored under
+    ``"reward"``; default ``Unbounded([*batch, 1])``), ``done_spec`` (a Composite with
+    ``done``/``terminated``/``truncated``; default ``Categorical(2, [*batch, 1],
+    dtype=bool)`` each) and ``state_spec`` (inputs other than the action; default empty).
+    The ``full_*_spec`` properties always return Composites. Specs are locked once set:
+    assign a new spec (``env.observation_spec = spec``) to change one.
+
+    Data layout: see ``DESIGN.md``. ``reset()`` returns ``[*batch]`` TensorDicts with the
+    observations and done keys; ``step(td)`` reads ``td["action"]`` and writes
+    ``td["next"]`` (observations, ``reward [*batch, 1]``, ``done``/``terminated``/
+    ``truncated [*batch, 1]``); ``rollout`` stacks steps along a new *last* batch dim.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.data import Bounded, Composite, Unbounded
+        >>> from steersman.envs import EnvBase, check_env_specs
+        >>> class Counter(EnvBase):
+        ...     '''Observation: a counter incremented by the action; done when it exceeds 5.'''
+        ...     def __init__(self, batch_size=()):
+        ...         super().__init__(batch_size=batch_size)
+        ...         bs = self.batch_size
+        ...         self.observation_spec = Composite(count=Unbounded((*bs, 1)), shape=bs)
+        ...         self.action_spec = Bounded(0.0, 1.0, shape=(*bs, 1))
+        ...         self.count = torch.zeros(*bs, 1)
+        ...     def _reset(self, td):
+        ...         self.count = torch.zeros(*self.batch_size, 1)
+        ...         f = torch.zeros(*self.batch_size, 1, dtype=torch.bool)
+        ...         return TensorDict({"count": self.count.clone(), "done": f, "terminated": f.clone(),
+        ...                            "truncated": f.clone()}, batch_size=self.batch_size)
+        ...     def _step(self, td):
+        ...         self.count = self.count + td["action"]
+        ...         term = self.count > 5
+        ...         return TensorDict({"count": self.count.clone(), "reward": td["action"].clone(),
+        ...                            "done": term.clone(), "terminated": term,
+        ...                            "truncated": torch.zeros_like(term)}, batch_size=self.batch_size)
+        ...     def _set_seed(self, seed):
+        ...         pass
+        >>> env = Counter(batch_size=[2])
+        >>> check_env_specs(env)
+        >>> td = env.reset()
+        >>> td["action"] = torch.ones(2, 1)
+        >>> env.step(td)["next", "count"]
+        tensor([[1.],
+                [1.]])
+        >>> env.rollout(3).batch_size   # [*batch, time]
+        torch.Size([2, 3])
+    """
+
+    #: set True by subclasses whose ``_reset`` returns correct values for the
+    #: sub-envs that a partial reset leaves alone (skips the merge in ``reset``).
+    _handles_partial_reset: bool = False
+
+    def __init__(self, *, device: Any = None, batch_size: Any = None) -> None:
+        self._device = _as_device(device)
+        self._batch_size = _as_batch_size(batch_size)
+        self._is_closed = False
+        self._spec_locked = True
+        self._plan: dict | None = None
+        bs = self._batch_size
+        dev = self._device
+        self._full_observation_spec = Composite(shape=bs, device=dev).lock_()
+        self._full_action_spec = Composite(shape=bs, device=dev).lock_()
+        self._full_state_spec = Composite(shape=bs, device=dev).lock_()
+        self._full_reward_spec = Composite(reward=Unbounded((*bs, 1), device=dev), shape=bs, device=dev).lock_()
+        self._full_done_spec = self._default_done_spec()
+
+    def _default_done_spec(self) -> Composite:
+        bs = self._batch_size
+        leaf = Categorical(2, shape=(*bs, 1), device=self._device, dtype=torch.bool)
+        return Composite(
+            done=leaf, terminated=leaf.clone(), truncated=leaf.clone(), shape=bs, device=self._device
+        ).lock_()
+
+    # ------------------------------------------------------------------ basic properties
+    @property
+    def batch_size(self) -> torch.Size:
+        """The batch shape of the env (``[]`` for a single env)."""
+        return self._batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
+
+    def numel(self) -> int:
+        """The number of sub-envs (the product of ``batch_size``)."""
+        return self._batch_size.numel()
+
+    # ------------------------------------------------------------------ specs
+    def _check_spec_shape(self, spec: TensorSpec, what: str) -> TensorSpec:
+        bs = self._batch_size
+        if isinstance(spec, Composite) and spec.shape != bs:
+            if len(spec.shape) == 0 and all(
+                s.shape[: len(bs)] == bs for s in spec.values(include_nested=True, leaves_only=True)
+            ):
+                spec = spec.clone()
+                spec.shape = bs  # an unbatched Composite of batched leaves: adopt the batch
+            else:
+                raise ValueError(
+                    f"{type(self).__name__}.{what}: the Composite has shape {list(spec.shape)}, "
+                    f"expected the env batch size {list(bs)} (Composite(..., shape={list(bs)}))"
+                )
+        if spec.shape[: len(bs)] != bs:
+            raise ValueError(
+                f"{type(self).__name__}.{what}: spec shape {list(spec.shape)} does not start with the "
+                f"env batch size {list(bs)}; use spec.expand(*{list(bs)}, *{list(spec.shape)})"
+            )
+        if spec.device is not None and spec.device != self._device:
+            spec = spec.to(self._device)
+        return spec
+
+    def _wrap_leaf(self, spec: TensorSpec, key: str, what: str) -> Composite:
+        if isinstance(spec, Composite):
+            out = self._check_spec_shape(spec, what)
+        elif isinstance(spec, TensorSpec):
+            spec = self._check_spec_shape(spec, what)
+            out = Composite({key: spec}, shape=self._batch_size, device=self._device)
+        else:
+            raise TypeError(f"{type(self).__name__}.{what} must be a TensorSpec, got {type(spec).__name__}")
+        return out
+
+    def _store(self, attr: str, spec: Composite) -> None:
+        if self._spec_locked:
+            spec.lock_()
+        setattr(self, attr, spec)
+        self._plan = None
+
+    @property
+    def full_observation_spec(self) -> Composite:
+        """All observation entries (a Composite of shape ``batch_size``)."""
+        return self._full_observation_spec
+
+    @full_observation_spec.setter
+    def full_observation_spec(self, spec: Composite) -> None:
+        if not isinstance(spec, Composite):
+            raise TypeError(
+                f"{type(self).__name__}.observation_spec must be a Composite, e.g. "
+                f"Composite(observation=spec, shape={list(self._batch_size)}); got {type(spec).__name__}"
+            )
+        self._store("_full_observation_spec", self._check_spec_shape(spec, "observation_spec"))
+
+    observation_spec = full_observation_spec
+
+    @property
+    def full_action_spec(self) -> Composite:
+        """All action entries (a Composite of shape ``batch_size``)."""
+        return self._full_action_spec
+
+    @full_action_spec.setter
+    def full_action_spec(self, spec: TensorSpec) -> None:
+        self._store("_full_action_spec", self._wrap_leaf(spec, "action", "action_spec"))
+
+    @property
+    def action_spec(self) -> TensorSpec:
+        """The action spec: the leaf spec if there is one action entry, else the Composite."""
+        return self._single_leaf(self._full_action_spec)
+
+    @action_spec.setter
+    def action_spec(self, spec: TensorSpec) -> None:
+        self.full_action_spec = spec
+
+    @property
+    def full_reward_spec(self) -> Composite:
+        return self._full_reward_spec
+
+    @full_reward_spec.setter
+    def full_reward_spec(self, spec: TensorSpec) -> None:
+        self._store("_full_reward_spec", self._wrap_leaf(spec, "reward", "reward_spec"))
+
+    @property
+    def reward_spec(self) -> TensorSpec:
+        """The reward spec: the leaf spec if there is one reward entry, else the Composite."""
+        return self._single_leaf(self._full_reward_spec)
+
+    @reward_spec.setter
+    def reward_spec(self, spec: TensorSpec) -> None:
+        self.full_reward_spec = spec
+
+    @property
+    def full_done_spec(self) -> Composite:
+        """The done entries (``done``, ``terminated``, ``truncated``), a Composite."""
+        return self._full_done_spec
+
+    @full_done_spec.setter
+    def full_done_spec(self, spec: TensorSpec) -> None:
+        if isinstance(spec, Composite):
+            spec = self._check_spec_shape(spec, "done_spec")
+        elif isinstance(spec, TensorSpec):
+            leaf = self._check_spec_shape(spec, "done_spec")
+            spec = Composite(
+                done=leaf, terminated=leaf.clone(), truncated=leaf.clone(),
+                shape=self._batch_size, device=self._device,
+            )
+        else:
+            raise TypeError(f"done_spec must be a TensorSpec, got {type(spec).__name__}")
+        self._store("_full_done_spec", spec)
+
+    done_spec = full_done_spec
+
+    @property
+    def full_state_spec(self) -> Composite:
+        """Inputs of ``step``/``reset`` other than the action (empty for stateful envs)."""
+        return self._full_state_spec
+
+    @full_state_spec.setter
+    def full_state_spec(self, spec: Composite) -> None:
+        if not isinstance(spec, Composite):
+            raise TypeError(f"state_spec must be a Composite, got {type(spec).__name__}")
+        self._store("_full_state_spec", self._check_spec_shape(spec, "state_spec"))
+
+    state_spec = full_state_spec
+
+    @property
+    def input_spec(self) -> Composite:
+        """``Composite(full_action_spec=..., full_state_spec=...)`` (built on access)."""
+        return Composite._new_unchecked(
+            {"full_action_spec": self._full_action_spec, "full_state_spec": self._full_state_spec},
+            self._batch_size, self._device,
+        )
+
+    @property
+    def output_spec(self) -> Composite:
+        """``Composite(full_observation_spec=..., full_reward_spec=..., full_done_spec=...)``."""
+        return Composite._new_unchecked(
+            {
+                "full_observation_spec": self._full_observation_spec,
+                "full_reward_spec": self._full_reward_spec,
+                "full_done_spec": self._full_done_spec,
+            },
+            self._batch_size, self._device,
+        )
+
+    @staticmethod
+    def _single_leaf(spec: Composite) -> TensorSpec:
+        keys = _leaf_keys(spec)
+        if len(keys) == 1:
+            return spec[keys[0]]
+        return spec
+
+    def set_spec_lock_(self, mode: bool = True) -> EnvBase:
+        """Locks (default) or unlocks the spec Composites for in-place edits.
+
+        Specs are locked when set; unlock to edit one in place, then lock again so that
+        the keys cached for the hot path are recomputed.
+        """
+        for attr in ("_full_observation_spec", "_full_action_spec", "_full_state_spec",
+                     "_full_reward_spec", "_full_done_spec"):
+            spec = getattr(self, attr)
+            spec.lock_() if mode else spec.unlock_()
+        self._spec_locked = mode
+        self._plan = None
+        return self
+
+    # ------------------------------------------------------------------ keys
+    @property
+    def action_keys(self) -> list[NestedKey]:
+        return _leaf_keys(self._full_action_spec)
+
+    @property
+    def action_key(self) -> NestedKey:
+        """The action key (an error if there are several: use ``action_keys``)."""
+        return self._single_key(self.action_keys, "action")
+
+    @property
+    def reward_keys(self) -> list[NestedKey]:
+        return _leaf_keys(self._full_reward_spec)
+
+    @property
+    def reward_key(self) -> NestedKey:
+        return self._single_key(self.reward_keys, "reward")
+
+    @property
+    def done_keys(self) -> list[NestedKey]:
+        return _leaf_keys(self._full_done_spec)
+
+    @property
+    def observation_keys(self) -> list[NestedKey]:
+        return _leaf_keys(self._full_observation_spec)
+
+    @property
+    def state_keys(self) -> list[NestedKey]:
+        return _leaf_keys(self._full_state_spec)
+
+    def _single_key(self, keys: list, what: str) -> NestedKey:
+        if len(keys) != 1:
+            raise KeyError(
+                f"{type(self).__name__} has {len(keys)} {what} keys ({keys}); use {what}_keys"
+            )
+        return keys[0]
+
+    def _hot_plan(self) -> dict:
+        """Keys used on every step, computed once per spec assignment."""
+        plan = self._plan
+        if plan is not None:
+            return plan
+        action_keys = self.action_keys
+        reward_keys = self.reward_keys
+        done_keys = self.done_keys
+        done_only = [k for k in done_keys if (k if type(k) is str else k[-1]) == "done"] or done_keys
+        excl_root = ["next", "_reset", *action_keys, *reward_keys]
+        simple = all(type(k) is str for k in excl_root)
+        plan = {
+            "action_keys": action_keys,
+            "reward_keys": reward_keys,
+            "done_keys": done_keys,
+            "reset_from": done_only,
+            "fast_mdp": simple,
+            "excl_root": frozenset(excl_root),
+            "excl_next": frozenset(reward_keys),
+        }
+        if self._spec_locked:
+            self._plan = plan
+        return plan
+
+    def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
+        plan = self._hot_plan()
+        if plan["fast_mdp"] and type(td) is TensorDict:
+            return _step_mdp_fast(td, plan["excl_root"], plan["excl_next"])
+        return step_mdp(
+            td, reward_keys=plan["reward_keys"], done_keys=plan["done_keys"],
+            action_keys=plan["action_keys"],
+        )
+
+    # ------------------------------------------------------------------ to implement
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        raise NotImplementedError(f"{type(self).__name__} must implement _reset(tensordict)")
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step(tensordict)")
+
+    def _set_seed(self, seed: int | None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement _set_seed(seed)")
+
+    # ------------------------------------------------------------------ lifecycle
+    def _assert_open(self) -> None:
+        if self._is_closed:
+            raise EnvClosedError(
+                f"{type(self).__name__} is closed: it cannot be reset or stepped any more; "
+                "create a new env"
+            )
+
+    def close(self) -> None:
+        """Releases the env's resources. Idempotent; a closed env cannot be stepped."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        self._close()
+
+    def _close(self) -> None:
+        """Subclass hook called once by ``close``."""
+
+    def __enter__(self) -> EnvBase:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def to(self, device: Any) -> EnvBase:
+        """Moves the specs to ``device`` and returns ``self``; subclasses with tensors of
+        their own override it (calling ``super().to(device)``) to move them too."""
+        device = _as_device(device)
+        if device == self._device:
+            return self
+        for attr in ("_full_observation_spec", "_full_action_spec", "_full_state_spec",
+                     "_full_reward_spec", "_full_done_spec"):
+            spec = getattr(self, attr).to(device)
+            if self._spec_locked:
+                spec.lock_()
+            setattr(self, attr, spec)
+        self._device = device
+        self._plan = None
+        return self
+
+    # ------------------------------------------------------------------ seeding
+    def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
+        """Seeds the env; returns the seed to use for the next env (``next_seed(seed)``).
+
+        A batched env gives each sub-env a distinct seed derived from ``seed``, so the
+        same seed reproduces the same rollout. With ``static_seed=True`` the same seed
+        is returned.
+        """
+        self._set_seed(seed)
+        if seed is None or static_seed:
+            return seed
+        return next_seed(seed)
+
+    # ------------------------------------------------------------------ reset
+    def _reset_mask(self, tensordict: TensorDictBase | None) -> Tensor | None:
+        """The ``"_reset"`` entry of ``tensordict`` as a ``[*batch]`` bool tensor (or None)."""
+        if tensordict is None:
+            return None
+        mask = tensordict.get("_reset", None)
+        if mask is None:
+            return None
+        bs = self._batch_size
+        if not isinstance(mask, Tensor) or mask.dtype is not torch.bool:
+            raise ValueError(
+                f"{type(self).__name__}.reset: the '_reset' mask must be a bool tensor of shape "
+                f"{[*bs, 1]} or {list(bs)}, got {getattr(mask, 'dtype', type(mask).__name__)}"
+            )
+        if mask.shape == (*bs, 1):
+            return mask.reshape(bs)
+        if mask.shape == bs:
+            return mask
+        raise ValueError(
+            f"{type(self).__name__}.reset: the '_reset' mask has shape {list(mask.shape)}, "
+            f"expected {[*bs, 1]} or {list(bs)} (one flag per sub-env)"
+        )
+
+    def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        """Resets the env (or only the sub-envs flagged by ``tensordict["_reset"]``).
+
+        Args:
+            tensordict: optional input. If it holds a ``"_reset"`` bool mask
+                (``[*batch, 1]`` or ``[*batch]``), only the flagged sub-envs are reset
+                and the entries of the others are returned unchanged.
+            **kwargs: passed to ``_reset``.
+
+        Returns: a new TensorDict of batch size ``batch_size``: the input's entries
+        (without ``"_reset"``) updated with the reset observations and done keys.
+        """
+        self._assert_open()
+        mask = self._reset_mask(tensordict)
+        out = self._reset(tensordict, **kwargs)
+        if tensordict is None:
+            return out
+        base = tensordict.exclude("_reset") if "_reset" in tensordict.keys() else tensordict.copy()
+        if mask is None or self._handles_partial_reset:
+            base.update(out)
+            return base
+        nb = len(self._batch_size)
+        for key in out.keys(include_nested=True, leaves_only=True):
+            new = out.get(key)
+            old = base.get(key, None)
+            if isinstance(new, Tensor) and isinstance(old, Tensor) and old.shape == new.shape:
+                m = mask.reshape(tuple(mask.shape) + (1,) * (new.ndim - nb))
+                new = torch.where(m, new, old)
+            base.set(key, new)
+        return base
+
+    # ------------------------------------------------------------------ step
+    def _check_action(self, tensordict: TensorDictBase) -> None:
+        """Validates every action entry against the action spec (``step(check=True)``)."""
+        for key, spec in self._full_action_spec.items(include_nested=True, leaves_only=True):
+            val = tensordict.get(key, None)
+            if val is None:
+                raise KeyError(f"{type(self).__name__}.step: the tensordict has no action entry {key!r}")
+            if not isinstance(val, Tensor) or val.shape != spec.shape:
+                raise ValueError(
+                    f"{type(self).__name__}.step: action {key!r} has shape "
+                    f"{list(getattr(val, 'shape', []))}, the action spec {spec!r} has shape {list(spec.shape)}"
+                )
+            reason = spec._check(val)
+            if reason is not None:
+                raise ValueError(
+                    f"{type(self).__name__}.step: action {key!r} is not in the action spec {spec!r}: "
+                    f"{reason} (spec.project(action) maps it into the spec)"
+                )
+
+    def step(self, tensordict: TensorDictBase, check: bool = False) -> TensorDictBase:
+        """Takes one step with the action(s) in ``tensordict``; writes ``tensordict["next"]``.
+
+        Args:
+            tensordict: holds the action(s) (and state entries, for stateless envs).
+            check: validate the action against ``action_spec`` first (shape, dtype,
+                bounds); off by default: the step does no validation.
+
+        Returns: ``tensordict`` itself, with a new ``"next"`` entry.
+        """
+        if self._is_closed:
+            self._assert_open()
+        if check:
+            self._check_action(tensordict)
+        next_td = self._step(tensordict)
+        if type(tensordict) is TensorDict:
+            tensordict._tensordict["next"] = next_td
+        else:
+            tensordict.set("next", next_td)
+        return tensordict
+
+    def step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """Steps, then resets the sub-envs that are done.
+
+        Returns: ``(tensordict, next_input)``: the transition (with ``"next"``) and the
+        input of the following step (``step_mdp`` of it, with the finished sub-envs
+        reset; the others carry on).
+        """
+        tensordict = self.step(tensordict)
+        td_ = self._step_mdp(tensordict)
+        plan = self._hot_plan()
+        done = _any_done(td_, plan["reset_from"], len(self._batch_size))
+        if done is not None and bool(done.any()):
+            td_ = td_.copy()
+            td_.set("_reset", done.unsqueeze(-1))
+            td_ = self.reset(td_)
+        return tensordict, td_
+
+    # ------------------------------------------------------------------ random actions
+    def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """Writes a random action (``action_spec.rand()``, torch's global RNG) into ``tensordict``."""
+        if tensordict is None:
+            tensordict = TensorDict._new_unsafe({}, self._batch_size, self._device)
+        for key, spec in self._full_action_spec.items(include_nested=True, leaves_only=True):
+            tensordict.set(key, spec.rand())
+        return tensordict
+
+    def rand_step(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """A step with a random action (``rand_action`` then ``step``)."""
+        if tensordict is None:
+            tensordict = TensorDict._new_unsafe({}, self._batch_size, self._device)
+        return self.step(self.rand_action(tensordict))
+
+    # ------------------------------------------------------------------ fake data
+    def fake_tensordict(self) -> TensorDictBase:
+        """A TensorDict shaped like one transition, filled from the specs' ``zero()``."""
+        td = self._full_observation_spec.zero()
+        td.update(self._full_state_spec.zero())
+        td.update(self._full_action_spec.zero())
+        td.update(self._full_done_spec.zero())
+        nxt = self._full_observation_spec.zero()
+        nxt.update(self._full_reward_spec.zero())
+        nxt.update(self._full_done_spec.zero())
+        td.set("next", nxt)
+        return td
+
+    # ------------------------------------------------------------------ rollout
+    def rollout(
+        self,
+        max_steps: int,
+        policy: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        callback: Callable[[EnvBase, TensorDictBase], Any] | None = None,
+        *,
+        auto_reset: bool = True,
+        break_when_any_done: bool = True,
+        break_when_all_done: bool = False,
+        return_contiguous: bool = True,
+        tensordict: TensorDictBase | None = None,
+        set_truncated: bool = False,
+    ) -> TensorDictBase:
+        """Runs ``policy`` for up to ``max_steps`` steps; stacks them along a new last batch dim.
+
+        Args:
+            max_steps: the number of steps.
+            policy: ``td -> td`` writing the action(s); default: ``rand_action``.
+            callback: called as ``callback(env, td)`` after each step.
+            auto_reset: reset first (with ``tensordict`` as reset input if given);
+                otherwise ``tensordict`` is the first step's input.
+            break_when_any_done: stop after the first step where any sub-env is done.
+            break_when_all_done: (with ``break_when_any_done=False``) stop once every
+                sub-env has been done; the entries of a sub-env after its end repeat its
+                last transition (the env keeps stepping it: there is no partial step).
+            return_contiguous: stack densely (else a lazy stack).
+            tensordict: see ``auto_reset``.
+            set_truncated: mark the last step as truncated (and done).
+
+        When neither break flag is set, finished sub-envs are reset in place
+        (``step_and_maybe_reset``) and the rollout always has ``max_steps`` steps.
+
+        Returns: a TensorDict of batch size ``[*batch_size, steps]``.
+        """
+        if max_steps < 1:
+            raise ValueError(f"rollout: max_steps must be >= 1, got {max_steps}")
+        if auto_reset:
+            td = self.reset(tensordict)
+        else:
+            if tensordict is None:
+                raise ValueError("rollout(auto_reset=False) needs the first step's input as `tensordict`")
+            td = tensordict
+        if policy is None:
+            policy = self.rand_action
+        nb = len(self._batch_size)
+        tds: list[TensorDictBase] = []
+        stop_early = break_when_any_done or break_when_all_done
+        reset_from = self._hot_plan()["reset_from"]
+        finished: Tensor | None = None
+        for i in range(max_steps):
+            out = policy(td)
+            if out is not None:
+                td = out
+            if stop_early:
+                td = self.step(td)
+                keep = td
+                if finished is not None and bool(finished.any()):
+                    keep = td.where(~finished, tds[-1]) if nb else tds[-1]
+                tds.append(keep)
+                if callback is not None:
+                    callback(self, td)
+                if i == max_steps - 1:
+                    break
+                td = self._step_mdp(td)
+                done = _any_done(td, reset_from, nb)
+                if done is None:
+                    continue
+                if break_when_any_done:
+                    if bool(done.any()):
+                        break
+                else:
+                    finished = done if finished is None else finished | done
+                    if bool(finished.all()):
+                        break
+            else:
+                cur, td = self.step_and_maybe_reset(td)
+                tds.append(cur)
+                if callback is not None:
+                    callback(self, cur)
+        if set_truncated:
+            last = tds[-1]
+            nxt = last.get("next")
+            for key in ("truncated", "done"):
+                v = nxt.get(key, None)
+                if v is not None:
+                    nxt.set(key, torch.ones_like(v))
+        if return_contiguous:
+            return torch.stack(tds, dim=nb)
+        return lazy_stack(tds, dim=nb)
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        def ind(s: Any) -> str:
+            return str(s).replace("\n", "\n    ")
+
+        return (
+            f"{type(self).__name__}(\n"
+            f"    observation_spec={ind(self._full_observation_spec)},\n"
+            f"    action_spec={ind(self.action_spec)},\n"
+            f"    reward_spec={ind(self.reward_spec)},\n"
+            f"    done_keys={self.done_keys},\n"
+            f"    device={self._device},\n"
+            f"    batch_size={self._batch_size})"
+        )
+

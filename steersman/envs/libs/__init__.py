@@ -1,0 +1,42 @@
+"""Wrappers of other environment libraries (optional dependencies, imported lazily).
+
+* :class:`GymEnv` / :class:`GymWrapper`: Gymnasium envs and vector envs as steersman
+  envs (``pip install 'steersman[gym]'``).
+* :func:`to_gymnasium` (:class:`GymnasiumExport`, :class:`GymnasiumVectorExport`): the
+  other direction, any steersman env as a ``gymnasium.Env`` / ``gymnasium.vector.VectorEnv``.
+
+Importing this package does not import Gymnasium; building a wrapper does (an
+``ImportError`` naming the extra to install if it is missing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .gym import GYM_EXTRA_HINT, GymEnv, GymWrapper, gymnasium_available, space_to_spec
+
+__all__ = [
+    "GymEnv",
+    "GymWrapper",
+    "space_to_spec",
+    "gymnasium_available",
+    "GYM_EXTRA_HINT",
+    "to_gymnasium",
+    "spec_to_space",
+    "GymnasiumExport",
+    "GymnasiumVectorExport",
+]
+
+# defined in gym_export.py, which imports gymnasium at import time: loaded on first use.
+_EXPORT_NAMES = ("to_gymnasium", "spec_to_space", "GymnasiumExport", "GymnasiumVectorExport")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORT_NAMES:
+        from .gym import _import_gymnasium
+
+        _import_gymnasium()
+        from . import gym_export
+
+        return getattr(gym_export, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,1127 @@
+"""Gymnasium environments as steersman envs: :class:`GymWrapper`, :class:`GymEnv`.
+
+Gymnasium is an optional dependency: it is imported when a wrapper is built, never when
+this module is imported (``pip install 'steersman[gym]'``).
+
+Spaces become specs (:func:`space_to_spec`):
+
+==================  ==========================================================
+Gymnasium space     spec
+==================  ==========================================================
+``Box``             :class:`Bounded` (its dtype kept, float64 included), or
+                    :class:`Unbounded` when every bound is infinite
+``Discrete``        :class:`OneHot` when ``categorical_action_encoding=False``
+                    (the default, as in TorchRL), else :class:`Categorical`;
+                    the same flag applies to observations
+``MultiDiscrete``   :class:`MultiOneHot` / :class:`MultiCategorical` (same flag;
+                    a nvec of more than one dim always gives MultiCategorical)
+``MultiBinary``     :class:`Binary` (int8)
+``Dict``            nested :class:`Composite` (keys kept)
+``Tuple``           :class:`Composite` with keys ``"0"``, ``"1"``, ...
+``Text``            :class:`NonTensor` (observations of single envs only)
+others              ``TypeError`` naming the space (``Graph``, ``Sequence`` ...)
+==================  ==========================================================
+
+``Discrete(n, start=s)`` values ``s..s+n-1`` are stored as ``0..n-1`` (the spec's
+range); the wrapper adds ``s`` back on actions. Observations go under
+``"observation"``, except a ``Dict`` observation space whose keys are used directly.
+Rewards are float32 ``[*batch, 1]``; ``terminated`` and ``truncated`` are Gymnasium's,
+``done = terminated | truncated``.
+
+Vector envs (``gymnasium.vector.VectorEnv``) become one env of batch size ``[num_envs]``
+and every Gymnasium 1.x autoreset mode is handled so that the stream of transitions is
+exactly the one of independent single envs:
+
+* ``NEXT_STEP`` (Gymnasium's default): the step after an episode end would ignore the
+  action and return the reset observation. The wrapper never sends that step: a
+  finished sub-env is reset through ``reset(td with "_reset")`` (what
+  ``step_and_maybe_reset`` and ``rollout`` do), which calls
+  ``env.reset(options={"reset_mask": mask})``. This needs a vector env with partial
+  resets (``SyncVectorEnv``/``AsyncVectorEnv``); a custom vector env without them can
+  only be reset whole (a partial reset raises an error saying so).
+* ``SAME_STEP``: the observation returned at an episode end is already the next
+  episode's; the wrapper puts the true final observation (``info["final_obs"]``) in
+  ``("next", "observation")`` and returns the reset observation from the following
+  ``reset(td with "_reset")`` without calling Gymnasium again.
+* ``DISABLED``: finished sub-envs are reset with ``reset(options={"reset_mask": mask})``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from steersman.data import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    MultiOneHot,
+    NonTensor,
+    OneHot,
+    TensorSpec,
+    Unbounded,
+)
+from steersman.tensordict import TensorDict, TensorDictBase
+
+from ..common import EnvBase
+
+if TYPE_CHECKING:  # pragma: no cover
+    import gymnasium
+
+__all__ = ["GymWrapper", "GymEnv", "space_to_spec", "gymnasium_available", "GYM_EXTRA_HINT"]
+
+#: how to install the optional Gymnasium dependency.
+GYM_EXTRA_HINT = "pip install 'steersman[gym]'"
+
+
+def gymnasium_available() -> bool:
+    """Whether ``gymnasium`` can be imported (does not import it if it is not loaded yet)."""
+    import importlib.util
+
+    return importlib.util.find_spec("gymnasium") is not None
+
+
+def _import_gymnasium() -> Any:
+    """``import gymnasium``, or an ImportError naming the extra to install."""
+    try:
+        import gymnasium
+    except ImportError as err:  # pragma: no cover - exercised with gymnasium missing
+        raise ImportError(
+            "steersman's Gymnasium integration needs the gymnasium package (>=1.0): "
+            f"{GYM_EXTRA_HINT}"
+        ) from err
+    return gymnasium
+
+
+# ---------------------------------------------------------------------- spaces -> specs
+def _torch_dtype(np_dtype: Any) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
+
+
+def _start_of(space: Any) -> np.ndarray | int:
+    start = getattr(space, "start", 0)
+    if isinstance(start, np.ndarray):
+        return start if bool((start != 0).any()) else 0
+    return int(start)
+
+
+def space_to_spec(
+    space: Any,
+    *,
+    categorical_action_encoding: bool = False,
+    batch_size: Sequence[int] = (),
+    device: Any = None,
+    name: str = "observation",
+) -> TensorSpec:
+    """The spec of a Gymnasium space (see the module docstring for the mapping).
+
+    Args:
+        space: a ``gymnasium.spaces.Space`` of ONE env (for a vector env, its
+            ``single_observation_space``/``single_action_space``).
+        categorical_action_encoding: ``Discrete``/``MultiDiscrete`` as index specs
+            (:class:`Categorical`, :class:`MultiCategorical`) instead of one-hot ones.
+        batch_size: leading dims of the spec (``[num_envs]`` for a vector env).
+        device: the spec's device.
+        name: the key the space is converted for, used in error messages.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from steersman.envs.libs.gym import space_to_spec
+        >>> space_to_spec(gym.spaces.Discrete(3))
+        OneHot(shape=[3], n=3, device=cpu, dtype=torch.bool, domain=discrete)
+        >>> space_to_spec(gym.spaces.Discrete(3), categorical_action_encoding=True, batch_size=[4]).shape
+        torch.Size([4])
+        >>> spec = space_to_spec(gym.spaces.Dict(a=gym.spaces.Box(0, 1, (2,)), b=gym.spaces.MultiBinary(3)))
+        >>> sorted(spec.keys()), spec["a"].dtype, spec["b"].shape
+        (['a', 'b'], torch.float32, torch.Size([3]))
+    """
+    gym = _import_gymnasium()
+    spaces = gym.spaces
+    bs = tuple(int(b) for b in batch_size)
+    cae = categorical_action_encoding
+    if isinstance(space, spaces.Box):
+        dtype = _torch_dtype(space.dtype)
+        shape = (*bs, *space.shape)
+        low = np.broadcast_to(space.low, space.shape)
+        high = np.broadcast_to(space.high, space.shape)
+        if dtype.is_floating_point and bool(np.isinf(low).all() and np.isinf(high).all()):
+            return Unbounded(shape=shape, device=device, dtype=dtype)
+        return Bounded(
+            low=torch.as_tensor(np.array(low)), high=torch.as_tensor(np.array(high)),
+            shape=shape, device=device, dtype=dtype,
+        )
+    if isinstance(space, spaces.Discrete):
+        n = int(space.n)
+        if cae:
+            return Categorical(n, shape=bs, device=device)
+        return OneHot(n, shape=(*bs, n), device=device)
+    if isinstance(space, spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec)
+        if cae or nvec.ndim != 1:
+            return MultiCategorical(
+                torch.as_tensor(nvec.astype(np.int64)), shape=(*bs, *nvec.shape), device=device
+            )
+        return MultiOneHot([int(n) for n in nvec], shape=(*bs, int(nvec.sum())), device=device)
+    if isinstance(space, spaces.MultiBinary):
+        shape = tuple(space.shape)
+        return Binary(n=int(shape[-1]), shape=(*bs, *shape), device=device, dtype=torch.int8)
+    if isinstance(space, spaces.Dict):
+        return Composite(
+            {
+                str(k): space_to_spec(
+                    sub, categorical_action_encoding=cae, batch_size=bs, device=device,
+                    name=f"{name}.{k}",
+                )
+                for k, sub in space.spaces.items()
+            },
+            shape=bs, device=device,
+        )
+    if isinstance(space, spaces.Tuple):
+        return Composite(
+            {
+                str(i): space_to_spec(
+                    sub, categorical_action_encoding=cae, batch_size=bs, device=device,
+                    name=f"{name}.{i}",
+                )
+                for i, sub in enumerate(space.spaces)
+            },
+            shape=bs, device=device,
+        )
+    if isinstance(space, spaces.Text):
+        return NonTensor(shape=bs, device=device, example_data="")
+    raise TypeError(
+        f"steersman cannot convert the Gymnasium space {space!r} ({type(space).__name__}, "
+        f"for {name!r}) into a spec: supported spaces are Box, Discrete, MultiDiscrete, "
+        "MultiBinary, Dict, Tuple and Text (observations). Flatten it first, e.g. with "
+        "gymnasium.wrappers.FlattenObservation or a custom ObservationWrapper/ActionWrapper."
+    )
+
+
+# ---------------------------------------------------------------------- leaves
+class _Leaf:
+    """One tensor entry written at every step: where its value comes from and how.
+
+    ``kind``: ``"assign"`` (numpy assignment into a preallocated row), ``"onehot"``
+    (``eye[value - start]`` assigned), ``"offset"`` (``value - start`` assigned) or
+    ``"encode"`` (``spec.encode(value)``: a fresh tensor, used for the rare kinds).
+    """
+
+    __slots__ = ("key", "path", "kind", "spec", "start", "eye", "slot", "tshape", "nshape", "dtype")
+
+    def __init__(self, key: tuple[str, ...], path: tuple, kind: str, spec: TensorSpec,
+                 tshape: tuple, nshape: tuple, dtype: torch.dtype | None,
+                 start: Any = 0, eye: np.ndarray | None = None) -> None:
+        self.key = key  # where the value goes in the output TensorDict
+        self.path = path  # where the value is in Gymnasium's observation (keys / indices)
+        self.kind = kind
+        self.spec = spec
+        self.start = start
+        self.eye = eye
+        self.slot = -1
+        self.tshape = tshape  # tensor shape (batch included)
+        self.nshape = nshape  # shape of the numpy view written into
+        self.dtype = dtype
+
+    def extract(self, obs: Any) -> Any:
+        for p in self.path:
+            obs = obs[p]
+        return obs
+
+    def np_value(self, value: Any) -> Any:
+        """The value as written into the numpy row (kinds other than ``encode``)."""
+        if self.kind == "onehot":
+            return self.eye[np.asarray(value) - self.start]
+        if self.kind == "offset":
+            return np.asarray(value) - self.start
+        return value
+
+
+def _obs_leaves(space: Any, spec: TensorSpec, key: tuple, path: tuple, bs: tuple,
+                out: list[_Leaf]) -> None:
+    gym = _import_gymnasium()
+    spaces = gym.spaces
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        items = space.spaces.items() if isinstance(space, spaces.Dict) else enumerate(space.spaces)
+        for k, sub in items:
+            _obs_leaves(sub, spec[str(k)], (*key, str(k)), (*path, k), bs, out)
+        return
+    tshape = tuple(spec.shape)
+    if isinstance(space, spaces.Text):
+        if bs:
+            raise TypeError(
+                f"GymWrapper: the Text space at {key} is only supported for single envs "
+                "(a vector env returns one string per sub-env)"
+            )
+        out.append(_Leaf(key, path, "encode", spec, tshape, tshape, None))
+        return
+    start = _start_of(space)
+    if isinstance(spec, OneHot):
+        eye = np.eye(spec.n, dtype=np.bool_)
+        out.append(_Leaf(key, path, "onehot", spec, tshape, tshape, spec.dtype, start, eye))
+    elif isinstance(spec, MultiOneHot):
+        out.append(_Leaf(key, path, "encode", spec, tshape, tshape, spec.dtype, start))
+    elif isinstance(start, np.ndarray) or start != 0:
+        out.append(_Leaf(key, path, "offset", spec, tshape, tshape, spec.dtype, start))
+    else:
+        out.append(_Leaf(key, path, "assign", spec, tshape, tshape, spec.dtype))
+
+
+# ---------------------------------------------------------------------- preallocation
+class _Rows:
+    """Preallocated output memory, handed out one row per step.
+
+    Every leaf gets a block ``[k, *shape]``; step ``i`` writes row ``i`` through a numpy
+    view (one cheap assignment instead of a tensor construction) and returns the row as
+    its own tensor (from ``block.unbind(0)``, made once per block). Rows are never
+    reused: when a block is used up a new one is allocated, so two steps never share a
+    tensor or memory that is written again.
+    """
+
+    __slots__ = ("k", "i", "np", "t", "_specs")
+
+    def __init__(self, specs: list[tuple[tuple, tuple, torch.dtype]], budget: int = 1 << 16) -> None:
+        self._specs = specs
+        row_bytes = sum(
+            max(1, math.prod(ts)) * torch.empty((), dtype=dt).element_size() for ts, _, dt in specs
+        )
+        self.k = max(1, min(256, budget // max(1, row_bytes)))
+        self._refill()
+
+    def _refill(self) -> None:
+        k = self.k
+        self.np: list[np.ndarray] = []
+        self.t: list[tuple[Tensor, ...]] = []
+        for tshape, nshape, dtype in self._specs:
+            block = torch.zeros((k, *tshape), dtype=dtype)  # zeros: False flags need no write
+            self.t.append(block.unbind(0))
+            self.np.append(block.numpy().reshape((k, *nshape)))
+        self.i = 0
+
+    def next_row(self) -> int:
+        i = self.i
+        if i == self.k:
+            self._refill()
+            i = 0
+        self.i = i + 1
+        return i
+
+
+# ---------------------------------------------------------------------- actions
+def _to_numpy(t: Tensor) -> np.ndarray:
+    try:
+        return t.numpy()
+    except (RuntimeError, TypeError):
+        return t.detach().cpu().numpy()
+
+
+def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
+                      to_numpy: bool) -> Callable[[Any], Any]:
+    """A function: the action entry (a tensor, or a TensorDict for Dict/Tuple spaces)
+    -> what ``gym_env.step`` takes. Checks the shape only (cheap); values are not checked."""
+    gym = _import_gymnasium()
+    spaces = gym.spaces
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        is_dict = isinstance(space, spaces.Dict)
+        items = list(space.spaces.items()) if is_dict else list(enumerate(space.spaces))
+        subs = [
+            (k, str(k), _action_converter(sub, spec[str(k)], (*_as_tuple(key), str(k)), vector, to_numpy))
+            for k, sub in items
+        ]
+        if is_dict:
+            return lambda td: {k: f(td.get(sk)) for k, sk, f in subs}
+        return lambda td: tuple(f(td.get(sk)) for _, sk, f in subs)
+    if isinstance(space, spaces.Text):
+        raise TypeError(
+            f"GymWrapper: Text action spaces are not supported ({space!r} at {key!r})"
+        )
+    shape = spec.shape
+    dtype = spec.dtype
+
+    def bad(a: Any) -> ValueError:
+        return ValueError(
+            f"GymWrapper.step: the action {key!r} has shape {list(getattr(a, 'shape', []))}, "
+            f"the action spec {type(spec).__name__} (for the Gymnasium space {space!r}) has shape "
+            f"{list(shape)}"
+        )
+
+    if not to_numpy:
+        def conv_raw(a: Tensor) -> Tensor:
+            if a.shape != shape:
+                raise bad(a)
+            return a
+        return conv_raw
+    start = _start_of(space)
+    if isinstance(spec, OneHot):
+        if vector:
+            def conv_oh_vec(a: Tensor) -> np.ndarray:
+                if a.shape != shape:
+                    raise bad(a)
+                return _to_numpy(a).argmax(-1) + start
+            return conv_oh_vec
+
+        def conv_oh(a: Tensor) -> int:
+            if a.shape != shape:
+                raise bad(a)
+            v = a.tolist()  # cheaper than .numpy().argmax() for one small vector
+            return v.index(max(v)) + start
+        return conv_oh
+    if isinstance(spec, Categorical) and not vector and not shape:
+        def conv_cat(a: Tensor) -> int:
+            if a.shape != shape:
+                raise bad(a)
+            return int(a.item()) + start
+        return conv_cat
+    if isinstance(spec, MultiOneHot):
+        def conv_moh(a: Tensor) -> np.ndarray:
+            if a.shape != shape:
+                raise bad(a)
+            return spec.to_numpy(a) + start
+        return conv_moh
+    has_start = isinstance(start, np.ndarray) or start != 0
+    np_dtype = getattr(space, "dtype", None)
+
+    def conv(a: Tensor) -> np.ndarray:
+        if a.shape != shape:
+            raise bad(a)
+        if a.dtype is not dtype:
+            a = a.to(dtype)
+        out = _to_numpy(a)
+        return out + start if has_start else out
+
+    if np_dtype is not None and has_start:
+        return lambda a: conv(a).astype(np_dtype, copy=False)
+    return conv
+
+
+def _as_tuple(key: Any) -> tuple:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+# ---------------------------------------------------------------------- the wrapper
+class GymWrapper(EnvBase):
+    """A Gymnasium env (or vector env) as a steersman env (TensorDicts in and out).
+
+    Args:
+        env: a ``gymnasium.Env`` (batch size ``[]``) or a ``gymnasium.vector.VectorEnv``
+            (batch size ``[num_envs]``; every autoreset mode is supported, see the module
+            docstring).
+        categorical_action_encoding: ``Discrete`` spaces as index specs
+            (:class:`Categorical`) instead of one-hot ones (:class:`OneHot`, TorchRL's
+            default). Applies to observations too.
+        from_pixels: add the frames of ``env.render()`` under ``"pixels"`` (uint8
+            ``[*batch, H, W, C]``); needs ``render_mode="rgb_array"``.
+        pixels_only: with ``from_pixels``, drop the env's own observations.
+        frame_skip: repeat each action this many times (single envs), summing the
+            rewards and stopping at the end of an episode. For vector envs use
+            :class:`GymEnv` (which wraps each sub-env) or a Gymnasium wrapper.
+        device: where the output tensors live.
+        batch_size: optional check: must be ``[]`` (env) or ``[num_envs]`` (vector env).
+        convert_actions_to_numpy: pass numpy actions to Gymnasium (else the tensors).
+        auto_reset: stepping a (sub-)env that finished at the previous step without a
+            reset in between resets it first (the default; ``rollout(...,
+            break_when_all_done=True)`` does this and discards those steps); with False
+            such a step raises an error. Either way Gymnasium's next-step autoreset
+            (the step that ignores its action) is never sent, except by a vector env
+            without partial resets, whose finished sub-envs are then reset by
+            Gymnasium within that step.
+
+    Observation keys: ``"observation"`` (``Dict`` spaces: their keys), plus ``"pixels"``.
+    Seeding: ``set_seed(s)`` seeds the next reset: ``env.reset(seed=s)`` for a single
+    env, ``seed=[s, s+1, ...]`` for the sub-envs of a vector env (Gymnasium's
+    convention); ``reset(seed=s)`` does the same at once.
+
+    The step does no spec validation (use ``env.step(td, check=True)``); only the action
+    shape is checked. Outputs are fresh tensors at every step (written into
+    preallocated memory, never reused). Gymnasium's ``info`` dicts are not read.
+    ``env.env`` is the wrapped Gymnasium env, ``env.render()`` its ``render()``,
+    ``env.autoreset_mode`` the vector env's autoreset mode.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from steersman.envs import check_env_specs
+        >>> from steersman.envs.libs import GymWrapper
+        >>> env = GymWrapper(gym.make("CartPole-v1"))
+        >>> env.batch_size, env.action_spec.shape, env.observation_spec["observation"].shape
+        (torch.Size([]), torch.Size([2]), torch.Size([4]))
+        >>> check_env_specs(env, seed=0)
+        >>> td = env.reset(seed=0)
+        >>> td["action"] = torch.tensor([False, True])      # one-hot: push right
+        >>> out = env.step(td)
+        >>> out["next", "reward"], out["next", "terminated"]
+        (tensor([1.]), tensor([False]))
+        >>> env.rollout(10).batch_size                          # [time]
+        torch.Size([10])
+        >>> venv = GymWrapper(gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync"))
+        >>> venv.rollout(5, break_when_any_done=False).batch_size   # [num_envs, time]
+        torch.Size([3, 5])
+    """
+
+    #: ``_reset`` returns the entries of the sub-envs a partial reset leaves alone
+    _handles_partial_reset = True
+
+    def __init__(
+        self,
+        env: gymnasium.Env | gymnasium.vector.VectorEnv,
+        categorical_action_encoding: bool = False,
+        from_pixels: bool = False,
+        pixels_only: bool = True,
+        frame_skip: int | None = None,
+        device: Any = "cpu",
+        batch_size: Any = None,
+        convert_actions_to_numpy: bool = True,
+        auto_reset: bool = True,
+    ) -> None:
+        gym = _import_gymnasium()
+        is_vec = isinstance(env, gym.vector.VectorEnv)
+        if not is_vec and not isinstance(env, gym.Env):
+            raise TypeError(
+                f"GymWrapper wraps a gymnasium.Env or gymnasium.vector.VectorEnv, got "
+                f"{type(env).__name__}; to create one by id use GymEnv('CartPole-v1')"
+            )
+        self._env = env
+        self._is_vec = is_vec
+        inferred = torch.Size((int(env.num_envs),)) if is_vec else torch.Size(())
+        if batch_size is not None:
+            given = torch.Size((batch_size,) if isinstance(batch_size, int) else tuple(batch_size))
+            if given != inferred:
+                what = f"a vector env of {env.num_envs} sub-envs" if is_vec else "a single env"
+                raise ValueError(
+                    f"GymWrapper: batch_size={list(given)} does not match the wrapped env "
+                    f"({what}: batch size {list(inferred)})"
+                )
+        super().__init__(device=device, batch_size=inferred)
+        self.categorical_action_encoding = bool(categorical_action_encoding)
+        self.from_pixels = bool(from_pixels)
+        self.pixels_only = bool(pixels_only)
+        self.convert_actions_to_numpy = bool(convert_actions_to_numpy)
+        self.auto_reset = bool(auto_reset)
+        if frame_skip is not None and int(frame_skip) < 1:
+            raise ValueError(f"GymWrapper: frame_skip must be >= 1, got {frame_skip}")
+        self.frame_skip = 1 if frame_skip is None else int(frame_skip)
+        if is_vec and self.frame_skip > 1:
+            raise ValueError(
+                "GymWrapper: frame_skip on a vector env would keep stepping sub-envs whose "
+                "episode ended; create it with GymEnv(id, num_envs=n, frame_skip=k) (each "
+                "sub-env skips frames itself) or wrap the sub-envs with a frame-skip wrapper"
+            )
+        # autoreset mode and partial-reset support
+        self._mode = "single"
+        self._mask_reset = False
+        if is_vec:
+            mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+            mode = gym.vector.AutoresetMode(mode) if not isinstance(mode, gym.vector.AutoresetMode) else mode
+            self._mode = {
+                gym.vector.AutoresetMode.NEXT_STEP: "next_step",
+                gym.vector.AutoresetMode.SAME_STEP: "same_step",
+                gym.vector.AutoresetMode.DISABLED: "disabled",
+            }[mode]
+            base = env.unwrapped
+            self._mask_reset = (
+                self._mode == "disabled"
+                or isinstance(base, (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
+                or bool(getattr(base, "supports_reset_mask", False))
+            )
+        if self.from_pixels:
+            if getattr(env, "render_mode", None) != "rgb_array":
+                raise ValueError(
+                    f"GymWrapper(from_pixels=True) needs an env made with render_mode='rgb_array', "
+                    f"this one has render_mode={getattr(env, 'render_mode', None)!r} "
+                    "(GymEnv(id, from_pixels=True) sets it)"
+                )
+            if self._mode == "same_step":
+                raise ValueError(
+                    "GymWrapper(from_pixels=True) cannot wrap a SAME_STEP vector env: the frame "
+                    "rendered at an episode end already shows the next episode; use the "
+                    "NEXT_STEP (default) or DISABLED autoreset mode"
+                )
+        n = int(env.num_envs) if is_vec else 0
+        self._n = n
+        self._pending = np.zeros(max(n, 1), dtype=np.bool_)
+        self._pending_any = False
+        self._seed: int | None = None
+        self._same_step_cache: list[Tensor] | None = None
+        self._make_specs()
+
+    # ------------------------------------------------------------------ specs
+    @property
+    def env(self) -> Any:
+        """The wrapped Gymnasium env."""
+        return self._env
+
+    @property
+    def autoreset_mode(self) -> str:
+        """``"single"`` for a single env, else the vector env's ``"next_step"``,
+        ``"same_step"`` or ``"disabled"``."""
+        return self._mode
+
+    def _make_specs(self) -> None:
+        env = self._env
+        bs = tuple(self.batch_size)
+        dev = self.device
+        cae = self.categorical_action_encoding
+        obs_space = env.single_observation_space if self._is_vec else env.observation_space
+        act_space = env.single_action_space if self._is_vec else env.action_space
+        gym = _import_gymnasium()
+        # observations
+        leaves: list[_Leaf] = []
+        obs_spec = Composite(shape=bs, device=dev)
+        if not (self.from_pixels and self.pixels_only):
+            ospec = space_to_spec(obs_space, categorical_action_encoding=cae, batch_size=bs,
+                                  device=dev, name="observation")
+            if isinstance(obs_space, gym.spaces.Dict):
+                if self.from_pixels and "pixels" in obs_space.spaces:
+                    raise ValueError(
+                        "GymWrapper(from_pixels=True, pixels_only=False): the observation space "
+                        "already has a 'pixels' key"
+                    )
+                obs_spec = ospec
+                _obs_leaves(obs_space, ospec, (), (), bs, leaves)
+            else:
+                obs_spec.set("observation", ospec)
+                _obs_leaves(obs_space, ospec, ("observation",), (), bs, leaves)
+        self._pixel_leaf: _Leaf | None = None
+        if self.from_pixels:
+            frame = self._render_frames(reset=True)
+            pspec = Bounded(0, 255, shape=(*bs, *frame.shape[len(bs):]), dtype=torch.uint8, device=dev)
+            obs_spec.set("pixels", pspec)
+            self._pixel_leaf = _Leaf(("pixels",), (), "assign", pspec, tuple(pspec.shape),
+                                     tuple(pspec.shape), torch.uint8)
+            leaves.append(self._pixel_leaf)
+        self._obs_leaves = leaves
+        self.observation_spec = obs_spec
+        # actions
+        aspec = space_to_spec(act_space, categorical_action_encoding=cae, batch_size=bs,
+                              device=dev, name="action")
+        self.action_spec = aspec if not isinstance(aspec, Composite) else Composite(
+            action=aspec, shape=bs, device=dev
+        )
+        self._act_conv = _action_converter(act_space, aspec, "action", self._is_vec,
+                                           self.convert_actions_to_numpy)
+        self._act_composite = isinstance(aspec, Composite)
+        self.reward_spec = Unbounded(shape=(*bs, 1), device=dev, dtype=torch.float32)
+        # preallocated rows: obs leaves (not "encode"), then reward, done, terminated, truncated
+        rows: list[tuple[tuple, tuple, torch.dtype]] = []
+        for leaf in leaves:
+            if leaf.kind != "encode":
+                leaf.slot = len(rows)
+                rows.append((leaf.tshape, leaf.nshape, leaf.dtype))
+        flag_shape = (*bs, 1)
+        self._slot_reward = len(rows)
+        rows.append((flag_shape, bs, torch.float32))
+        self._slot_flags = len(rows)
+        for _ in range(3):
+            rows.append((flag_shape, bs, torch.bool))
+        self._rows = _Rows(rows)
+        # output layout
+        self._flat = all(len(leaf.key) == 1 for leaf in leaves)
+        self._fast_single_leaf = (
+            len(leaves) == 1 and self._flat and leaves[0].kind == "assign" and leaves[0].path == ()
+            and self._pixel_leaf is None
+        )
+        self._fast_layout = (
+            self._fast_single_leaf and not self._is_vec and self.frame_skip == 1
+            and leaves[0].slot == 0 and self._slot_reward == 1 and self._slot_flags == 2
+        )
+        self._device_paths()
+        self._obs_name = leaves[0].key[0] if leaves else "observation"
+        self._std_root_keys = frozenset(
+            [leaf.key[0] for leaf in leaves] + ["done", "terminated", "truncated", "action", "next"]
+        )
+
+    def _device_paths(self) -> None:
+        """CPU envs build their outputs in place; others move them to the device."""
+        self._cpu = self.device.type == "cpu"
+        # the fast path: rows 0..4 are observation, reward, done, terminated, truncated
+        self._fast = self._fast_layout and self._cpu
+
+    def to(self, device: Any) -> GymWrapper:
+        """Moves the specs and the outputs to ``device`` (Gymnasium itself stays on CPU)."""
+        super().to(device)
+        self._device_paths()
+        return self
+
+    # ------------------------------------------------------------------ helpers
+    def _render_frames(self, reset: bool = False) -> np.ndarray:
+        env = self._env
+        if reset:
+            env.reset()
+        frame = env.render()
+        if self._is_vec:
+            frame = np.stack(frame)
+        if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8:
+            raise ValueError(
+                f"GymWrapper(from_pixels=True): env.render() returned {type(frame).__name__} "
+                f"{getattr(frame, 'dtype', '')}, expected a uint8 array (render_mode='rgb_array')"
+            )
+        return frame
+
+    def _obs_values(self, obs: Any, i: int) -> list[Tensor | Any]:
+        """Writes every observation leaf of ``obs`` into row ``i``; returns the outputs."""
+        rows = self._rows
+        if self._fast_single_leaf:
+            slot = self._obs_leaves[0].slot
+            rows.np[slot][i] = obs
+            return [rows.t[slot][i]]
+        out: list[Any] = []
+        for leaf in self._obs_leaves:
+            if leaf is self._pixel_leaf:
+                rows.np[leaf.slot][i] = self._render_frames()
+                out.append(rows.t[leaf.slot][i])
+                continue
+            val = leaf.extract(obs)
+            if leaf.kind == "encode":
+                if isinstance(leaf.spec, NonTensor):
+                    out.append(leaf.spec.encode(val))
+                else:
+                    out.append(leaf.spec.encode(np.asarray(val) - leaf.start, ignore_device=True))
+                continue
+            rows.np[leaf.slot][i] = leaf.np_value(val)
+            out.append(rows.t[leaf.slot][i])
+        return out
+
+    def _pack(self, obs_vals: list[Any], extra: dict[str, Tensor]) -> TensorDict:
+        bs = self.batch_size
+        if self._flat:
+            src = {leaf.key[0]: v for leaf, v in zip(self._obs_leaves, obs_vals)}
+            src.update(extra)
+            td = TensorDict._new_unsafe(src, bs, self.device if self._cpu else None)
+        else:
+            src = dict(extra)
+            for leaf, v in zip(self._obs_leaves, obs_vals):
+                d = src
+                for k in leaf.key[:-1]:
+                    d = d.setdefault(k, {})
+                d[leaf.key[-1]] = v
+            td = TensorDict._new_unsafe(_nest(src, bs), bs, self.device if self._cpu else None)
+        if not self._cpu:
+            td = td.to(self.device, non_blocking=True)
+        return td
+
+    def _flag_values(self, i: int, done: Any, term: Any, trunc: Any) -> dict[str, Tensor]:
+        rows = self._rows
+        s = self._slot_flags
+        n, t = rows.np, rows.t
+        n[s][i] = done
+        n[s + 1][i] = term
+        n[s + 2][i] = trunc
+        return {"done": t[s][i], "terminated": t[s + 1][i], "truncated": t[s + 2][i]}
+
+    # ------------------------------------------------------------------ seeding
+    def _set_seed(self, seed: int | None) -> None:
+        self._seed = None if seed is None else int(seed)
+
+    def _seed_arg(self, seed: Any) -> Any:
+        if seed is None:
+            seed, self._seed = self._seed, None
+        if seed is None or not self._is_vec or not isinstance(seed, int):
+            return seed
+        return [seed + i for i in range(self._n)]
+
+    # ------------------------------------------------------------------ reset
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
+        seed = kwargs.pop("seed", None)
+        options = kwargs.pop("options", None)
+        if kwargs:
+            raise TypeError(f"GymWrapper.reset got unexpected arguments {sorted(kwargs)}")
+        mask = self._reset_mask(tensordict)
+        if mask is not None:
+            m = mask.reshape(-1).cpu().numpy()
+            if not m.any():
+                return TensorDict._new_unsafe({}, self.batch_size, None)
+            if self._is_vec and not m.all() or self._mode == "same_step":
+                return self._partial_reset(tensordict, m, seed, options)
+        obs, _ = self._env.reset(seed=self._seed_arg(seed), options=options)
+        self._pending[:] = False
+        self._pending_any = False
+        self._same_step_cache = None
+        i = self._rows.next_row()
+        vals = self._obs_values(obs, i)
+        return self._pack(vals, self._flag_values(i, False, False, False))
+
+    def _partial_reset(self, tensordict: TensorDictBase, m: np.ndarray, seed: Any,
+                       options: Any) -> TensorDictBase:
+        """Resets the sub-envs flagged in ``m``; the others keep their entries of ``tensordict``.
+
+        The merge is done in numpy, into the new output rows (``_handles_partial_reset``).
+        """
+        cached = m & self._pending if self._mode == "same_step" else np.zeros_like(m)
+        need = m & ~cached
+        gym_obs = None
+        if need.any():
+            if not self._mask_reset:
+                raise RuntimeError(
+                    f"GymWrapper: this vector env ({type(self._env.unwrapped).__name__}, autoreset "
+                    f"mode {self._mode}) cannot reset some sub-envs only (no "
+                    "reset(options={'reset_mask': ...}) support), so finished sub-envs cannot be "
+                    "reset without a junk step. Use gymnasium.make_vec(..., "
+                    "vectorization_mode='sync' or 'async') (GymEnv's default), or roll out with "
+                    "break_when_any_done=True (full resets only)"
+                )
+            opts = dict(options or {})
+            opts["reset_mask"] = need
+            gym_obs, _ = self._env.reset(seed=self._seed_arg(seed), options=opts)
+        keep = ~m
+        any_keep = bool(keep.any())
+        any_cached = bool(cached.any())
+        cache = self._same_step_cache
+        rows = self._rows
+        i = rows.next_row()
+        vals: list[Any] = []
+        for j, leaf in enumerate(self._obs_leaves):
+            cur = tensordict.get(leaf.key, None)
+            if cur is not None and not isinstance(cur, Tensor):
+                cur = None
+            if leaf is self._pixel_leaf:
+                new_val: Any = self._render_frames()
+            elif gym_obs is not None:
+                new_val = leaf.extract(gym_obs)
+            else:
+                new_val = None
+            if leaf.kind == "encode":  # rare kinds: merge as tensors
+                parts = []
+                if new_val is not None:
+                    parts.append((need, leaf.spec.encode(np.asarray(new_val) - leaf.start,
+                                                          ignore_device=True)))
+                if any_cached:
+                    parts.append((cached, cache[j]))
+                if cur is not None and any_keep:
+                    parts.append((keep, cur.cpu()))
+                out = parts[0][1].clone()
+                for sel, v in parts[1:]:
+                    out = _where_rows(torch.as_tensor(sel), v, out)
+                vals.append(out)
+                continue
+            dst = rows.np[leaf.slot][i]
+            if new_val is not None:
+                dst[...] = leaf.np_value(new_val)
+            if any_cached:
+                dst[cached] = cache[j].numpy()[cached]
+            if cur is not None and any_keep:
+                dst[keep] = cur.detach().cpu().numpy()[keep]
+            vals.append(rows.t[leaf.slot][i])
+        flags = []
+        for key in ("done", "terminated", "truncated"):
+            cur = tensordict.get(key, None)
+            if any_keep and isinstance(cur, Tensor):
+                flags.append(cur.detach().cpu().numpy().reshape(-1) & keep)
+            else:
+                flags.append(False)
+        self._pending &= keep
+        self._pending_any = bool(self._pending.any())
+        return self._pack(vals, self._flag_values(i, *flags))
+
+    # ------------------------------------------------------------------ step
+    def _before_step(self) -> None:
+        """Handles sub-envs stepped while finished (no reset since their episode ended)."""
+        idx = np.flatnonzero(self._pending)
+        if not self.auto_reset:
+            which = "the env" if not self._is_vec else f"sub-envs {idx.tolist()}"
+            raise RuntimeError(
+                f"GymWrapper.step: {which} finished at the previous step and was not reset; "
+                "reset it first (env.reset(td) with a '_reset' mask, or use "
+                "step_and_maybe_reset / rollout), or create the wrapper with auto_reset=True"
+            )
+        if not self._is_vec:
+            self._env.reset(seed=self._seed_arg(None))
+        elif self._mode in ("next_step", "disabled") and self._mask_reset:
+            self._env.reset(seed=self._seed_arg(None), options={"reset_mask": self._pending.copy()})
+        # same_step: Gymnasium already reset them; next_step without partial resets:
+        # Gymnasium resets them during this step (their action is ignored).
+        self._pending[:] = False
+        self._pending_any = False
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if type(tensordict) is TensorDict and not self._act_composite:
+            a = tensordict._tensordict.get("action")
+            if a is None:
+                a = tensordict.get("action")
+        else:
+            a = tensordict.get("action")
+        action = self._act_conv(a)
+        if self._pending_any:
+            self._before_step()
+        if self._fast:
+            return self._step_fast(action)
+        env = self._env
+        if self._is_vec:
+            obs, rew, term, trunc, info = env.step(action)
+            done = term | trunc
+            any_done = bool(done.any())
+            i = self._rows.next_row()
+            vals = self._obs_values(obs, i)
+            if any_done:
+                self._pending = done
+                self._pending_any = True
+                if self._mode == "same_step":
+                    self._same_step_final(vals, info, done, i)
+        else:
+            rew = 0.0
+            for _ in range(self.frame_skip):
+                obs, r, term, trunc, _ = env.step(action)
+                rew += r
+                if term or trunc:
+                    break
+            done = term or trunc
+            if done:
+                self._pending_any = True
+                self._pending[0] = True
+            i = self._rows.next_row()
+            vals = self._obs_values(obs, i)
+        extra = self._flag_values(i, done, term, trunc)
+        rows = self._rows
+        rows.np[self._slot_reward][i] = rew
+        extra["reward"] = rows.t[self._slot_reward][i]
+        return self._pack(vals, extra)
+
+    def _step_fast(self, action: Any) -> TensorDict:
+        """The step of a single env with one array observation, on CPU (the common case)."""
+        obs, rew, term, trunc, _ = self._env.step(action)
+        done = term or trunc
+        if done:
+            self._pending_any = True
+            self._pending[0] = True
+        rows = self._rows
+        i = rows.i
+        if i == rows.k:
+            rows._refill()
+            i = 0
+        rows.i = i + 1
+        n, t = rows.np, rows.t
+        n[0][i] = obs
+        n[1][i] = rew
+        if done:  # the rows start as zeros (False): write the flags only at an episode end
+            n[2][i] = True
+            n[3][i] = term
+            n[4][i] = trunc
+        return TensorDict._new_unsafe(
+            {self._obs_name: t[0][i], "reward": t[1][i], "done": t[2][i],
+             "terminated": t[3][i], "truncated": t[4][i]},
+            self._batch_size, self._device,
+        )
+
+    def _same_step_final(self, vals: list[Any], info: dict, done: np.ndarray, i: int) -> None:
+        """SAME_STEP: keep the reset observations, put the final ones in the step output."""
+        self._same_step_cache = [
+            v.clone() if isinstance(v, Tensor) else v for v in vals
+        ]
+        final = info.get("final_obs")
+        if final is None:
+            raise RuntimeError(
+                "GymWrapper: a SAME_STEP vector env ended an episode without info['final_obs']; "
+                "the final observation would be lost"
+            )
+        rows = self._rows
+        for e in np.flatnonzero(done):
+            fo = final[e]
+            for leaf, v in zip(self._obs_leaves, vals):
+                val = leaf.extract(fo)
+                if leaf.kind == "encode":
+                    v[e] = leaf.spec[e].encode(np.asarray(val) - leaf.start, ignore_device=True)
+                else:
+                    rows.np[leaf.slot][i][e] = leaf.np_value(val)
+
+    # ------------------------------------------------------------------ fast step_and_maybe_reset
+    def step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """Steps, then resets the finished (sub-)envs (see :meth:`EnvBase.step_and_maybe_reset`).
+
+        Same result as the base class; the check for finished envs uses the flags
+        Gymnasium returned (a Python bool) instead of reducing the done tensors.
+        """
+        if type(tensordict) is TensorDict and self._flat and self._cpu:
+            # step + step_mdp, inlined for the flat layout of Gymnasium envs
+            if self._is_closed:
+                self._assert_open()
+            nxt = self._step(tensordict)
+            root = tensordict._tensordict
+            root["next"] = nxt
+            src = dict(nxt._tensordict)
+            del src["reward"]
+            if root.keys() != self._std_root_keys:  # other entries (policy outputs ...): kept
+                excl = self._hot_plan()["excl_root"]
+                for k, v in root.items():
+                    if k not in excl and k not in src:
+                        src[k] = v
+            td_ = TensorDict._new_unsafe(src, tensordict.batch_size, tensordict.device)
+        else:
+            tensordict = self.step(tensordict)
+            td_ = self._step_mdp(tensordict)
+        if self._pending_any:
+            if not self._is_vec and type(td_) is TensorDict:
+                # a single env: the whole td is reset (td_ is a new TensorDict, not shared)
+                td_._tensordict.update(self._reset(None)._tensordict)
+            else:
+                td_ = td_.copy()
+                td_.set("_reset", td_.get("done"))
+                td_ = self.reset(td_)
+        return tensordict, td_
+
+    # ------------------------------------------------------------------ misc
+    def render(self, *args: Any, **kwargs: Any) -> Any:
+        """``env.render()`` of the wrapped Gymnasium env."""
+        return self._env.render(*args, **kwargs)
+
+    def _close(self) -> None:
+        self._env.close()
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        inner = self._env if not self._is_vec else f"{type(self._env).__name__}(num_envs={self._n}, autoreset_mode={self._mode})"
+        return base[:-1] + f",\n    env={inner})"
+
+
+def _where_rows(sel: Tensor, a: Any, b: Any) -> Any:
+    """``a`` for the sub-envs flagged in ``sel`` ([n] bool), ``b`` elsewhere."""
+    if not isinstance(a, Tensor):
+        return a
+    m = sel.reshape(sel.shape[0], *([1] * (a.ndim - 1)))
+    return torch.where(m, a, b)
+
+
+def _nest(src: dict, bs: torch.Size) -> dict:
+    return {
+        k: TensorDict._new_unsafe(_nest(v, bs), bs, None) if isinstance(v, dict) else v
+        for k, v in src.items()
+    }
+
+
+# ---------------------------------------------------------------------- GymEnv
+def _frame_skip_wrapper(k: int) -> Any:
+    """A ``gymnasium.Wrapper`` repeating each action ``k`` times (for vector sub-envs)."""
+    gym = _import_gymnasium()
+
+    class FrameSkip(gym.Wrapper):
+        def step(self, action: Any) -> tuple:
+            total = 0.0
+            for _ in range(k):
+                obs, r, term, trunc, info = self.env.step(action)
+                total += float(r)
+                if term or trunc:
+                    break
+            return obs, total, term, trunc, info
+
+    return FrameSkip
+
+
+def _unknown_id(env_name: str, err: Exception) -> ValueError:
+    gym = _import_gymnasium()
+    ids = [str(k) for k in gym.envs.registry.keys()]
+    close = difflib.get_close_matches(env_name, ids, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return ValueError(
+        f"GymEnv: unknown Gymnasium env id {env_name!r} ({err}).{hint} List the registered "
+        "ids with `sorted(gymnasium.envs.registry.keys())` (or `steersman envs`); ids of "
+        "other suites are registered when their package is imported (e.g. `import ale_py` "
+        "for 'ALE/...' ids)."
+    )
+
+
+class GymEnv(GymWrapper):
+    """A Gymnasium env created by id (``gymnasium.make``), or ``num_envs`` of them as one
+    batched env (``gymnasium.make_vec``).
+
+    Args:
+        env_name: a registered Gymnasium id (``"CartPole-v1"``). Unknown ids raise a
+            ``ValueError`` saying how to list the ids.
+        num_envs: 0 (default): one env, batch size ``[]``. ``n > 0``: a Gymnasium vector
+            env of ``n`` sub-envs, batch size ``[n]``.
+        vectorization_mode: ``"sync"`` (default: partial resets work in every autoreset
+            mode), ``"async"`` (one process per sub-env) or ``"vector_entry_point"`` (the
+            env's own vectorized implementation, if any; those usually cannot reset some
+            sub-envs only, see :class:`GymWrapper`).
+        vector_kwargs: passed to the vector env, e.g. ``{"autoreset_mode":
+            gymnasium.vector.AutoresetMode.SAME_STEP}``.
+        frame_skip: repeat each action this many times (with ``num_envs``, every sub-env
+            is wrapped to do so).
+        **kwargs: :class:`GymWrapper` arguments (``categorical_action_encoding``,
+            ``from_pixels``, ``pixels_only``, ``device``, ``batch_size``,
+            ``convert_actions_to_numpy``, ``auto_reset``); the others go to
+            ``gymnasium.make`` / ``make_vec`` (``max_episode_steps``, ``render_mode``,
+            env arguments). ``from_pixels=True`` sets ``render_mode="rgb_array"``.
+
+    Example:
+        >>> from steersman.envs.libs import GymEnv
+        >>> env = GymEnv("Pendulum-v1")
+        >>> _ = env.set_seed(0)      # returns the seed for the next env
+        >>> td = env.rollout(5)
+        >>> td["next", "observation"].shape, td["next", "observation"].dtype, td["action"].shape
+        (torch.Size([5, 3]), torch.float32, torch.Size([5, 1]))
+        >>> venv = GymEnv("CartPole-v1", num_envs=4, categorical_action_encoding=True)
+        >>> venv.batch_size, venv.action_spec
+        (torch.Size([4]), Categorical(shape=[4], n=2, device=cpu, dtype=torch.int64, domain=discrete))
+        >>> venv.rollout(3).batch_size
+        torch.Size([4, 3])
+        >>> GymEnv("CartPol-v1")
+        Traceback (most recent call last):
+        ...
+        ValueError: GymEnv: unknown Gymnasium env id 'CartPol-v1' ...
+    """
+
+    _WRAPPER_KEYS = (
+        "categorical_action_encoding", "from_pixels", "pixels_only", "device", "batch_size",
+        "convert_actions_to_numpy", "auto_reset",
+    )
+
+    def __init__(
+        self,
+        env_name: str,
+        *,
+        num_envs: int = 0,
+        vectorization_mode: str = "sync",
+        vector_kwargs: dict | None = None,
+        frame_skip: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        gym = _import_gymnasium()
+        wrapper_kwargs = {k: kwargs.pop(k) for k in self._WRAPPER_KEYS if k in kwargs}
+        if wrapper_kwargs.get("from_pixels", False):
+            rm = kwargs.setdefault("render_mode", "rgb_array")
+            if rm != "rgb_array":
+                raise ValueError(
+                    f"GymEnv(from_pixels=True) renders with render_mode='rgb_array', got render_mode={rm!r}"
+                )
+        if frame_skip is not None and int(frame_skip) < 1:
+            raise ValueError(f"GymEnv: frame_skip must be >= 1, got {frame_skip}")
+        self.env_name = env_name
+        self.num_envs = int(num_envs)
+        try:
+            if self.num_envs > 0:
+                wrappers = None
+                if frame_skip is not None and int(frame_skip) > 1:
+                    if vectorization_mode not in ("sync", "async"):
+                        raise ValueError(
+                            "GymEnv(num_envs>0, frame_skip>1) needs vectorization_mode 'sync' or 'async'"
+                        )
+                    wrappers = [_frame_skip_wrapper(int(frame_skip))]
+                env = gym.make_vec(
+                    env_name, num_envs=self.num_envs, vectorization_mode=vectorization_mode,
+                    vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs,
+                )
+                frame_skip = None
+            else:
+                if vector_kwargs:
+                    raise ValueError("GymEnv: vector_kwargs needs num_envs > 0")
+                env = gym.make(env_name, **kwargs)
+        except gym.error.UnregisteredEnv as err:
+            raise _unknown_id(env_name, err) from err
+        try:
+            super().__init__(env, frame_skip=frame_skip, **wrapper_kwargs)
+        except BaseException:
+            env.close()
+            raise
+
+    @staticmethod
+    def available_envs() -> list[str]:
+        """The registered Gymnasium ids (``sorted(gymnasium.envs.registry.keys())``)."""
+        gym = _import_gymnasium()
+        return sorted(str(k) for k in gym.envs.registry.keys())

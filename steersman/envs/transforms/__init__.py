@@ -1,0 +1,55 @@
+"""Transforms: modules that change what an env emits and receives, and ``TransformedEnv``.
+
+Every transform maps data and specs consistently (``check_env_specs`` holds on the
+transformed env), works on batched envs (per-sub-env state, partial resets) and
+applies to a TensorDict outside any env with ``transform(td)``.
+"""
+
+from .base import Compose, ObservationTransform, Transform, TransformedEnv
+from .counters import InitTracker, StepCounter
+from .image import CenterCrop, GrayScale, Resize, ToTensorImage
+from .keys import (
+    CatTensors,
+    ExcludeTransform,
+    RenameTransform,
+    SelectTransform,
+    SqueezeTransform,
+    UnsqueezeTransform,
+)
+from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetEnv
+from .norm import ObservationNorm, VecNorm
+from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
+from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
+
+__all__ = [
+    "Transform",
+    "ObservationTransform",
+    "Compose",
+    "TransformedEnv",
+    "StepCounter",
+    "InitTracker",
+    "RewardSum",
+    "RewardScaling",
+    "RewardClipping",
+    "TargetReturn",
+    "DoubleToFloat",
+    "DTypeCastTransform",
+    "ObservationNorm",
+    "VecNorm",
+    "CatTensors",
+    "CatFrames",
+    "TimeMaxPool",
+    "UnsqueezeTransform",
+    "SqueezeTransform",
+    "RenameTransform",
+    "ExcludeTransform",
+    "SelectTransform",
+    "ToTensorImage",
+    "Resize",
+    "GrayScale",
+    "CenterCrop",
+    "FrameSkipTransform",
+    "NoopResetEnv",
+    "ActionMask",
+    "BatchSizeTransform",
+]

@@ -1,0 +1,113 @@
+"""Small envs for the transform tests (module-level so SerialEnv/ParallelEnv can build them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from steersman.data import Bounded, Categorical, Composite
+from steersman.envs import EnvBase
+from steersman.tensordict import TensorDict
+
+
+class PixelToyEnv(EnvBase):
+    """A deterministic env with a vector observation, an image and (optionally) an action mask.
+
+    * ``"observation"``: ``[*b, 3]`` in ``[-10, 10]`` (``dtype``), ``"pixels"``: ``uint8
+      [*b, H, W, 3]`` (HWC, as a renderer gives them), ``"action_mask"``: ``bool [*b, 4]``
+      (with ``mask="fixed"``: sub-env ``i`` never allows action ``i % 4``; ``"dynamic"``:
+      action ``count % 4`` is not allowed).
+    * action: ``Categorical(4) [*b]`` (default) or ``Bounded(-1, 1, [*b, 2])`` of
+      ``action_dtype`` with ``continuous=True``.
+    * reward ``[*b, 1]`` (``dtype``): ``0.5 + count / 10``; sub-env ``i`` terminates after
+      ``3 + i % 4`` steps (partial resets in batched rollouts).
+    """
+
+    def __init__(self, batch_size: Any = (), dtype: torch.dtype = torch.float32, mask: str | None = None,
+                 continuous: bool = False, action_dtype: torch.dtype = torch.float32,
+                 height: int = 8, width: int = 10) -> None:
+        super().__init__(batch_size=batch_size)
+        bs = self.batch_size
+        self.dtype, self.mask, self.H, self.W = dtype, mask, height, width
+        specs = {
+            "observation": Bounded(-10.0, 10.0, shape=(*bs, 3), dtype=dtype),
+            "pixels": Bounded(0, 255, shape=(*bs, height, width, 3), dtype=torch.uint8),
+        }
+        if mask is not None:
+            specs["action_mask"] = Categorical(2, shape=(*bs, 4), dtype=torch.bool)
+        self.observation_spec = Composite(specs, shape=bs)
+        if continuous:
+            self.action_spec = Bounded(-1.0, 1.0, shape=(*bs, 2), dtype=action_dtype)
+        else:
+            self.action_spec = Categorical(4, shape=bs)
+        self.reward_spec = Bounded(0.0, 2.0, shape=(*bs, 1), dtype=dtype)
+        n = bs.numel()
+        self.length = (3 + torch.arange(n) % 4).reshape(*bs, 1)
+        self.index = torch.arange(n).reshape(*bs, 1)
+        self.count = torch.zeros(*bs, 1, dtype=torch.int64)
+        self.actions_seen: list[torch.Tensor] = []
+
+    def _obs(self) -> dict:
+        bs = self.batch_size
+        c = self.count.to(self.dtype)
+        obs = torch.cat([c, -c, self.index.to(self.dtype) * 0.5], -1).clamp(-10, 10)
+        base = (self.count * 17 + self.index * 5).reshape(*bs, 1, 1, 1)
+        grid = torch.arange(self.H * self.W * 3).reshape(self.H, self.W, 3)
+        out = {"observation": obs, "pixels": ((base + grid) % 256).to(torch.uint8)}
+        if self.mask is not None:
+            bad = (self.index if self.mask == "fixed" else self.count) % 4
+            out["action_mask"] = torch.arange(4).expand(*bs, 4) != bad
+        return out
+
+    def _flags(self, term: torch.Tensor) -> dict:
+        return {"done": term.clone(), "terminated": term, "truncated": torch.zeros_like(term)}
+
+    def _reset(self, tensordict: Any, **kwargs: Any) -> TensorDict:
+        mask = self._reset_mask(tensordict)
+        if mask is None:
+            self.count = torch.zeros_like(self.count)
+        else:
+            self.count = torch.where(mask.unsqueeze(-1), 0, self.count)
+        out = self._obs()
+        out.update(self._flags(torch.zeros(*self.batch_size, 1, dtype=torch.bool)))
+        return TensorDict(out, batch_size=self.batch_size)
+
+    def _step(self, tensordict: Any) -> TensorDict:
+        action = tensordict.get("action")
+        self.actions_seen.append(action.clone())
+        self.count = self.count + 1
+        out = self._obs()
+        out["reward"] = (0.5 + self.count.to(self.dtype) / 10).clamp(0, 2)
+        out.update(self._flags(self.count >= self.length))
+        return TensorDict(out, batch_size=self.batch_size)
+
+    def _set_seed(self, seed: int | None) -> None:
+        pass
+
+
+def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
+    """The base envs of the transform battery, by name."""
+    from steersman.envs import CartPoleEnv, PendulumEnv
+
+    if kind == "cartpole":
+        return CartPoleEnv(batch_size=batch_size, seed=0)
+    if kind == "cartpole64":
+        return CartPoleEnv(batch_size=batch_size, seed=0, dtype=torch.float64)
+    if kind == "pendulum":
+        return PendulumEnv(batch_size=batch_size, seed=0)
+    if kind == "toy":
+        return PixelToyEnv(batch_size)
+    if kind == "toy64":
+        return PixelToyEnv(batch_size, dtype=torch.float64, continuous=True, action_dtype=torch.float64)
+    if kind == "toy_mask":
+        return PixelToyEnv(batch_size, mask="fixed")
+    raise ValueError(kind)
+
+
+def make_cartpole() -> EnvBase:
+    return make_env("cartpole")
+
+
+def make_toy() -> EnvBase:
+    return make_env("toy")
