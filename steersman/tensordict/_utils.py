@@ -25,6 +25,7 @@ __all__ = [
     "normalize_index",
     "indexed_batch_size",
     "expand_right",
+    "broadcast_shapes",
     "NO_DEFAULT",
 ]
 
@@ -181,6 +182,25 @@ def indexed_batch_size(batch_size: torch.Size, index: Any) -> torch.Size:
             i.cpu() if isinstance(i, Tensor) and i.device.type != "cpu" else i for i in index
         )
     return dummy[index].shape
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
+    """``torch.broadcast_shapes`` in plain Python (raises RuntimeError on a mismatch).
+
+    torch's version imports its symbolic-shape machinery (sympy) on first use, which
+    costs seconds in every fresh process; spec and distribution constructors call this.
+    """
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for s in shapes:
+        for i, d in enumerate(s, ndim - len(s)):
+            if d == 1:
+                continue
+            if out[i] == 1:
+                out[i] = d
+            elif out[i] != d:
+                raise RuntimeError(f"shapes {[list(x) for x in shapes]} do not broadcast together")
+    return torch.Size(out)
 
 
 def expand_right(t: Tensor, shape: Sequence[int]) -> Tensor:

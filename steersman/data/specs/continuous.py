@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from steersman.tensordict._utils import broadcast_shapes
+
 from .base import (
     DEFAULT_SHAPE,
     ContinuousBox,
@@ -251,7 +253,7 @@ class Bounded(TensorSpec):
             if t.is_floating_point() and bool(t.isnan().any()):
                 raise ValueError(f"{name}: {what} contains NaN: {fmt_tensor(t)}")
         try:
-            bshape = torch.broadcast_shapes(lo.shape, hi.shape)
+            bshape = broadcast_shapes(lo.shape, hi.shape)
         except RuntimeError:
             raise ValueError(
                 f"{name}: low of shape {list(lo.shape)} and high of shape {list(hi.shape)} "
@@ -262,7 +264,7 @@ class Bounded(TensorSpec):
         else:
             shape = as_shape(shape)
             try:
-                ok = torch.broadcast_shapes(bshape, shape) == shape
+                ok = broadcast_shapes(bshape, shape) == shape
             except RuntimeError:
                 ok = False
             if not ok:

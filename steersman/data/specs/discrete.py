@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from steersman.tensordict._utils import broadcast_shapes
+
 from .base import (
     CategoricalBox,
     ShapeLike,
@@ -540,7 +542,7 @@ class MultiCategorical(TensorSpec):
             shape = nv.shape
         shape = as_shape(shape)
         try:
-            ok = len(shape) >= 1 and torch.broadcast_shapes(nv.shape, shape) == shape
+            ok = len(shape) >= 1 and broadcast_shapes(nv.shape, shape) == shape
         except RuntimeError:
             ok = False
         if not ok:

@@ -73,10 +73,8 @@ def default_start_method() -> str:
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
-# symbolic_shapes: the first torch.broadcast_shapes call (spec constructors make it) imports it,
-# with sympy, which costs a fresh process seconds; the forkserver pays it once for all.
-_PRELOAD = ("torch", "torch.fx.experimental.symbolic_shapes", "steersman.envs",
-            "steersman.envs.batched.worker")
+# modules every worker needs, imported once by the forkserver instead of once per worker
+_PRELOAD = ("torch", "steersman.envs", "steersman.envs.batched.worker")
 
 
 def _prepare_forkserver() -> None:

@@ -24,6 +24,8 @@ from torch import Tensor
 from torch.distributions import constraints
 from torch.nn import functional as F
 
+from .._utils import broadcast_shapes
+
 __all__ = [
     "TanhNormal",
     "TruncatedNormal",
@@ -49,7 +51,7 @@ def _check_bounds(low: Any, high: Any, name: str) -> None:
 
 def _check_bound_shapes(low: Tensor, high: Tensor, loc: Tensor, name: str) -> None:
     try:
-        ok = torch.broadcast_shapes(low.shape, high.shape, loc.shape) == loc.shape
+        ok = broadcast_shapes(low.shape, high.shape, loc.shape) == loc.shape
     except RuntimeError:
         ok = False
     if not ok:
