@@ -14,5 +14,9 @@ PY="$VENV/bin/python"
 # torch first and pinned in the same command as tensordict: 2.13.0 is the local CPU wheel;
 # letting tensordict pick torch would download a multi-GB CUDA build.
 "$PY" -m pip install -q torch==2.13.0
-"$PY" -m pip install -q torch==2.13.0 tensordict numpy h5py
+"$PY" -m pip install -q torch==2.13.0 tensordict numpy h5py gymnasium==1.4.0
+# TorchRL for the replay-buffer, env and collector columns; it pins tensordict<0.15, so
+# restore the newer tensordict afterwards (its uniform buffer and GymEnv still work).
+"$PY" -m pip install -q torch==2.13.0 torchrl || echo "torchrl not installed: its columns will be n/a"
+"$PY" -m pip install -q torch==2.13.0 "tensordict>=0.15"
 "$PY" -c 'import torch, tensordict; print(f"torch {torch.__version__}, tensordict {tensordict.__version__}")'
