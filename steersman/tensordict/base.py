@@ -1332,19 +1332,9 @@ class TensorDictBase:
 
     def expand(self, *shape: Any) -> TensorDictBase:
         """Expands the batch to ``shape`` (new leading dims allowed, -1 keeps a dim)."""
-        shape = list(_shape_args(shape))
-        bs = self.batch_size
-        bd = len(bs)
-        if len(shape) < bd:
-            raise RuntimeError(f"cannot expand batch {list(bs)} to fewer dims {shape}")
-        offset = len(shape) - bd
-        for i, s in enumerate(bs):
-            if shape[offset + i] == -1:
-                shape[offset + i] = s
-            elif s != 1 and shape[offset + i] != s:
-                raise RuntimeError(f"cannot expand batch {list(bs)} to {shape}")
-        new_bs = torch.Size(shape)
-        t = tuple(shape)
+        new_bs = expanded_batch_size(self.batch_size, shape)
+        bd = self.batch_dims
+        t = tuple(new_bs)
         return self._apply_batch(lambda x: x.expand(*t, *x.shape[bd:]), new_bs, None)
 
     def expand_as(self, other: Any) -> TensorDictBase:
@@ -1819,6 +1809,21 @@ def _check_mask(td: TensorDictBase, mask: Tensor) -> None:
         raise ValueError(
             f"mask shape {list(mask.shape)} does not match the leading batch dims {list(td.batch_size)}"
         )
+
+
+def expanded_batch_size(bs: torch.Size, shape: tuple) -> torch.Size:
+    """The batch size ``expand(*shape)`` gives (new leading dims allowed, -1 keeps a dim)."""
+    shape = list(_shape_args(shape))
+    bd = len(bs)
+    if len(shape) < bd:
+        raise RuntimeError(f"cannot expand batch {list(bs)} to fewer dims {shape}")
+    offset = len(shape) - bd
+    for i, s in enumerate(bs):
+        if shape[offset + i] == -1:
+            shape[offset + i] = s
+        elif s != 1 and shape[offset + i] != s:
+            raise RuntimeError(f"cannot expand batch {list(bs)} to {shape}")
+    return torch.Size(shape)
 
 
 def _shape_args(shape: tuple) -> tuple[int, ...]:

@@ -53,6 +53,7 @@ from .base import (
     _is_branch,
     _is_non_tensor,
     _shape_args,
+    expanded_batch_size,
     is_tensor_collection,
 )
 
@@ -356,34 +357,19 @@ class LazyStackedTensorDict(TensorDictBase):
         )
 
     def _get_str(self, key: str, default: Any) -> Any:
-        ms = self.tensordicts
-        vals = []
-        missing = []
-        for i, m in enumerate(ms):
-            v = m._get_str(key, None)
-            if v is None:
-                missing.append(i)
-            vals.append(v)
-        if missing or not ms:
-            if default is not NO_DEFAULT:
-                return default
-            raise self._missing(key, missing)
-        return self._stack_values(key, vals)
+        return self._gather(key, [m._get_str(key, None) for m in self.tensordicts], default)
 
     def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         if type(key) is not str:
             key = unravel_key(key)
         if type(key) is str:
             return self._get_str(key, default)
-        ms = self.tensordicts
-        vals = []
-        missing = []
-        for i, m in enumerate(ms):
-            v = m.get(key, None)
-            if v is None:
-                missing.append(i)
-            vals.append(v)
-        if missing or not ms:
+        return self._gather(key, [m.get(key, None) for m in self.tensordicts], default)
+
+    def _gather(self, key: NestedKey, vals: list, default: Any) -> Any:
+        """Stacks the members' values of ``key``; members lacking it give default or KeyError."""
+        missing = [i for i, v in enumerate(vals) if v is None]
+        if missing or not vals:
             if default is not NO_DEFAULT:
                 return default
             raise self._missing(key, missing)
@@ -1019,19 +1005,8 @@ class LazyStackedTensorDict(TensorDictBase):
         return self._like([m.permute(mperm) for m in self.tensordicts], new_sd, new_bs)
 
     def expand(self, *shape: Any) -> LazyStackedTensorDict:
-        shape = list(_shape_args(shape))
-        bs = self._batch_size
-        bd = len(bs)
-        if len(shape) < bd:
-            raise RuntimeError(f"cannot expand batch {list(bs)} to fewer dims {shape}")
-        offset = len(shape) - bd
-        for i, s in enumerate(bs):
-            if shape[offset + i] == -1:
-                shape[offset + i] = s
-            elif s != 1 and shape[offset + i] != s:
-                raise RuntimeError(f"cannot expand batch {list(bs)} to {shape}")
-        new_bs = torch.Size(shape)
-        new_sd = offset + self._stack_dim
+        new_bs = expanded_batch_size(self._batch_size, shape)
+        new_sd = len(new_bs) - len(self._batch_size) + self._stack_dim
         mshape = new_bs[:new_sd] + new_bs[new_sd + 1 :]
         ms = self.tensordicts
         k = new_bs[new_sd]
