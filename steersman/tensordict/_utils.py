@@ -190,7 +190,9 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     torch's version imports its symbolic-shape machinery (sympy) on first use, which
     costs seconds in every fresh process; spec and distribution constructors call this.
     """
-    ndim = max((len(s) for s in shapes), default=0)
+    if torch.compiler.is_compiling():  # traced: torch's version is the one dynamo knows
+        return torch.broadcast_shapes(*shapes)
+    ndim = max([len(s) for s in shapes] or [0])
     out = [1] * ndim
     for s in shapes:
         for i, d in enumerate(s, ndim - len(s)):

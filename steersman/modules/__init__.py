@@ -1,0 +1,103 @@
+"""L3: policy and value modules.
+
+- networks: :class:`MLP`, :class:`ConvNet`, dueling Q-networks, :class:`LSTMModule` and
+  :class:`GRUModule` (state kept in the TensorDict; step and recurrent modes);
+- actors and critics: :class:`Actor`, :class:`ProbabilisticActor`,
+  :class:`ValueOperator`, :class:`QValueActor`, actor-critic operators,
+  :class:`RandomPolicy`;
+- distributions (:mod:`steersman.modules.distributions`);
+- exploration modules, switched off by ``set_exploration_type(DETERMINISTIC)``.
+
+Imports ``steersman.tensordict``, ``steersman.tensordict.nn`` and ``steersman.data``.
+"""
+
+from ..tensordict.nn import (
+    ExplorationType,
+    InteractionType,
+    exploration_type,
+    interaction_type,
+    set_exploration_type,
+    set_interaction_type,
+)
+from .actor_critic import ActorCriticOperator, ActorCriticWrapper, ActorValueOperator
+from .actors import (
+    Actor,
+    ProbabilisticActor,
+    SafeModule,
+    SafeProbabilisticModule,
+    SafeProbabilisticTensorDictSequential,
+    SafeSequential,
+    ValueOperator,
+)
+from .conv import ConvNet, SquashDims
+from .distributions import (
+    Delta,
+    IndependentNormal,
+    MaskedCategorical,
+    MaskedOneHotCategorical,
+    NormalParamExtractor,
+    OneHotCategorical,
+    ReparamGradientStrategy,
+    TanhNormal,
+    TruncatedNormal,
+)
+from .dueling import DuelingCnnDQNet, DuelingMlpDQNet
+from .exploration import AdditiveGaussianModule, EGreedyModule, OrnsteinUhlenbeckProcessModule
+from .mlp import MLP
+from .qvalue import (
+    DistributionalQValueActor,
+    DistributionalQValueModule,
+    QValueActor,
+    QValueModule,
+)
+from .random_policy import RandomPolicy
+from .rnn import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
+
+__all__ = [
+    # networks
+    "MLP",
+    "ConvNet",
+    "SquashDims",
+    "DuelingMlpDQNet",
+    "DuelingCnnDQNet",
+    "LSTMModule",
+    "GRUModule",
+    "set_recurrent_mode",
+    "recurrent_mode",
+    # actors and critics
+    "SafeModule",
+    "SafeSequential",
+    "SafeProbabilisticModule",
+    "SafeProbabilisticTensorDictSequential",
+    "Actor",
+    "ValueOperator",
+    "ProbabilisticActor",
+    "QValueModule",
+    "QValueActor",
+    "DistributionalQValueModule",
+    "DistributionalQValueActor",
+    "ActorValueOperator",
+    "ActorCriticOperator",
+    "ActorCriticWrapper",
+    "RandomPolicy",
+    # distributions
+    "IndependentNormal",
+    "TanhNormal",
+    "TruncatedNormal",
+    "Delta",
+    "OneHotCategorical",
+    "MaskedCategorical",
+    "MaskedOneHotCategorical",
+    "ReparamGradientStrategy",
+    "NormalParamExtractor",
+    # exploration
+    "EGreedyModule",
+    "AdditiveGaussianModule",
+    "OrnsteinUhlenbeckProcessModule",
+    "ExplorationType",
+    "InteractionType",
+    "exploration_type",
+    "interaction_type",
+    "set_exploration_type",
+    "set_interaction_type",
+]
