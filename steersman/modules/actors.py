@@ -257,7 +257,7 @@ class SafeProbabilisticModule(ProbabilisticTensorDictModule):
         distribution_class: Callable[..., D.Distribution] = Delta,
         distribution_kwargs: Mapping[str, Any] | None = None,
         return_log_prob: bool = False,
-        log_prob_key: Any = "sample_log_prob",
+        log_prob_key: Any = None,
         cache_dist: bool = False,
     ) -> None:
         sample_keys = ["action"] if out_keys is None else out_keys
@@ -316,7 +316,7 @@ class ProbabilisticActor(ProbabilisticTensorDictSequential):
         distribution_class: default :class:`Delta`.
         distribution_kwargs: extra arguments of the distribution.
         return_log_prob: also write the log-probability of the action at
-            ``log_prob_key`` (default ``"sample_log_prob"``).
+            ``log_prob_key`` (default ``"<out_key>_log_prob"``, e.g. ``"action_log_prob"``).
         default_interaction_type: how the value is drawn outside of a
             ``set_exploration_type`` block (default ``DETERMINISTIC``: the distribution's
             ``deterministic_sample``, e.g. the mode of a :class:`TanhNormal`).
@@ -343,7 +343,7 @@ class ProbabilisticActor(ProbabilisticTensorDictSequential):
         >>> td = TensorDict(observation=torch.randn(5, 3), batch_size=[5])
         >>> with set_exploration_type(ExplorationType.RANDOM):
         ...     td = actor(td)
-        >>> td["action"].shape, td["sample_log_prob"].shape, bool(td["action"].abs().max() < 2)
+        >>> td["action"].shape, td["action_log_prob"].shape, bool(td["action"].abs().max() < 2)
         (torch.Size([5, 2]), torch.Size([5]), True)
     """
 
@@ -359,7 +359,7 @@ class ProbabilisticActor(ProbabilisticTensorDictSequential):
         distribution_kwargs: Mapping[str, Any] | None = None,
         return_log_prob: bool = False,
         default_interaction_type: InteractionType | str = InteractionType.DETERMINISTIC,
-        log_prob_key: Any = "sample_log_prob",
+        log_prob_key: Any = None,
         cache_dist: bool = False,
     ) -> None:
         if isinstance(module, nn.Module) and not isinstance(module, TensorDictModuleBase):

@@ -5,7 +5,16 @@ are summed for the backward pass. Target networks are updated with :class:`SoftU
 or :class:`HardUpdate`.
 """
 
+from .a2c import A2CLoss
 from .common import LossModule, total_loss
+from .cql import CQLLoss
+from .ddpg import DDPGLoss
+from .dqn import DistributionalDQNLoss, DQNLoss
+from .iql import IQLLoss
+from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
+from .redq import REDQLoss
+from .sac import DiscreteSACLoss, SACLoss
+from .td3 import TD3Loss
 from .utils import (
     HardUpdate,
     SoftUpdate,
@@ -15,8 +24,18 @@ from .utils import (
     distance_loss,
     reduce_loss,
 )
+from .value import GAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, ValueEstimatorBase
 
 __all__ = [
+    "A2CLoss",
+    "PPOLoss",
+    "ClipPPOLoss",
+    "KLPENPPOLoss",
+    "ValueEstimatorBase",
+    "TD0Estimator",
+    "TD1Estimator",
+    "TDLambdaEstimator",
+    "GAE",
     "LossModule",
     "total_loss",
     "ValueEstimators",
@@ -26,4 +45,13 @@ __all__ = [
     "TargetNetUpdater",
     "distance_loss",
     "reduce_loss",
+    "DQNLoss",
+    "DistributionalDQNLoss",
+    "DDPGLoss",
+    "TD3Loss",
+    "SACLoss",
+    "DiscreteSACLoss",
+    "IQLLoss",
+    "CQLLoss",
+    "REDQLoss",
 ]

@@ -203,5 +203,8 @@ class LossModule(nn.Module):
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:
-    """Sum of the ``loss_*`` entries of a loss output: what ``.backward()`` is called on."""
-    return sum(v for k, v in losses.items() if k.startswith("loss_"))
+    """Sum of the ``loss_*`` entries (and a lone ``loss``, DQN's) of a loss output.
+
+    What ``.backward()`` is called on.
+    """
+    return sum(v for k, v in losses.items() if k == "loss" or k.startswith("loss_"))

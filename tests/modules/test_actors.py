@@ -83,7 +83,7 @@ CASES = {
                        {"action": (ACT,)}),
     "value": Case(lambda: ValueOperator(MLP(in_features=OBS, out_features=1, num_cells=[8])),
                   {"state_value": (1,)}),
-    "tanh_actor": Case(_tanh_actor, {"loc": (ACT,), "scale": (ACT,), "action": (ACT,), "sample_log_prob": ()},
+    "tanh_actor": Case(_tanh_actor, {"loc": (ACT,), "scale": (ACT,), "action": (ACT,), "action_log_prob": ()},
                        random=True),
     "normal_actor": Case(_normal_actor, {"action": (ACT,), "action_log_prob": ()}, random=True),
     "qvalue_categorical": Case(lambda: QValueActor(nn.Linear(OBS, N_ACTIONS), spec=Categorical(N_ACTIONS)),

@@ -181,10 +181,7 @@ class set_interaction_type:
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         prev = self._prev.pop()
         if self.thread_local:
-            if prev is _Unset:
-                del _THREAD.type
-            else:
-                _THREAD.type = prev
+            _THREAD.type = prev  # _Unset reads as "not set" (no del: dynamo can't trace it)
         else:
             _PROCESS[0] = prev
 

@@ -133,7 +133,7 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
                 [0., 0.]])
         >>> with set_interaction_type(InteractionType.RANDOM):
         ...     td = module(td)
-        >>> td["action"].shape, td["sample_log_prob"].shape
+        >>> td["action"].shape, td["action_log_prob"].shape
         (torch.Size([4, 2]), torch.Size([4, 2]))
         >>> module.get_dist(td).batch_shape
         torch.Size([4, 2])
@@ -147,7 +147,7 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
         distribution_kwargs: Mapping[str, Any] | None = None,
         default_interaction_type: InteractionType | str = InteractionType.DETERMINISTIC,
         return_log_prob: bool = False,
-        log_prob_key: NestedKey = "sample_log_prob",
+        log_prob_key: NestedKey | None = None,
         cache_dist: bool = False,
     ) -> None:
         super().__init__()
@@ -180,6 +180,11 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
             raise ValueError("default_interaction_type cannot be None")
         self.default_interaction_type = itype
         self.return_log_prob = bool(return_log_prob)
+        if log_prob_key is None:  # tensordict/TorchRL: "<sample>_log_prob", next to the sample
+            first = sample_keys[0]
+            log_prob_key = (
+                f"{first}_log_prob" if isinstance(first, str) else (*first[:-1], f"{first[-1]}_log_prob")
+            )
         self.log_prob_key = _as_key(log_prob_key, "log_prob_key")
         self.cache_dist = bool(cache_dist)
         self.last_dist: D.Distribution | None = None
@@ -381,7 +386,7 @@ class ProbabilisticTensorDictSequential(TensorDictSequential):
         >>> td = TensorDict(obs=torch.randn(5, 3), batch_size=[5])  # obs [5, 3]
         >>> with set_interaction_type(InteractionType.RANDOM):
         ...     td = policy(td)
-        >>> td["action"].shape, td["sample_log_prob"].shape  # [5, 2] each
+        >>> td["action"].shape, td["action_log_prob"].shape  # [5, 2] each
         (torch.Size([5, 2]), torch.Size([5, 2]))
         >>> policy.get_dist(td).log_prob(td["action"]).shape
         torch.Size([5, 2])

@@ -64,7 +64,7 @@ def build(kind: str):
     def ref(x):
         loc, scale = net(x)
         d = torch.distributions.Normal(loc, scale)
-        return {"loc": loc, "scale": scale, "action": loc, "sample_log_prob": d.log_prob(loc)}
+        return {"loc": loc, "scale": scale, "action": loc, "action_log_prob": d.log_prob(loc)}
 
     return policy, ref
 

@@ -52,7 +52,7 @@ def test_every_interaction_type_normal(itype, batch):
         expected = loc
     torch.testing.assert_close(td["action"], expected)
     assert td["action"].shape == torch.Size(batch) + (2,)
-    torch.testing.assert_close(td["sample_log_prob"], D.Normal(loc, scale).log_prob(expected))
+    torch.testing.assert_close(td["action_log_prob"], D.Normal(loc, scale).log_prob(expected))
 
 
 def test_median_not_implemented_is_clear():
@@ -207,7 +207,7 @@ def test_library_distributions(name, in_keys, entries, itype):
         torch.manual_seed(0)
         want = dist.rsample() if dist.has_rsample else dist.sample()
     torch.testing.assert_close(td["action"], want)
-    torch.testing.assert_close(td["sample_log_prob"], dist.log_prob(want))
+    torch.testing.assert_close(td["action_log_prob"], dist.log_prob(want))
 
 
 def test_default_distribution_is_delta():
@@ -264,9 +264,9 @@ def test_select_out_keys_drops_log_prob():
     module = normal_module(return_log_prob=True).select_out_keys("action")
     assert module.out_keys == ["action"]
     td = module(normal_td((2,)))
-    assert "sample_log_prob" not in td and "action" in td
+    assert "action_log_prob" not in td and "action" in td
     module.reset_out_keys()
-    assert "sample_log_prob" in module(normal_td((2,)))
+    assert "action_log_prob" in module(normal_td((2,)))
 
 
 def test_cache_dist():
@@ -356,8 +356,8 @@ def test_sequential_get_dist(batch):
 def test_sequential_keys_params_and_types():
     net, policy = _policy()
     assert policy.in_keys == ["obs"]
-    assert policy.out_keys == ["loc", "scale", "action", "sample_log_prob"]
-    assert policy.log_prob_key == "sample_log_prob"
+    assert policy.out_keys == ["loc", "scale", "action", "action_log_prob"]
+    assert policy.log_prob_key == "action_log_prob"
     assert policy.dist_params_keys == ["loc", "scale"] and policy.dist_sample_keys == ["action"]
     assert len(list(policy.parameters())) == 2
     assert type(policy[:-1]) is TensorDictSequential

@@ -1,0 +1,479 @@
+"""Value estimators: modules that write ``advantage`` and ``value_target`` into a batch.
+
+A batch is a TensorDict ``[*B, T]`` (time is the last batch dim unless ``time_dim`` says
+otherwise) holding ``("next", "reward")``, ``("next", "done")``,
+``("next", "terminated")`` (each ``[*B, T, 1]``) and what the value network reads, at the
+root (state ``sₜ``) and under ``"next"`` (state ``sₜ₊₁``). Without a value network the
+estimator reads ``"state_value"`` and ``("next", "state_value")`` from the batch.
+
+* :class:`TD0Estimator` — ``r + γ V(s')`` (no time dim needed);
+* :class:`TD1Estimator` — discounted return, bootstrapped at truncations and at the end;
+* :class:`TDLambdaEstimator` — TD(λ) return;
+* :class:`GAE` — generalized advantage estimation.
+
+Each writes ``advantage = value_target - V(s)`` and ``value_target`` (GAE: ``advantage``
+then ``advantage + V(s)``). Results are detached unless ``differentiable=True``. The math
+is in :mod:`steersman.objectives.value.functional`.
+
+Example:
+    >>> import torch
+    >>> from steersman.tensordict import TensorDict
+    >>> from steersman.tensordict.nn import TensorDictModule
+    >>> critic = TensorDictModule(torch.nn.Linear(3, 1), ["obs"], ["state_value"])
+    >>> td = TensorDict({
+    ...     "obs": torch.randn(4, 10, 3),                              # [B=4, T=10, 3]
+    ...     "next": {"obs": torch.randn(4, 10, 3),
+    ...              "reward": torch.randn(4, 10, 1),
+    ...              "done": torch.zeros(4, 10, 1, dtype=torch.bool),
+    ...              "terminated": torch.zeros(4, 10, 1, dtype=torch.bool)},
+    ... }, [4, 10])
+    >>> gae = GAE(gamma=0.99, lmbda=0.95, value_network=critic)
+    >>> td = gae(td)
+    >>> td["advantage"].shape, td["value_target"].requires_grad
+    (torch.Size([4, 10, 1]), False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...tensordict import TensorDictBase, cat
+from . import functional as F
+
+NestedKey = str | tuple
+
+
+def _norm_key(key: Any) -> NestedKey:
+    if isinstance(key, tuple) and len(key) == 1:
+        return key[0]
+    if not isinstance(key, (str, tuple)):
+        raise TypeError(f"a key is a str or a tuple of str, got {type(key).__name__}: {key!r}")
+    return key
+
+
+def _next(key: NestedKey) -> tuple:
+    return ("next", key) if isinstance(key, str) else ("next", *key)
+
+
+def normalize_advantage(advantage: Tensor, eps: float = 1e-6, dims: tuple[int, ...] | None = None) -> Tensor:
+    """``(A - mean(A)) / max(std(A), eps)`` over ``dims`` (all by default).
+
+    With a single element over ``dims`` the advantage is returned unchanged (its std is
+    undefined), so a minibatch of 1 stays finite.
+
+    Example:
+        >>> normalize_advantage(torch.tensor([1.0, 3.0]))
+        tensor([-0.7071,  0.7071])
+        >>> normalize_advantage(torch.tensor([[5.0]]))
+        tensor([[5.]])
+    """
+    if dims is None:
+        dims = tuple(range(advantage.ndim))
+    n = 1
+    for d in dims:
+        n *= advantage.shape[d]
+    if n <= 1:
+        return advantage
+    loc = advantage.mean(dims, keepdim=True)
+    scale = advantage.std(dims, keepdim=True).clamp_min(eps)
+    return (advantage - loc) / scale
+
+
+class ValueEstimatorBase(nn.Module):
+    """Shared machinery: keys, calling the value network, reading ``"next"`` entries.
+
+    Args (keyword-only):
+        gamma: discount factor (float or tensor broadcastable to the reward).
+        value_network: a TensorDict module writing ``tensor_keys.value``; ``None`` reads
+            the values from the batch.
+        shifted: compute ``V(s)`` and ``V(s')`` in one network call over the concatenated
+            root and ``"next"`` inputs (two calls when ``target_params`` are given).
+        differentiable: keep the graph (default: outputs are computed under ``no_grad``).
+        skip_existing: read the values from the batch when they are already there
+            instead of calling the network.
+        vectorized: use the log-depth scan (default) rather than the loop over time.
+        time_dim: the time dim among the batch dims (default: the last).
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Batch keys; ``reward``/``done``/``terminated`` are read under ``"next"``."""
+
+        advantage: NestedKey = "advantage"
+        value_target: NestedKey = "value_target"
+        value: NestedKey = "state_value"
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        value_network: nn.Module | None = None,
+        shifted: bool = False,
+        differentiable: bool = False,
+        skip_existing: bool | None = None,
+        vectorized: bool = True,
+        time_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(gamma, Tensor):
+            self.register_buffer("gamma", gamma.detach().clone())
+        else:
+            self.gamma = float(gamma)
+        self.value_network = value_network
+        self.shifted = bool(shifted)
+        self.differentiable = bool(differentiable)
+        self.skip_existing = bool(skip_existing)
+        self.vectorized = bool(vectorized)
+        self.time_dim = time_dim
+        self.tensor_keys = self._AcceptedKeys()
+
+    # ------------------------------------------------------------------ keys
+    def set_keys(self, **names: NestedKey) -> ValueEstimatorBase:
+        """Renames the batch keys (fields of ``tensor_keys``); returns ``self``."""
+        valid = [f.name for f in fields(self.tensor_keys)]
+        unknown = sorted(set(names) - set(valid))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}.set_keys: unknown key name(s) {unknown}; valid names: {valid}")
+        for name, key in names.items():
+            setattr(self.tensor_keys, name, _norm_key(key))
+        return self
+
+    def _grad_context(self) -> Any:
+        return contextlib.nullcontext() if self.differentiable else torch.no_grad()
+
+    def _fetch(self, td: TensorDictBase, key: NestedKey, name: str) -> Tensor:
+        value = td.get(key, None)
+        if value is None:
+            present = sorted(str(k) for k in td.keys(include_nested=True, leaves_only=True))
+            raise KeyError(
+                f"{type(self).__name__} needs {key!r} (its {name!r} key) in the batch, which has "
+                f"{present}. If your data stores it under another name, call "
+                f"set_keys({name}=<your key>) on the estimator or the loss."
+            )
+        return value
+
+    def _reward(self, td: TensorDictBase) -> Tensor:
+        key = _next(self.tensor_keys.reward)
+        reward = self._fetch(td, key, "reward")
+        if reward.ndim != td.ndim + 1:
+            raise ValueError(
+                f"{type(self).__name__}: {key!r} has shape {list(reward.shape)} for a batch of "
+                f"size {list(td.batch_size)}; rewards keep a trailing feature dim: expected "
+                f"[{', '.join(map(str, td.batch_size))}, 1] (unsqueeze(-1) it)"
+            )
+        return reward
+
+    def _done_terminated(self, td: TensorDictBase, reward: Tensor) -> tuple[Tensor, Tensor]:
+        done_key = _next(self.tensor_keys.done)
+        done = self._fetch(td, done_key, "done")
+        terminated = td.get(_next(self.tensor_keys.terminated), done)
+        for key, t in ((done_key, done), (_next(self.tensor_keys.terminated), terminated)):
+            if t.shape != reward.shape:
+                raise ValueError(
+                    f"{type(self).__name__}: {key!r} has shape {list(t.shape)}, expected "
+                    f"{list(reward.shape)} like the reward (with the trailing singleton dim)"
+                )
+        return done, terminated
+
+    def _tensor_time_dim(self, td: TensorDictBase) -> int:
+        """The time dim of ``[*B, T, F]`` leaves, as a negative index."""
+        if td.ndim == 0:
+            raise ValueError(f"{type(self).__name__} needs a batch with a time dim, got batch size []")
+        time_dim = td.ndim - 1 if self.time_dim is None else self.time_dim % td.ndim
+        return time_dim - td.ndim - 1
+
+    def _check_value(self, value: Tensor, reward: Tensor, where: NestedKey) -> Tensor:
+        if value.shape != reward.shape:
+            raise ValueError(
+                f"{type(self).__name__}: the value {where!r} has shape {list(value.shape)}, "
+                f"expected {list(reward.shape)} like the reward ([*batch, 1]: a critic outputs "
+                "one value per state, with a trailing singleton dim)"
+            )
+        return value
+
+    # --------------------------------------------------------------- values
+    def _call(self, td: TensorDictBase, params: TensorDictBase | None) -> Tensor:
+        net = self.value_network
+        ctx = params.to_module(net) if params is not None else contextlib.nullcontext()
+        with ctx:
+            out = net(td)
+        return out.get(self.tensor_keys.value)
+
+    def _has_values(self, td: TensorDictBase) -> bool:
+        return td.get(self.tensor_keys.value, None) is not None and td.get(_next(self.tensor_keys.value), None) is not None
+
+    def _values(
+        self, td: TensorDictBase, reward: Tensor, params: TensorDictBase | None, target_params: TensorDictBase | None
+    ) -> tuple[Tensor, Tensor]:
+        """``(V(s), V(s'))``, each shaped like the reward; written into ``td`` too."""
+        key = self.tensor_keys.value
+        if self.value_network is None or (self.skip_existing and self._has_values(td)):
+            value = self._fetch(td, key, "value")
+            next_value = self._fetch(td, _next(key), "value")
+        elif self.shifted and target_params is None and td.ndim > 0:
+            in_keys = self.value_network.in_keys
+            n = td.shape[0]
+            both = cat([td.select(*in_keys), td.get("next").select(*in_keys)], 0)
+            out = self._call(both, params)
+            value, next_value = out[:n], out[n:]
+            td.set(key, value)
+            td.set(_next(key), next_value)
+        else:
+            value = self._call(td, params)
+            next_value = self._call(td.get("next"), target_params if target_params is not None else params)
+        return self._check_value(value, reward, key), self._check_value(next_value, reward, _next(key))
+
+    def _value(self, td: TensorDictBase, reward: Tensor, params: TensorDictBase | None) -> Tensor:
+        key = self.tensor_keys.value
+        if self.value_network is None or (self.skip_existing and td.get(key, None) is not None):
+            return self._check_value(self._fetch(td, key, "value"), reward, key)
+        return self._check_value(self._call(td, params), reward, key)
+
+    def _next_value(self, td: TensorDictBase, reward: Tensor, target_params: TensorDictBase | None) -> Tensor:
+        key = _next(self.tensor_keys.value)
+        if self.value_network is None or (self.skip_existing and td.get(key, None) is not None):
+            return self._check_value(self._fetch(td, key, "value"), reward, key)
+        return self._check_value(self._call(td.get("next"), target_params), reward, key)
+
+    # ------------------------------------------------------------- estimate
+    def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:  # pragma: no cover
+        """The value target from the next value (TD estimators)."""
+        raise NotImplementedError
+
+    def _estimate(self, td: TensorDictBase, reward: Tensor, value: Tensor, next_value: Tensor) -> tuple[Tensor, Tensor]:
+        """``(advantage, value_target)``."""
+        target = self._target(td, reward, next_value)
+        return target - value, target
+
+    def forward(
+        self, td: TensorDictBase, params: TensorDictBase | None = None, target_params: TensorDictBase | None = None
+    ) -> TensorDictBase:
+        """Writes ``advantage`` and ``value_target`` into ``td`` (and the values the network
+        computed); returns ``td``.
+
+        ``params``/``target_params``: parameters swapped into the value network (with
+        ``to_module``) for ``V(s)`` / ``V(s')``; ``target_params`` defaults to ``params``.
+        """
+        with self._grad_context():
+            reward = self._reward(td)
+            value, next_value = self._values(td, reward, params, target_params)
+            advantage, target = self._estimate(td, reward, value, next_value)
+            td.set(self.tensor_keys.advantage, advantage)
+            td.set(self.tensor_keys.value_target, target)
+        return td
+
+    def value_estimate(
+        self,
+        td: TensorDictBase,
+        *,
+        next_value: Tensor | None = None,
+        target_params: TensorDictBase | None = None,
+        params: TensorDictBase | None = None,
+    ) -> Tensor:
+        """The value target only, shaped like ``td["next", "reward"]``.
+
+        With ``next_value`` given (shaped like the reward) the network is not called for
+        ``V(s')``: losses that compute the next-state value themselves pass it here.
+        """
+        with self._grad_context():
+            reward = self._reward(td)
+            if next_value is None:
+                next_value = self._next_value(td, reward, target_params if target_params is not None else params)
+            else:
+                self._check_value(next_value, reward, "next_value")
+            return self._target(td, reward, next_value)
+
+    def extra_repr(self) -> str:
+        gamma = self.gamma if isinstance(self.gamma, float) else "tensor"
+        return f"gamma={gamma}, differentiable={self.differentiable}, vectorized={self.vectorized}"
+
+
+class TD0Estimator(ValueEstimatorBase):
+    """One-step TD target ``r + γ (1 - terminated) V(s')``; works without a time dim.
+
+    Args: see :class:`ValueEstimatorBase` (``gamma``, ``value_network``, ...).
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict
+        >>> td = TensorDict({"state_value": torch.zeros(3, 1),
+        ...                  "next": {"state_value": torch.ones(3, 1), "reward": torch.ones(3, 1),
+        ...                           "done": torch.tensor([[False], [True], [True]]),
+        ...                           "terminated": torch.tensor([[False], [True], [False]])}}, [3])
+        >>> TD0Estimator(gamma=0.5)(td)["value_target"][:, 0]   # the truncated step bootstraps
+        tensor([1.5000, 1.0000, 1.5000])
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        value_network: nn.Module | None = None,
+        shifted: bool = False,
+        differentiable: bool = False,
+        skip_existing: bool | None = None,
+        vectorized: bool = True,
+        time_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
+            skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+        )
+
+    def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
+        _, terminated = self._done_terminated(td, reward)
+        return F.td0_return_estimate(self.gamma, next_value, reward, terminated)
+
+
+class TDLambdaEstimator(ValueEstimatorBase):
+    """TD(λ) target over ``[*B, T]`` batches (see :mod:`~steersman.objectives.value.functional`).
+
+    Args: ``lmbda`` (the λ weight, default 0.95) and those of :class:`ValueEstimatorBase`.
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict
+        >>> done = torch.zeros(1, 3, 1, dtype=torch.bool)
+        >>> td = TensorDict({"state_value": torch.zeros(1, 3, 1),
+        ...                  "next": {"state_value": torch.zeros(1, 3, 1), "reward": torch.ones(1, 3, 1),
+        ...                           "done": done, "terminated": done}}, [1, 3])
+        >>> TDLambdaEstimator(gamma=0.5, lmbda=1.0)(td)["value_target"][0, :, 0]
+        tensor([1.7500, 1.5000, 1.0000])
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        lmbda: float | Tensor = 0.95,
+        value_network: nn.Module | None = None,
+        shifted: bool = False,
+        differentiable: bool = False,
+        skip_existing: bool | None = None,
+        vectorized: bool = True,
+        time_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
+            skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+        )
+        if isinstance(lmbda, Tensor):
+            self.register_buffer("lmbda", lmbda.detach().clone())
+        else:
+            self.lmbda = float(lmbda)
+
+    def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
+        done, terminated = self._done_terminated(td, reward)
+        fn = F.vec_td_lambda_return_estimate if self.vectorized else F.td_lambda_return_estimate
+        return fn(self.gamma, self.lmbda, next_value, reward, done, terminated, time_dim=self._tensor_time_dim(td))
+
+
+class TD1Estimator(TDLambdaEstimator):
+    """Discounted return bootstrapped at truncations and at the end of the batch (TD(λ=1)).
+
+    Args: see :class:`ValueEstimatorBase`.
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict
+        >>> done = torch.zeros(1, 3, 1, dtype=torch.bool)
+        >>> td = TensorDict({"state_value": torch.zeros(1, 3, 1),
+        ...                  "next": {"state_value": torch.full((1, 3, 1), 10.0),
+        ...                           "reward": torch.ones(1, 3, 1), "done": done, "terminated": done}}, [1, 3])
+        >>> TD1Estimator(gamma=0.5)(td)["value_target"][0, :, 0]
+        tensor([3., 4., 6.])
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        value_network: nn.Module | None = None,
+        shifted: bool = False,
+        differentiable: bool = False,
+        skip_existing: bool | None = None,
+        vectorized: bool = True,
+        time_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            gamma=gamma, lmbda=1.0, value_network=value_network, shifted=shifted, differentiable=differentiable,
+            skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+        )
+
+
+class GAE(ValueEstimatorBase):
+    """Generalized advantage estimation over ``[*B, T]`` batches.
+
+    ``δₜ = rₜ + γ (1 - terminatedₜ) V(sₜ₊₁) - V(sₜ)``, ``Aₜ = δₜ + γ λ (1 - doneₜ) Aₜ₊₁``;
+    writes ``advantage = A`` and ``value_target = A + V(s)``.
+
+    Args:
+        gamma, lmbda: discount and λ (default 0.95).
+        average_gae: normalize the advantage written (mean 0, std 1 over the batch; a
+            batch of one element is left as is). ``value_target`` uses the raw advantage.
+        others: see :class:`ValueEstimatorBase`.
+
+    See the module docstring for an example.
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        lmbda: float | Tensor = 0.95,
+        value_network: nn.Module | None = None,
+        average_gae: bool = False,
+        shifted: bool = False,
+        differentiable: bool = False,
+        skip_existing: bool | None = None,
+        vectorized: bool = True,
+        time_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
+            skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+        )
+        if isinstance(lmbda, Tensor):
+            self.register_buffer("lmbda", lmbda.detach().clone())
+        else:
+            self.lmbda = float(lmbda)
+        self.average_gae = bool(average_gae)
+
+    def _estimate(self, td: TensorDictBase, reward: Tensor, value: Tensor, next_value: Tensor) -> tuple[Tensor, Tensor]:
+        done, terminated = self._done_terminated(td, reward)
+        fn = F.vec_generalized_advantage_estimate if self.vectorized else F.generalized_advantage_estimate
+        advantage, target = fn(
+            self.gamma, self.lmbda, value, next_value, reward, done, terminated, time_dim=self._tensor_time_dim(td)
+        )
+        if self.average_gae:
+            advantage = normalize_advantage(advantage)
+        return advantage, target
+
+    def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
+        raise NotImplementedError  # GAE needs V(s) too: see value_estimate
+
+    def value_estimate(
+        self,
+        td: TensorDictBase,
+        *,
+        next_value: Tensor | None = None,
+        target_params: TensorDictBase | None = None,
+        params: TensorDictBase | None = None,
+    ) -> Tensor:
+        """``A + V(s)`` (the GAE value target), shaped like the reward."""
+        with self._grad_context():
+            reward = self._reward(td)
+            value = self._value(td, reward, params)
+            if next_value is None:
+                next_value = self._next_value(td, reward, target_params if target_params is not None else params)
+            else:
+                self._check_value(next_value, reward, "next_value")
+            return self._estimate(td, reward, value, next_value)[1]
