@@ -83,6 +83,20 @@ def _leaf_keys(spec: Composite) -> list[NestedKey]:
     return list(spec.keys(include_nested=True, leaves_only=True))
 
 
+def keep_preset_next(preset: TensorDictBase, next_td: TensorDictBase) -> TensorDictBase:
+    """Copies into ``next_td`` the entries of ``preset`` (the ``"next"`` a policy wrote before
+    the step, e.g. a recurrent state) that the env did not produce; the env's own win.
+
+    TorchRL semantics: a policy may write ``("next", key)``; stepping keeps it.
+    """
+    if not isinstance(preset, TensorDictBase):
+        return next_td
+    for key in preset.keys(include_nested=True, leaves_only=True):
+        if next_td.get(key, None) is None:
+            next_td.set(key, preset.get(key))
+    return next_td
+
+
 class EnvBase:
     """Base class of environments: specs, ``reset``/``step``/``rollout`` on TensorDicts.
 
@@ -572,8 +586,14 @@ class EnvBase:
             self._check_action(tensordict)
         next_td = self._step(tensordict)
         if type(tensordict) is TensorDict:
-            tensordict._tensordict["next"] = next_td
+            root = tensordict._tensordict
+            if "next" in root:
+                keep_preset_next(root["next"], next_td)
+            root["next"] = next_td
         else:
+            preset = tensordict.get("next", None)
+            if preset is not None:
+                keep_preset_next(preset, next_td)
             tensordict.set("next", next_td)
         return tensordict
 

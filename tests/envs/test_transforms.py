@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from steersman.data import Unbounded
 from steersman.envs import check_env_specs
 from steersman.envs.transforms import (
     ActionMask,
@@ -45,6 +46,7 @@ from steersman.envs.transforms import (
     SqueezeTransform,
     StepCounter,
     TargetReturn,
+    TensorDictPrimer,
     TimeMaxPool,
     ToTensorImage,
     Transform,
@@ -89,6 +91,7 @@ CASES = [
                 [*_both("step_count"), ("next", "truncated"), ("next", "done")])),
     Case("reward_sum", "toy", lambda: RewardSum(),
          repro=(RewardSum, RewardSum, _both("episode_reward"))),
+    Case("primer", "cartpole", lambda: TensorDictPrimer(h=Unbounded(shape=(2, 3)))),
     Case("init_tracker", "toy", lambda: InitTracker(),
          repro=(InitTracker, InitTracker, _both("is_init"))),
     Case("target_return", "toy", lambda: TargetReturn(5.0),

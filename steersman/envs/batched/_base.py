@@ -17,7 +17,7 @@ from torch import Tensor
 
 from steersman.tensordict import TensorDict, TensorDictBase
 
-from ..common import EnvBase
+from ..common import EnvBase, keep_preset_next
 from ._buffers import SPEC_NAMES, BufferLayout, build_td, get_entry
 from .env_creator import EnvCreator, EnvMetaData, check_env_fn
 from .worker import F_KWARGS, F_PARTIAL, F_STATE, RESET, STEP, STEP_RESET
@@ -217,6 +217,9 @@ class BatchedEnvBase(EnvBase):
         self._write_inputs(tensordict, self._in_pairs, "step_and_maybe_reset")
         reset_workers = self._run(STEP_RESET, self._all_workers)
         nxt = self._read(self._next_pairs, self._next_flat)
+        preset = tensordict.get("next", None)
+        if preset is not None:
+            keep_preset_next(preset, nxt)
         if type(tensordict) is TensorDict:
             tensordict._tensordict["next"] = nxt
         else:

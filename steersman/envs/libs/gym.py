@@ -938,7 +938,7 @@ class GymWrapper(EnvBase):
         Same result as the base class; the check for finished envs uses the flags
         Gymnasium returned (a Python bool) instead of reducing the done tensors.
         """
-        if type(tensordict) is TensorDict and self._flat and self._cpu:
+        if type(tensordict) is TensorDict and self._flat and self._cpu and "next" not in tensordict._tensordict:
             # step + step_mdp, inlined for the flat layout of Gymnasium envs
             if self._is_closed:
                 self._assert_open()

@@ -605,8 +605,8 @@ class NativeEnv(EnvBase):
         """
         if self._is_closed:
             self._assert_open()
-        if type(tensordict) is not TensorDict:
-            return super().step_and_maybe_reset(tensordict)
+        if type(tensordict) is not TensorDict or "next" in tensordict._tensordict:
+            return super().step_and_maybe_reset(tensordict)  # generic path keeps a preset "next"
         root = tensordict._tensordict
         action = self._get_action(tensordict)
         if self._compile or not self._subset_resets or torch.compiler.is_compiling():

@@ -19,6 +19,7 @@ from .keys import (
 from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetEnv
 from .norm import ObservationNorm, VecNorm
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
+from .primer import TensorDictPrimer
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "TransformedEnv",
     "StepCounter",
     "InitTracker",
+    "TensorDictPrimer",
     "RewardSum",
     "RewardScaling",
     "RewardClipping",

@@ -31,7 +31,7 @@ from steersman.data import Composite, TensorSpec
 from steersman.tensordict import TensorDictBase, is_tensor_collection
 from steersman.tensordict._utils import NestedKey
 
-from ..common import EnvBase
+from ..common import EnvBase, keep_preset_next
 from ._utils import key_list, leaf_keys, missing_key, missing_spec_key
 
 __all__ = ["Transform", "ObservationTransform", "Compose", "TransformedEnv"]
@@ -926,6 +926,9 @@ class TransformedEnv(EnvBase):
         chain = d["_chain"]
         if not d["_has_inv"]:
             next_td = self._base_env._step(tensordict)
+            preset = tensordict.get("next", None)
+            if preset is not None:  # entries the policy wrote under "next": transforms see them
+                keep_preset_next(preset, next_td)
             for t in chain:
                 next_td = t._step(tensordict, next_td)
             return next_td
@@ -938,6 +941,9 @@ class TransformedEnv(EnvBase):
             if flags[i]:
                 cur = chain[i]._inv_call(cur.copy())
         next_td = self._base_env._step(cur)
+        preset = tensordict.get("next", None)
+        if preset is not None:
+            keep_preset_next(preset, next_td)
         for i in range(n):
             next_td = chain[i]._step(levels[i], next_td)
         return next_td
