@@ -1,0 +1,33 @@
+"""L4: collectors. An env and a policy in, batches of transitions out.
+
+``Collector`` (alias ``SyncDataCollector``) runs in the calling process;
+``MultiSyncDataCollector`` and ``MultiaSyncDataCollector`` run one ``Collector`` per
+worker process; ``aSyncDataCollector`` runs one in a background process (TorchRL 0.14
+names them ``MultiSyncCollector``, ``MultiAsyncCollector`` and ``AsyncCollector``: both
+sets of names are here). ``split_trajectories`` cuts a batch into one row per trajectory.
+"""
+
+from .collector import Collector, SyncDataCollector
+from .multi import (
+    AsyncCollector,
+    CollectorWorkerError,
+    MultiAsyncCollector,
+    MultiaSyncDataCollector,
+    MultiSyncCollector,
+    MultiSyncDataCollector,
+    aSyncDataCollector,
+)
+from .utils import split_trajectories
+
+__all__ = [
+    "Collector",
+    "SyncDataCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
+    "aSyncDataCollector",
+    "MultiSyncCollector",
+    "MultiAsyncCollector",
+    "AsyncCollector",
+    "CollectorWorkerError",
+    "split_trajectories",
+]

@@ -1,0 +1,815 @@
+"""Multi-process collectors: one :class:`Collector` per worker process.
+
+* :class:`MultiSyncDataCollector`: each batch gathers one batch from every worker
+  (stacked along a new leading dim, or concatenated with ``cat_results``).
+* :class:`MultiaSyncDataCollector`: yields each worker's batch as soon as it is ready;
+  the worker starts its next batch before the yield.
+* :class:`aSyncDataCollector`: one collector in a background process.
+
+Design, shared with :class:`~steersman.envs.ParallelEnv`:
+
+* Start: ``forkserver`` (else ``spawn``) worker processes, never ``fork``; the env
+  factory, the policy and the settings are pickled once per worker (standard pickle:
+  tensors by value). Workers are not daemonic, so their envs may start processes of
+  their own (e.g. a ``ParallelEnv`` per worker).
+* Data: a worker writes its batches straight into anonymous shared memory (a memfd,
+  sized from its first transition and sent to the parent once); each batch costs a
+  one-byte message. The parent copies batches out (the ``stack``/``cat`` of the sync
+  collector is that copy), so a worker can start the next batch at once.
+* Policy weights: in shared memory with a version counter; ``update_policy_weights_()``
+  writes them, each worker copies them into its policy before its next batch (a
+  batch never mixes two versions).
+* Waiting: ``select.poll`` over every worker's pipe and process sentinel; nothing
+  sleeps or polls on a timer, so a batch takes as long as the slowest worker's work,
+  and a worker that raises or dies is reported (:class:`CollectorWorkerError`, naming
+  the worker, the exception type and message, and the worker traceback) as soon as it
+  happens; the collector is then shut down.
+* Parent death: workers set ``PR_SET_PDEATHSIG`` (Linux), watch ``os.getppid()`` and
+  exit on EOF of their pipe. ``shutdown()`` is idempotent and also runs at garbage
+  collection and interpreter exit; no named semaphore, lock or shared-memory file is
+  ever created, so nothing outlives the processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import multiprocessing
+import os
+import pickle
+import select
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from steersman.envs import EnvBase, EnvWorkerError, next_seed
+from steersman.envs.batched import default_start_method
+from steersman.envs.batched.worker import frame, send_frame, unpack_error
+from steersman.tensordict import TensorDictBase
+from steersman.tensordict.nn import ExplorationType
+
+from ._policy import SharedWeights, as_weights, weights_of
+from ._shm import HAS_MEMFD, FdReader, map_fd
+from ._worker import CLOSE, COLLECT, LOAD, RESET, SEED, STATE, worker_main
+from .collector import finish_batch, td_from_state, td_state
+from .utils import dense_copy
+
+__all__ = [
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
+    "aSyncDataCollector",
+    "MultiSyncCollector",
+    "MultiAsyncCollector",
+    "AsyncCollector",
+    "CollectorWorkerError",
+]
+
+_ERR = b"E"[0]
+_FIRST = b"F"[0]
+_PRELOAD = ("torch", "steersman.envs", "steersman.collectors._worker")
+
+
+class CollectorWorkerError(EnvWorkerError):
+    """A worker of a multi-process collector raised, died or stopped answering.
+
+    Same attributes as :class:`~steersman.envs.EnvWorkerError`: ``worker_index``,
+    ``exc_type``, ``exc_message``, ``worker_traceback``, ``exitcode``. The collector is
+    shut down when this is raised.
+
+    Example:
+        >>> from steersman.collectors import CollectorWorkerError
+        >>> err = CollectorWorkerError("worker 1 raised ValueError: boom", worker_index=1,
+        ...                            exc_type="ValueError", exc_message="boom")
+        >>> err.worker_index, err.exc_type
+        (1, 'ValueError')
+    """
+
+
+def _prepare_forkserver() -> None:
+    """Adds torch, the envs and the collector worker to the forkserver's preloaded modules
+    (before it starts; no effect once it runs)."""
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver  # type: ignore[attr-defined]
+        if getattr(server, "_forkserver_pid", None) is not None:
+            return
+        mods = list(getattr(server, "_preload_modules", None) or ["__main__"])
+        if all(m in mods for m in _PRELOAD):
+            return
+        server.set_forkserver_preload(mods + [m for m in _PRELOAD if m not in mods])
+    except Exception:  # noqa: BLE001 - a missing preload only costs start-up time
+        pass
+
+
+def _alive(p: Any) -> bool:
+    try:
+        return p.is_alive()
+    except Exception:  # noqa: BLE001 - closed process object
+        return False
+
+
+def _shutdown(procs: list, conns: list, readers: list, close_timeout: float, owner_pid: int) -> None:
+    """Closes the workers: a close command, then SIGTERM, then SIGKILL; closes the pipes.
+
+    Module-level: it is the collector's ``weakref.finalize`` callback (it must not hold the
+    collector). Does nothing in a process forked from the owner.
+    """
+    if os.getpid() != owner_pid:
+        return
+    for conn in conns:
+        try:
+            conn.send_bytes(bytes((CLOSE,)))
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + close_timeout
+    for p in procs:
+        try:
+            p.join(max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001
+            pass
+    for stop in ("terminate", "kill"):
+        alive = [p for p in procs if _alive(p)]
+        for p in alive:
+            try:
+                getattr(p, stop)()
+            except Exception:  # noqa: BLE001
+                pass
+        for p in alive:
+            try:
+                p.join(2.0)
+            except Exception:  # noqa: BLE001
+                pass
+    for r in readers:
+        r.detach()
+    for conn in conns:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+    for p in procs:
+        try:
+            p.close()
+        except Exception:  # noqa: BLE001 - still running after SIGKILL: nothing more to do
+            pass
+    procs.clear()
+    conns.clear()
+    readers.clear()
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_ATEXIT_REGISTERED = False
+
+
+def _close_all_at_exit() -> None:
+    """Shuts down the collectors still running at interpreter exit (before
+    ``multiprocessing``'s own exit handler joins the non-daemonic workers)."""
+    for c in list(_LIVE):
+        c._finalizer()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped answering (its pipe closed)"
+    if code < 0:
+        import signal
+
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _env_fns(create_env_fn: Any, num_workers: int | None, kwargs: Any, owner: str) -> tuple[list, list]:
+    if isinstance(create_env_fn, (list, tuple)):
+        fns = list(create_env_fn)
+        if num_workers is not None and num_workers != len(fns):
+            raise ValueError(f"{owner}: num_workers={num_workers} but {len(fns)} create_env_fn were given")
+    else:
+        if num_workers is None:
+            raise ValueError(f"{owner}: pass num_workers with a single create_env_fn (or a list of them)")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"{owner}: num_workers must be a positive int, got {num_workers!r}")
+        fns = [create_env_fn] * num_workers
+    if not fns:
+        raise ValueError(f"{owner}: no create_env_fn given")
+    for fn in fns:
+        if isinstance(fn, EnvBase):
+            raise TypeError(
+                f"{owner}: create_env_fn must be callables that build an env in each worker, got an env "
+                f"instance ({type(fn).__name__}); pass its class or a functools.partial"
+            )
+        if not callable(fn):
+            raise TypeError(f"{owner}: create_env_fn must be callable, got {type(fn).__name__}")
+    n = len(fns)
+    if kwargs is None or isinstance(kwargs, dict):
+        kws = [kwargs or {}] * n
+    elif isinstance(kwargs, (list, tuple)) and len(kwargs) == n:
+        kws = [k or {} for k in kwargs]
+    else:
+        raise ValueError(f"{owner}: create_env_kwargs must be a dict or a list of {n} dicts")
+    return fns, kws
+
+
+class _MultiCollector:
+    """The parent side of the multi-process collectors (see the module docstring)."""
+
+    def __init__(
+        self,
+        create_env_fn: Callable[..., EnvBase] | Sequence[Callable[..., EnvBase]],
+        policy: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        *,
+        num_workers: int | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | Sequence[dict] | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool | None = False,
+        exploration_type: ExplorationType = ExplorationType.RANDOM,
+        reset_when_done: bool = True,
+        update_at_each_batch: bool = False,
+        replay_buffer: Any = None,
+        trust_policy: bool | None = False,
+        compile_policy: bool | dict | None = False,
+        no_cuda_sync: bool = False,
+        set_truncated: bool = False,
+        num_sub_threads: int | None = 1,
+        mp_start_method: str | None = None,
+        shared_memory: bool = True,
+        timeout: float | None = None,
+        start_timeout: float = 120.0,
+        close_timeout: float = 10.0,
+        cat_results: str | int | None = None,
+    ) -> None:
+        owner = type(self).__name__
+        fns, kws = _env_fns(create_env_fn, num_workers, create_env_kwargs, owner)
+        self.num_workers = n = len(fns)
+        if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch < 1:
+            raise ValueError(f"{owner}: frames_per_batch must be a positive int, got {frames_per_batch!r}")
+        self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
+        self._worker_frames = self._frames_per_worker(frames_per_batch)
+        if total_frames is None or total_frames == -1:
+            total: float = math.inf
+        elif isinstance(total_frames, bool) or not isinstance(total_frames, int) or total_frames < 0:
+            raise ValueError(f"{owner}: total_frames must be a non-negative int or -1, got {total_frames!r}")
+        else:
+            total = total_frames
+            if total % frames_per_batch:
+                total = -(-total // frames_per_batch) * frames_per_batch
+                warnings.warn(f"{owner}: total_frames={total_frames} is not a multiple of frames_per_batch="
+                              f"{frames_per_batch}; {total} frames will be collected")
+        self.total_frames = total
+        self.init_random_frames = int(init_random_frames or 0)
+        self.postproc = postproc
+        self.split_trajs = bool(split_trajs)
+        self.replay_buffer = replay_buffer
+        self.update_at_each_batch = bool(update_at_each_batch)
+        self.exploration_type = exploration_type
+        if cat_results is not None and cat_results != "stack" and not isinstance(cat_results, int):
+            raise ValueError(f"{owner}: cat_results must be 'stack' or a dim (int), got {cat_results!r}")
+        self.cat_results = "stack" if cat_results is None else cat_results
+        self.policy = policy
+        self.timeout = timeout
+        method = mp_start_method or default_start_method()
+        if method not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"{owner}: mp_start_method must be one of "
+                             f"{multiprocessing.get_all_start_methods()}, got {mp_start_method!r}")
+        self.mp_start_method = method
+        self.shared_memory = bool(shared_memory) and HAS_MEMFD
+        storing = storing_device if storing_device is not None else device
+        self.storing_device = torch.device(storing) if storing is not None else torch.device("cpu")
+        if policy is not None and not callable(policy):
+            raise TypeError(f"{owner}: policy must be callable (TensorDict -> TensorDict), got {type(policy).__name__}")
+        worker_kwargs = {
+            "frames_per_batch": self._worker_frames, "total_frames": -1, "device": device,
+            "storing_device": "cpu", "env_device": env_device, "policy_device": policy_device,
+            "max_frames_per_traj": max_frames_per_traj, "reset_at_each_iter": reset_at_each_iter,
+            "exploration_type": exploration_type, "reset_when_done": reset_when_done,
+            "trust_policy": trust_policy, "compile_policy": compile_policy, "no_cuda_sync": no_cuda_sync,
+            "set_truncated": set_truncated, "return_same_td": True,
+        }
+        w = weights_of(policy)
+        self._weights = SharedWeights(w) if w is not None else None
+        # running state
+        self._frames = 0
+        self._iter = -1
+        self._requested = 0  # async: batches asked of the workers so far
+        self._inflight: set[int] = set()
+        self._ready: list[tuple[int, TensorDictBase]] = []  # async: batches gathered, not yet yielded
+        self._worker_tds: list[TensorDictBase | None] = [None] * n
+        self._memory: list[torch.Tensor | None] = [None] * n
+        self._procs: list = []
+        self._conns: list = []
+        self._readers: list[FdReader] = []
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._readers,
+                                           float(close_timeout), os.getpid())
+        global _ATEXIT_REGISTERED
+        if not _ATEXIT_REGISTERED:
+            atexit.register(_close_all_at_exit)
+            _ATEXIT_REGISTERED = True
+        _LIVE.add(self)
+        try:
+            self._start(fns, kws, policy, worker_kwargs, num_sub_threads, float(start_timeout))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _frames_per_worker(self, frames_per_batch: int) -> int:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ start-up
+    def _start(self, fns: list, kws: list, policy: Any, worker_kwargs: dict, num_sub_threads: int | None,
+               start_timeout: float) -> None:
+        owner = type(self).__name__
+        method = self.mp_start_method
+        ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            _prepare_forkserver()
+        payloads: dict[tuple[int, int], bytes] = {}
+        for fn, kw in zip(fns, kws):
+            key = (id(fn), id(kw))
+            if key in payloads:
+                continue
+            spec = {"create_env_fn": fn, "create_env_kwargs": kw, "policy": policy,
+                    "kwargs": worker_kwargs, "num_workers": self.num_workers}
+            try:
+                payloads[key] = pickle.dumps(spec)
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                raise TypeError(
+                    f"{owner}: the env factory, its kwargs or the policy cannot be pickled, which the worker "
+                    f"processes need ({exc}); pass module-level functions, classes or functools.partial "
+                    "objects (not lambdas or closures)"
+                ) from exc
+        pdeathsig = method == "forkserver" or threading.current_thread() is threading.main_thread()
+        expected_ppid = None if method == "forkserver" else os.getpid()
+        base_seed = int(torch.randint(0, 2**62, ()).item())
+        try:
+            for i, (fn, kw) in enumerate(zip(fns, kws)):
+                parent_conn, child_conn = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(i, payloads[(id(fn), id(kw))], child_conn, self._weights, expected_ppid, pdeathsig,
+                          next_seed(base_seed + i), num_sub_threads, self.shared_memory),
+                    name=f"{owner}-worker-{i}",
+                    daemon=False,  # its env may start processes (e.g. a ParallelEnv)
+                )
+                try:
+                    proc.start()
+                except BaseException:
+                    parent_conn.close()
+                    raise
+                finally:
+                    child_conn.close()
+                self._procs.append(proc)
+                self._conns.append(parent_conn)
+                self._readers.append(FdReader(parent_conn.fileno()))
+        finally:
+            if self._weights is not None:
+                self._weights.close_fd()  # every worker has its own descriptor by now
+        self._fds = [c.fileno() for c in self._conns]
+        self._poller = select.poll()
+        self._fdmap: dict[int, tuple[int, bool]] = {}
+        mask = select.POLLIN | select.POLLHUP | select.POLLERR
+        for i, (p, c) in enumerate(zip(self._procs, self._conns)):
+            self._poller.register(c.fileno(), mask)
+            self._poller.register(p.sentinel, mask)
+            self._fdmap[c.fileno()] = (i, True)
+            self._fdmap[p.sentinel] = (i, False)
+        self._inflight = set(range(self.num_workers))
+        self._wait(self._inflight, "start-up", timeout=start_timeout)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers (empty once shut down)."""
+        return [p.pid for p in self._procs]
+
+    # ------------------------------------------------------------------ communication
+    def _send(self, i: int, payload: bytes, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__}: the collector was shut down")
+        try:
+            send_frame(self._fds[i], frame(payload))
+        except OSError:
+            self._dead(i, what)
+        self._inflight.add(i)
+
+    def _wait(self, workers: set[int], what: str, timeout: float | None = None, first: bool = False
+              ) -> dict[int, bytes]:
+        """Waits for the replies of ``workers`` (all of them, or the ``first`` one(s) ready);
+        fails fast on errors and deaths."""
+        out: dict[int, bytes] = {}
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while workers and not (first and out):
+            wait_ms = None
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    i = min(workers)
+                    self._fail(CollectorWorkerError(
+                        f"{type(self).__name__} worker {i} (pid {self._procs[i].pid}) did not answer {what} "
+                        f"within {timeout} s; the collector was shut down", worker_index=i))
+                wait_ms = max(1, int(remaining * 1000) + 1)
+            for fd, _ in self._poller.poll(wait_ms):
+                i, is_conn = self._fdmap[fd]
+                if not is_conn:
+                    self._dead(i, what)
+                try:
+                    msg = self._readers[i].recv()
+                except (EOFError, OSError):
+                    self._dead(i, what)
+                if msg[0] == _ERR:
+                    self._worker_raised(i, msg, what)
+                self._inflight.discard(i)
+                workers.discard(i)
+                self._on_reply(i, msg)
+                out[i] = msg
+        return out
+
+    def _on_reply(self, i: int, msg: bytes) -> None:
+        """Maps a worker's batch memory from its first batch; copies piped bytes in."""
+        if msg[0] == _FIRST:
+            if self.shared_memory:
+                layout = pickle.loads(msg[1:])
+                fd = self._readers[i].fds.pop(0)
+                try:
+                    mem = map_fd(fd, layout.nbytes)
+                finally:
+                    os.close(fd)
+            else:
+                layout, raw = pickle.loads(msg[1:])
+                mem = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            self._memory[i] = mem
+            self._worker_tds[i] = layout.time_last(mem, torch.device("cpu"))
+        elif not self.shared_memory and msg[:1] == b"B":
+            self._memory[i].numpy()[:] = np.frombuffer(msg, dtype=np.uint8, offset=1)
+
+    def _request(self, i: int, random: bool) -> None:
+        """Asks worker ``i`` for its next batch (``random``: with random actions)."""
+        self._send(i, bytes((COLLECT, 1 if random else 0)), "a batch")
+
+    def _call(self, payload_of: Callable[[int], bytes], what: str) -> dict[int, bytes]:
+        """Sends a command to every worker (idle ones) and returns their replies."""
+        self._quiesce()
+        for i in range(self.num_workers):
+            self._send(i, payload_of(i), what)
+        return self._wait(set(range(self.num_workers)), what)
+
+    def _quiesce(self) -> None:
+        """Waits for the batches in flight; keeps them to be yielded next."""
+        while self._inflight:
+            for i in sorted(self._wait(set(self._inflight), "a batch")):
+                self._ready.append((i, dense_copy(self._worker_tds[i])))
+
+    # ------------------------------------------------------------------ failures
+    def _fail(self, err: CollectorWorkerError) -> None:
+        try:
+            self.shutdown()
+        finally:
+            raise err
+
+    def _worker_raised(self, i: int, msg: bytes, what: str) -> None:
+        tname, text, tb = unpack_error(msg)
+        hint = ""
+        if what == "start-up" and "__main__" in text:
+            hint = (" (the worker could not import a function defined in __main__, e.g. in a notebook: "
+                    "define it in an importable module)")
+        self._fail(CollectorWorkerError(
+            f"{type(self).__name__} worker {i} raised {tname}: {text}{hint} (during {what}); the collector "
+            f"was shut down.\nWorker {i} traceback:\n{tb}",
+            worker_index=i, exc_type=tname, exc_message=text, worker_traceback=tb,
+        ))
+
+    def _dead(self, i: int, what: str) -> None:
+        proc, reader = self._procs[i], self._readers[i]
+        try:  # it may have sent its exception just before exiting
+            if self._conns[i].poll(0):
+                msg = reader.recv()
+                if msg[:1] == b"E":
+                    self._worker_raised(i, msg, what)
+        except (EOFError, OSError):
+            pass
+        proc.join(2.0)
+        code = proc.exitcode
+        self._fail(CollectorWorkerError(
+            f"{type(self).__name__} worker {i} (pid {proc.pid}) {_describe_exit(code)} during {what}; "
+            "the collector was shut down", worker_index=i, exitcode=code,
+        ))
+
+    # ------------------------------------------------------------------ iteration
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def __len__(self) -> int:
+        if self.total_frames != math.inf:
+            return int(self.total_frames // self.frames_per_batch)
+        raise RuntimeError(f"{type(self).__name__}: a collector without total_frames has no length")
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase | None:
+        if self.storing_device.type != "cpu":
+            batch = batch.to(self.storing_device)
+        return finish_batch(batch, copy=False, split_trajs=self.split_trajs, postproc=self.postproc,
+                            replay_buffer=self.replay_buffer)
+
+    # ------------------------------------------------------------------ control
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None,
+                               policy: Any = None, worker_ids: Any = None) -> None:
+        """Publishes new policy weights to every worker (through shared memory).
+
+        Args:
+            policy_or_weights: a module, a TensorDict of weights or a ``state_dict``;
+                default: the weights of the policy given at construction (the same object
+                you train, typically).
+            weights, policy: keyword forms (TorchRL's names).
+            worker_ids: accepted for TorchRL compatibility; every worker reads the same
+                weights.
+
+        Each worker copies them into its policy before its next batch: with the sync
+        collector, the next batch uses them; with the async one, batches already started
+        (at most one per worker) still use the previous weights.
+        """
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__}: the collector was shut down")
+        if self._weights is None:
+            raise ValueError(f"{type(self).__name__}.update_policy_weights_: the policy has no weights")
+        src = next((s for s in (policy_or_weights, weights, policy) if s is not None), self.policy)
+        self._weights.write(as_weights(src))
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the workers' envs in turn (worker ``i`` gets the seed returned by worker
+        ``i - 1``); returns the last seed."""
+        self._quiesce()
+        for i in range(self.num_workers):
+            self._send(i, bytes((SEED,)) + pickle.dumps((seed, static_seed)), "set_seed")
+            seed = pickle.loads(self._wait({i}, "set_seed")[i][1:])
+        return seed
+
+    def reset(self) -> None:
+        """Resets every worker's env; their next batches start new trajectories."""
+        self._call(lambda i: bytes((RESET,)), "reset")
+
+    def state_dict(self) -> dict:
+        """``{"worker<i>": worker i's Collector state (with its torch RNG state), "frames",
+        "iter", "requested", "ready": batches gathered but not yet yielded}``.
+
+        Batches in flight are waited for first (they are yielded next, and saved under
+        ``"ready"``), so a collector restored with :meth:`load_state_dict` yields the same
+        batches, per worker, as this one.
+        """
+        replies = self._call(lambda i: bytes((STATE,)), "state_dict")
+        out: dict = {f"worker{i}": pickle.loads(replies[i][1:]) for i in range(self.num_workers)}
+        out.update(frames=self._frames, iter=self._iter, requested=self._requested,
+                   ready=[(i, td_state(td)) for i, td in self._ready])
+        if isinstance(self.policy, nn.Module):
+            out["policy_state_dict"] = {k: v.clone() for k, v in self.policy.state_dict().items()}
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores a :meth:`state_dict` (from a collector built the same way)."""
+        missing = [f"worker{i}" for i in range(self.num_workers) if f"worker{i}" not in state_dict]
+        if missing:
+            raise KeyError(f"{type(self).__name__}.load_state_dict: missing entries {missing}")
+        self._quiesce()
+        self._ready = []
+        self._call(lambda i: bytes((LOAD,)) + pickle.dumps(state_dict[f"worker{i}"]), "load_state_dict")
+        self._frames = int(state_dict.get("frames", 0))
+        self._iter = int(state_dict.get("iter", -1))
+        self._requested = int(state_dict.get("requested", self._frames // self.frames_per_batch))
+        self._ready = [(i, td_from_state(s, None)) for i, s in state_dict.get("ready", [])]
+
+    def shutdown(self) -> None:
+        """Stops the workers (idempotent): a close command, then SIGTERM/SIGKILL for those
+        that do not exit within ``close_timeout``; releases pipes and shared memory."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        self._finalizer()
+        self._inflight = set()
+        self._ready = []
+        self._worker_tds = [None] * self.num_workers
+        self._memory = [None] * self.num_workers  # unmaps the batch memory (and its descriptor)
+        self._weights = None
+        self._poller = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_workers={self.num_workers}, frames_per_batch={self.frames_per_batch}, "
+                f"total_frames={self.total_frames}, frames={self._frames})")
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"{type(self).__name__} cannot be pickled (it owns worker processes)")
+
+
+class MultiSyncDataCollector(_MultiCollector):
+    """Runs one :class:`~steersman.collectors.Collector` per worker process; each batch
+    gathers one batch from every worker.
+
+    Worker ``i`` collects ``frames_per_batch // num_workers`` frames per batch from its
+    own env (``create_env_fn[i]``). The workers' ``[*env_batch, T]`` batches are stacked
+    along a new leading dim (``cat_results="stack"``, the default: ``[num_workers,
+    *env_batch, T]``) or concatenated along ``cat_results`` (an int). Trajectory ids are
+    unique across workers (worker ``i`` hands out ``k * num_workers + i``). Workers
+    collect only when a batch is asked for, so weights published with
+    :meth:`update_policy_weights_` are used from the next batch on.
+
+    Args:
+        create_env_fn: a callable building the env (given ``num_workers``), or a list
+            of them, one per worker. Picklable: a class, a module-level function, a
+            ``functools.partial``.
+        policy: as for :class:`Collector` (pickled to every worker; its weights are
+            shared through shared memory); ``None`` for random actions.
+
+    Keyword Args:
+        num_workers: the number of workers (with a single ``create_env_fn``).
+        frames_per_batch: frames per yielded batch, a multiple of ``num_workers`` (and
+            each worker's share a multiple of its env's number of sub-envs).
+        total_frames, device, storing_device, env_device, policy_device, create_env_kwargs
+            (a dict or one per worker), max_frames_per_traj, init_random_frames,
+            reset_at_each_iter, postproc, split_trajs, exploration_type, reset_when_done,
+            replay_buffer, trust_policy, compile_policy, no_cuda_sync, set_truncated: as for
+            :class:`Collector` (``postproc``, ``split_trajs`` and ``replay_buffer`` act
+            in this process on the gathered batch).
+        update_at_each_batch: publish the policy's weights before every batch.
+        cat_results: ``"stack"`` (default) or the dim along which to concatenate.
+        num_sub_threads: ``torch.set_num_threads`` in each worker (default 1).
+        mp_start_method: ``"forkserver"`` (default where available) or ``"spawn"``
+            (``"fork"`` is unsafe once torch has started threads).
+        shared_memory: exchange batches through shared memory (default; Linux). ``False``
+            sends them through the pipes.
+        timeout: seconds a batch may take before the collector fails (default: none;
+            dead workers are detected regardless).
+        start_timeout, close_timeout: seconds for the workers to start / to exit on
+            :meth:`shutdown` before they are terminated.
+
+    Raises:
+        CollectorWorkerError: a worker failed to start, raised, died or timed out (the
+            message names the worker, the exception type and message).
+
+    Example:
+        >>> import functools
+        >>> from steersman.collectors import MultiSyncDataCollector
+        >>> from steersman.envs import CartPoleEnv
+        >>> collector = MultiSyncDataCollector(
+        ...     functools.partial(CartPoleEnv, batch_size=[2]), num_workers=2,
+        ...     frames_per_batch=40, total_frames=80)
+        >>> for batch in collector:
+        ...     print(batch.batch_size)
+        torch.Size([2, 2, 10])
+        torch.Size([2, 2, 10])
+        >>> collector.shutdown()
+    """
+
+    def _frames_per_worker(self, frames_per_batch: int) -> int:
+        if frames_per_batch % self.num_workers:
+            raise ValueError(
+                f"MultiSyncDataCollector: frames_per_batch={frames_per_batch} is not a multiple of "
+                f"num_workers={self.num_workers} (each worker collects the same share)"
+            )
+        return frames_per_batch // self.num_workers
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yields gathered batches until ``total_frames`` are collected."""
+        workers = range(self.num_workers)
+        while self._frames < self.total_frames:
+            self._iter += 1
+            if self.update_at_each_batch and self._weights is not None:
+                self.update_policy_weights_()
+            self._quiesce()  # replies of an interrupted wait, if any
+            parts = dict(self._ready)  # restored or drained batches: at most one per worker
+            self._ready = []
+            missing = [i for i in workers if i not in parts]
+            if missing:
+                random = self._frames < self.init_random_frames
+                for i in missing:
+                    self._request(i, random)
+                self._wait(set(missing), "a batch")
+                parts.update((i, self._worker_tds[i]) for i in missing)
+            tds = [parts[i] for i in workers]
+            if self.cat_results == "stack":
+                out = torch.stack(tds, 0)
+            else:
+                out = torch.cat(tds, self.cat_results)
+            self._frames += self.frames_per_batch
+            yield self._finish(out)
+
+
+class MultiaSyncDataCollector(_MultiCollector):
+    """Runs one :class:`~steersman.collectors.Collector` per worker process and yields each
+    worker's batch as soon as it is ready.
+
+    Each batch holds ``frames_per_batch`` frames from one worker (``[*env_batch, T]``).
+    A worker starts its next batch before its previous one is yielded, so batches may be
+    collected with weights one :meth:`update_policy_weights_` old. Trajectory ids are
+    unique across workers (worker ``i`` hands out ``k * num_workers + i``).
+
+    Arguments: as :class:`MultiSyncDataCollector` (but ``frames_per_batch`` is per batch
+    of one worker, and there is no ``cat_results``).
+
+    Example:
+        >>> import functools
+        >>> from steersman.collectors import MultiaSyncDataCollector
+        >>> from steersman.envs import CartPoleEnv
+        >>> collector = MultiaSyncDataCollector([CartPoleEnv, CartPoleEnv], frames_per_batch=10,
+        ...                                     total_frames=40)
+        >>> [batch.batch_size for batch in collector]
+        [torch.Size([10]), torch.Size([10]), torch.Size([10]), torch.Size([10])]
+        >>> collector.shutdown()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("cat_results") is not None:
+            raise ValueError(f"{type(self).__name__}: cat_results is for MultiSyncDataCollector only")
+        super().__init__(*args, **kwargs)
+
+    def _frames_per_worker(self, frames_per_batch: int) -> int:
+        return frames_per_batch
+
+    def _total_batches(self) -> float:
+        return self.total_frames / self.frames_per_batch
+
+    def _request_next(self, i: int) -> None:
+        """Asks worker ``i`` for the next batch: random actions while the batches asked so far
+        hold fewer than ``init_random_frames`` frames (batch order, not timing, decides)."""
+        random = self._requested * self.frames_per_batch < self.init_random_frames
+        self._requested += 1
+        self._request(i, random)
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yields worker batches, in the order they are ready, until ``total_frames``."""
+        total = self._total_batches()
+        for i in range(self.num_workers):  # idle workers start at once
+            if i not in self._inflight and self._requested < total and all(j != i for j, _ in self._ready):
+                self._request_next(i)
+        while self._frames < self.total_frames:
+            self._iter += 1
+            if self._ready:
+                i, out = self._ready.pop(0)
+            else:
+                if not self._inflight:  # pragma: no cover - bookkeeping error
+                    raise RuntimeError(f"{type(self).__name__}: no batch in flight")
+                i = min(self._wait(set(self._inflight), "a batch", first=True))
+                out = dense_copy(self._worker_tds[i])
+            self._frames += self.frames_per_batch
+            if self._requested < total:
+                if self.update_at_each_batch and self._weights is not None:
+                    self.update_policy_weights_()
+                self._request_next(i)  # the worker goes on while the batch is used
+            yield self._finish(out)
+
+    def _wait(self, workers: set[int], what: str, timeout: float | None = None, first: bool = False
+              ) -> dict[int, bytes]:
+        out = super()._wait(workers, what, timeout, first)
+        if first and len(out) > 1:  # several were ready at once: keep the others for later
+            for i in sorted(out)[1:]:
+                self._ready.append((i, dense_copy(self._worker_tds[i])))
+        return out
+
+
+class aSyncDataCollector(MultiaSyncDataCollector):
+    """One :class:`~steersman.collectors.Collector` in a background process: batches are
+    collected while the caller works on the previous one.
+
+    Args:
+        create_env_fn: a picklable callable building the env.
+        policy: as for :class:`Collector`.
+        **kwargs: as :class:`MultiaSyncDataCollector` (without ``num_workers``).
+
+    Example:
+        >>> from steersman.collectors import aSyncDataCollector
+        >>> from steersman.envs import CartPoleEnv
+        >>> collector = aSyncDataCollector(CartPoleEnv, frames_per_batch=10, total_frames=20)
+        >>> [batch.batch_size for batch in collector]
+        [torch.Size([10]), torch.Size([10])]
+        >>> collector.shutdown()
+    """
+
+    def __init__(self, create_env_fn: Callable[..., EnvBase], policy: Any = None, **kwargs: Any) -> None:
+        if "num_workers" in kwargs and kwargs["num_workers"] not in (None, 1):
+            raise ValueError("aSyncDataCollector: runs one worker; use MultiaSyncDataCollector for more")
+        kwargs.pop("num_workers", None)
+        super().__init__([create_env_fn], policy, **kwargs)
+
+
+# TorchRL 0.14's names for the same classes
+MultiSyncCollector = MultiSyncDataCollector
+MultiAsyncCollector = MultiaSyncDataCollector
+AsyncCollector = aSyncDataCollector
