@@ -89,6 +89,12 @@ class TensorDict(TensorDictBase):
         n = len(bs)
         dev = self._device
         for key, value in source.items():
+            if type(key) is tuple and key and all(type(k) is str for k in key):
+                if len(key) == 1:
+                    key = key[0]
+                else:  # a nested key: goes through set(), which makes the sub-TensorDicts
+                    self.set(key, value)
+                    continue
             if type(key) is not str:
                 raise TypeError(
                     f"TensorDict keys must be strings (tuples of strings for nested keys), "

@@ -451,3 +451,14 @@ def test_index_errors_on_every_variant(case):
         td.get("missing_key")
     for key in LEAF_KEYS:
         assert_leaf_equal(td.get(key), ref_get(case.ref, key), key)
+
+
+def test_constructor_accepts_nested_tuple_keys():
+    import torch
+
+    from steersman import TensorDict
+
+    td = TensorDict({("a", "b"): torch.zeros(3), ("a", "c"): torch.ones(3, 2), ("d",): torch.ones(3)}, [3])
+    assert td["a", "b"].shape == (3,) and td["a"].batch_size == (3,) and "d" in td.keys()
+    with pytest.raises(ValueError, match="batch size mismatch"):
+        TensorDict({("a", "b"): torch.zeros(4)}, [3])
