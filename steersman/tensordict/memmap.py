@@ -45,6 +45,8 @@ def _parse_shape(shape: tuple[Any, ...]) -> torch.Size:
     """Accepts ``(2, 3)``, ``((2, 3),)``, ``([2, 3],)``, ``(torch.Size([2, 3]),)`` or ``()``."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = tuple(shape[0])
+    if all(type(s) is int and s >= 0 for s in shape):  # the common case
+        return torch.Size(shape)
     out = []
     for s in shape:
         if isinstance(s, torch.Tensor):
@@ -70,7 +72,7 @@ def _numel(shape: torch.Size) -> int:
 
 
 def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _check_cpu_device(device: Any) -> None:
