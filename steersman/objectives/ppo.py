@@ -50,7 +50,7 @@ import torch.distributions as D
 from torch import Tensor, nn
 
 from ..tensordict import TensorDict, TensorDictBase
-from ..tensordict.nn import ExplorationType, set_exploration_type
+from ..tensordict.nn import ExplorationType, TanhNormal, set_exploration_type
 from .common import LossModule
 from .utils import ValueEstimators, distance_loss, reduce_loss
 from .value import normalize_advantage
@@ -90,7 +90,13 @@ def actor_distribution(actor: nn.Module, td: TensorDictBase) -> D.Distribution:
 
 def policy_entropy(dist: D.Distribution, samples_mc_entropy: int = 1) -> Tensor:
     """``dist.entropy()``, or ``-mean(log_prob(x))`` over ``samples_mc_entropy`` draws when the
-    distribution has no entropy; reparametrized draws where possible (differentiable)."""
+    distribution has no entropy; reparametrized draws where possible (differentiable).
+
+    A :class:`~steersman.tensordict.nn.TanhNormal` has only a Monte-Carlo entropy: it gets
+    ``samples_mc_entropy`` draws too (its own default, 16, would cost 16x the random numbers).
+    """
+    if isinstance(dist, TanhNormal):
+        return dist.entropy(samples_mc_entropy)
     try:
         return dist.entropy()
     except NotImplementedError:
