@@ -1,0 +1,291 @@
+"""Learning benchmark: steersman's recipes vs Stable-Baselines3 on the same tasks.
+
+Tasks (rl-zoo's tuned settings on both sides, one thread, CPU):
+
+  ppo-cartpole   PPO on CartPole-v1: 8 envs x 32 steps, batch 256, 20 epochs, GAE(0.98,
+                 0.8), lr 1e-3 and clip 0.2 both linear to 0, no entropy bonus, [64, 64]
+                 tanh MLPs; 100k frames; threshold: mean evaluation return >= 475.
+  sac-pendulum   SAC on Pendulum-v1: lr 1e-3, [256, 256] MLPs, batch 256, 1 update per
+                 frame, 100 random frames, tau 0.005, automatic temperature; 20k frames;
+                 threshold: mean evaluation return >= -200.
+
+Contestants, each seed in its own process (``--worker``):
+
+  steersman      the recipe (``steersman.recipes.ppo`` / ``.sac``) with its native torch
+                 env, from this checkout, in the project's venv;
+  steersman-compile  the same with ``compile=True`` (the update step through
+                 torch.compile; the compile time counts as training time); PPO only;
+  sb3            Stable-Baselines3 with Gymnasium's env, in the anchor venv.
+
+Every ``--eval-every`` frames each contestant evaluates its deterministic policy on 10
+episodes; the evaluation's time is left out of the training clock (setup is included:
+building the model, the envs, the first calls). Reported per contestant (median over
+seeds, and per seed in the JSON): frames and training seconds to first reach the
+threshold, final evaluation return, training frames per second.
+
+    python benchmarks/learning.py                      # both tasks, 3 seeds, both contestants
+    python benchmarks/learning.py --tasks ppo-cartpole --seeds 1 --quick
+    python benchmarks/learning.py --json results.json --plot curves.png
+
+Interpreters: steersman runs with this script's Python (``--steersman-python``), SB3 with
+``--sb3-python`` (default ``/work/anchors-venv/bin/python``). A contestant that cannot
+start is reported as n/a with the reason. On a shared machine the seconds drift between
+runs; compare contestants of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+TASKS = {
+    "ppo-cartpole": {"env": "CartPole-v1", "frames": 100_000, "eval_every": 2_560, "threshold": 475.0,
+                     "quick_frames": 30_720},
+    "sac-pendulum": {"env": "Pendulum-v1", "frames": 20_000, "eval_every": 2_000, "threshold": -200.0,
+                     "quick_frames": 6_000},
+}
+EVAL_EPISODES = 10
+
+
+# ---------------------------------------------------------------- workers (one process each)
+def _steersman_worker(task: str, seed: int, frames: int, eval_every: int, compile: bool = False) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(REPO))
+    from steersman.recipes import get_recipe
+
+    algo = task.split("-")[0]
+    recipe = get_recipe(algo)
+    cfg = recipe.PPOConfig() if algo == "ppo" else recipe.SACConfig()
+    cfg.total_frames, cfg.seed, cfg.quiet, cfg.export_format = frames, seed, True, "none"
+    cfg.logger.backends = ["csv"]
+    cfg.logger.log_interval = 10**9
+    cfg.eval.interval, cfg.eval.episodes = eval_every, EVAL_EPISODES
+    cfg.checkpoint.interval = 0
+    if compile:
+        cfg.compile = True
+    evals, eval_time = [], [0.0]
+    original = recipe.evaluate
+    t0 = time.perf_counter()
+
+    def timed_evaluate(env, policy, *args, **kwargs):  # the evaluation is off the training clock
+        start = time.perf_counter()
+        out = original(env, policy, *args, **kwargs)
+        evals.append({"train_seconds": start - t0 - eval_time[0], "return": float(out.mean())})
+        eval_time[0] += time.perf_counter() - start
+        return out
+
+    recipe.evaluate = timed_evaluate
+    with tempfile.TemporaryDirectory() as d:
+        summary = recipe.train(cfg, Path(d) / "run")
+        metrics = Path(d) / "run" / "metrics.csv"
+        from steersman.record import read_metrics_csv
+
+        cols = read_metrics_csv(metrics)
+    steps = [int(s) for s, r in zip(cols["step"], cols["eval/return"]) if not math.isnan(r)]
+    for e, f in zip(evals, steps):
+        e["frames"] = f
+    train_seconds = evals[-1]["train_seconds"]
+    return {"evals": evals, "frames": summary["frames"], "train_seconds": train_seconds}
+
+
+def _sb3_worker(task: str, seed: int, frames: int, eval_every: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    evals, eval_time = [], [0.0]
+    t0 = time.perf_counter()
+    eval_env = make_vec_env(TASKS[task]["env"], n_envs=1, seed=seed + 10_000)
+
+    class Evaluator(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = eval_every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += eval_every
+                self._evaluate()
+            return True
+
+        def _evaluate(self) -> None:
+            start = time.perf_counter()
+            mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
+            evals.append({"frames": int(self.num_timesteps), "train_seconds": start - t0 - eval_time[0],
+                          "return": float(mean)})
+            eval_time[0] += time.perf_counter() - start
+
+    if task == "ppo-cartpole":
+        env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+        model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                    ent_coef=0.0, learning_rate=lambda p: p * 1e-3, clip_range=lambda p: p * 0.2, seed=seed,
+                    device="cpu", verbose=0)
+    else:
+        env = make_vec_env("Pendulum-v1", n_envs=1, seed=seed)
+        model = SAC("MlpPolicy", env, learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
+    callback = Evaluator()
+    model.learn(frames, callback=callback)
+    if not evals or evals[-1]["frames"] < model.num_timesteps:
+        callback._evaluate()
+    return {"evals": evals, "frames": int(model.num_timesteps), "train_seconds": evals[-1]["train_seconds"]}
+
+
+WORKERS = {
+    "steersman": _steersman_worker,
+    "steersman-compile": lambda *a: _steersman_worker(*a, compile=True),
+    "sb3": _sb3_worker,
+}
+
+
+# ---------------------------------------------------------------- the driver
+def _summary(run: dict, threshold: float) -> dict:
+    hit = next((e for e in run["evals"] if e["return"] >= threshold), None)
+    return {
+        "frames_to_threshold": hit["frames"] if hit else None,
+        "seconds_to_threshold": round(hit["train_seconds"], 2) if hit else None,
+        "final_return": run["evals"][-1]["return"],
+        "frames_per_s": run["frames"] / run["train_seconds"],
+    }
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _launch(python: str, contestant: str, task: str, seed: int, frames: int, eval_every: int) -> dict:
+    cmd = [python, str(Path(__file__).resolve()), "--worker", contestant, task, str(seed), str(frames),
+           str(eval_every)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit {proc.returncode}: {tail[0]}"}
+    return json.loads(lines[-1])
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {list(TASKS)}")
+    p.add_argument("--contestants", default="steersman,sb3")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
+    p.add_argument("--steersman-python", default=sys.executable)
+    p.add_argument("--sb3-python", default="/work/anchors-venv/bin/python")
+    p.add_argument("--json", default=None, help="write all results here")
+    p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
+    p.add_argument("--worker", nargs=5, metavar=("CONTESTANT", "TASK", "SEED", "FRAMES", "EVAL_EVERY"),
+                   help=argparse.SUPPRESS)
+    ns = p.parse_args()
+    if ns.worker:
+        contestant, task, seed, frames, eval_every = ns.worker
+        print(json.dumps(WORKERS[contestant](task, int(seed), int(frames), int(eval_every))))
+        return
+
+    pythons = {"steersman": ns.steersman_python, "steersman-compile": ns.steersman_python, "sb3": ns.sb3_python}
+    results: dict = {"meta": {"seeds": ns.seeds, "quick": ns.quick, "eval_episodes": EVAL_EPISODES,
+                              "python": sys.version.split()[0], "cpus": os.cpu_count()}, "tasks": {}}
+    for task in ns.tasks.split(","):
+        spec = TASKS[task]
+        frames = spec["quick_frames"] if ns.quick else spec["frames"]
+        per: dict = {}
+        for contestant in ns.contestants.split(","):
+            runs = []
+            for seed in range(ns.seeds):
+                print(f"{task} {contestant} seed {seed} ...", file=sys.stderr, flush=True)
+                runs.append(_launch(pythons[contestant], contestant, task, seed, frames, spec["eval_every"]))
+            ok = [r for r in runs if "error" not in r]
+            sums = [_summary(r, spec["threshold"]) for r in ok]
+            per[contestant] = {
+                "runs": runs,
+                "errors": [r["error"] for r in runs if "error" in r],
+                "median": {k: _median([s[k] for s in sums]) for k in
+                           ("frames_to_threshold", "seconds_to_threshold", "final_return", "frames_per_s")},
+                "reached": f"{sum(s['frames_to_threshold'] is not None for s in sums)}/{len(runs)}",
+            }
+        results["tasks"][task] = {"spec": {**spec, "frames": frames}, "contestants": per}
+        _print_table(task, spec, per)
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(results, indent=1))
+    if ns.plot:
+        _plot(results, ns.plot)
+
+
+def _print_table(task: str, spec: dict, per: dict) -> None:
+    print(f"\n### {task} (threshold {spec['threshold']:g}, median over seeds)\n")
+    print("| contestant | reached | frames to threshold | train s to threshold | final return | frames/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, r in per.items():
+        m = r["median"]
+        if r["errors"] and len(r["errors"]) == len(r["runs"]):
+            print(f"| {name} | n/a ({r['errors'][0]}) | | | | |")
+            continue
+        print(f"| {name} | {r['reached']} | {_fmt(m['frames_to_threshold'], ',.0f')} | "
+              f"{_fmt(m['seconds_to_threshold'], '.1f')} | {_fmt(m['final_return'], '.1f')} | "
+              f"{_fmt(m['frames_per_s'], ',.0f')} |")
+    base = per.get("sb3", {}).get("median", {})
+    mine = per.get("steersman", {}).get("median", {})
+    if base.get("frames_per_s") and mine.get("frames_per_s"):
+        print(f"\nsteersman/sb3: throughput x{mine['frames_per_s'] / base['frames_per_s']:.2f}", end="")
+        if base.get("seconds_to_threshold") and mine.get("seconds_to_threshold"):
+            print(f", time to threshold x{base['seconds_to_threshold'] / mine['seconds_to_threshold']:.2f} faster",
+                  end="")
+        print()
+
+
+def _plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    tasks = results["tasks"]
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.8 * len(tasks)), squeeze=False)
+    for row, (task, t) in enumerate(tasks.items()):
+        for name, r in t["contestants"].items():
+            runs = [x for x in r["runs"] if "error" not in x]
+            if not runs:
+                continue
+            n = min(len(x["evals"]) for x in runs)
+            f = np.array([[e["frames"] for e in x["evals"][:n]] for x in runs]).mean(0)
+            s = np.array([[e["train_seconds"] for e in x["evals"][:n]] for x in runs]).mean(0)
+            ret = np.array([[e["return"] for e in x["evals"][:n]] for x in runs])
+            for ax, xs in ((axes[row, 0], f), (axes[row, 1], s)):
+                ax.plot(xs, ret.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
+                ax.fill_between(xs, ret.min(0), ret.max(0), alpha=0.2)
+        for col, xlabel in enumerate(("frames", "training seconds (evaluation excluded)")):
+            ax = axes[row, col]
+            ax.axhline(t["spec"]["threshold"], color="grey", ls="--", lw=1)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("evaluation return")
+            ax.set_title(task)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""A2C (Mnih et al., 2016, synchronous): one policy-gradient step per short on-policy batch.
+
+The defaults are Stable-Baselines3/rl-zoo's CartPole-v1 settings (8 envs x 5 steps per
+batch, RMSprop lr 7e-4, gamma 0.99, plain n-step advantages (GAE lambda 1), no entropy
+bonus); CartPole reaches a return of 500 within a few hundred thousand frames.
+
+Run it: ``steersman train a2c``; from Python::
+
+    from steersman.recipes.a2c import A2CConfig, train
+    summary = train(A2CConfig(total_frames=200_000), "runs/a2c")
+
+The loop: collect ``num_envs x n_steps`` frames; advantages with GAE; one gradient step of
+the policy-gradient + value + entropy loss (:class:`~steersman.objectives.A2CLoss`);
+evaluate, checkpoint, log. The networks are PPO's (:func:`steersman.recipes.ppo.make_policy`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from steersman.collectors import SyncDataCollector
+from steersman.envs import EnvBase
+from steersman.objectives import A2CLoss, ValueEstimators
+from steersman.tensordict.nn import shared_copy
+
+from . import ppo
+from .checkpoint import seed_everything, set_rng_state
+from .config import CheckpointConfig, ClippedOptimConfig, EnvConfig, EvalConfig, LoggerConfig
+from .envs import check_env_id, make_env
+from .evaluation import EpisodeReturns, evaluate
+from .run import Run, default_run_dir
+
+__all__ = ["A2CConfig", "make_policy", "train"]
+
+
+@dataclass
+class A2CConfig:
+    """Configuration of the A2C recipe (defaults: SB3/rl-zoo CartPole-v1)."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(name="CartPole-v1", num_envs=8))
+    """The training env."""
+    total_frames: int = 500_000
+    """Frames (env steps summed over sub-envs) to train for."""
+    n_steps: int = 5
+    """Steps per sub-env in each batch (batch = num_envs x n_steps frames, one update)."""
+    optim: ClippedOptimConfig = field(default_factory=lambda: ClippedOptimConfig(lr=7e-4, max_grad_norm=0.5))
+    """RMSprop settings."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 1.0
+    """GAE lambda (1: n-step returns bootstrapped at the end of the batch)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    critic_coef: float = 0.5
+    """Weight of the value loss."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer widths of the actor and of the critic."""
+    ortho_init: bool = True
+    """Orthogonal init (gain sqrt 2; 0.01 for the policy head, 1 for the value head)."""
+    seed: int = 0
+    """Seed of torch, numpy, random and the envs."""
+    num_threads: int = 1
+    """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
+    quiet: bool = False
+    """No progress bar (CI, logs); the summary is still printed."""
+    export_format: str = "torch-export"
+    """Policy file written at the end: torch-export, onnx or none."""
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval=25))
+    """Metrics loggers."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(interval=25_000, episodes=10))
+    """Evaluation schedule."""
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=100_000))
+    """Checkpoint schedule."""
+
+
+def make_policy(cfg: A2CConfig, env: EnvBase) -> nn.Module:
+    """The actor (see :func:`steersman.recipes.ppo.make_policy`)."""
+    return ppo.make_policy(cfg, env)
+
+
+def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains A2C as configured, writing ``run_dir``; returns the run's summary."""
+    cfg = cfg if cfg is not None else A2CConfig()
+    check_env_id(cfg.env.name)
+    seed_everything(cfg.seed)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+
+    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
+                   max_episode_steps=cfg.env.max_episode_steps)
+    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
+                        max_episode_steps=cfg.env.max_episode_steps)
+    actor, critic = ppo.make_policy(cfg, env), ppo.make_critic(cfg, env)
+    loss_fn = A2CLoss(actor, critic, entropy_coeff=cfg.entropy_coef, critic_coeff=cfg.critic_coef,
+                      loss_critic_type="l2")
+    loss_fn.make_value_estimator(ValueEstimators.GAE, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+    params = [p for p in loss_fn.parameters() if p.requires_grad]
+    optim = torch.optim.RMSprop(params, lr=cfg.optim.lr, alpha=0.99, eps=1e-5, foreach=True)
+    policy = shared_copy(actor)
+    collector = SyncDataCollector(env, policy, frames_per_batch=cfg.env.num_envs * cfg.n_steps,
+                                  total_frames=cfg.total_frames)
+    episodes = EpisodeReturns()
+
+    run = Run("a2c", cfg, run_dir if run_dir is not None else default_run_dir("a2c"), resume=resume)
+
+    def state() -> dict[str, Any]:
+        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict(),
+                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
+
+    if (ckpt := run.restore()) is not None:
+        loss_fn.load_state_dict(ckpt.state["loss"])
+        optim.load_state_dict(ckpt.state["optim"])
+        collector.load_state_dict(ckpt.state["collector"])
+        episodes.load_state_dict(ckpt.state["episodes"])
+        set_rng_state(ckpt.state["rng"])
+
+    frames = run.frames
+    eval_return = math.nan
+    for batch in collector:
+        frames += batch.numel()
+        episodes.update(batch)
+
+        with torch.no_grad():
+            loss_fn.value_estimator(batch)
+        losses = loss_fn(batch.exclude("next"))
+        total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+        optim.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm, foreach=True)
+        optim.step()
+
+        run.log(frames, {"train/return": episodes.last_mean, "train/loss_objective": losses["loss_objective"],
+                         "train/loss_critic": losses["loss_critic"], "train/entropy": losses["entropy"],
+                         "train/grad_norm": grad_norm})
+        if run.eval_due(frames):
+            eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
+        if run.checkpoint_due(frames) or run.stop_requested:
+            run.save(state())
+        if run.stop_requested:
+            break
+    collector.shutdown()
+
+    if not run.stop_requested:
+        eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
+        run.save(state())
+    return run.finish(policy, eval_env.reset()["observation"], eval_return)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    train()

@@ -1,0 +1,195 @@
+"""Config pieces shared by the recipes: env, logger, evaluation and checkpoint settings.
+
+Each recipe has one config dataclass (``PPOConfig``, ``SACConfig``...) that nests these
+next to its own algorithm settings. Every field has a one-line docstring (the string
+under it): :func:`field_docs` reads them, and ``steersman train ALGO --cfg job`` shows
+the resolved values. The same dataclasses are Hydra's structured configs, so the command
+line overrides any field as ``key=value`` (``env.num_envs=16``, ``optim.lr=3e-4``).
+
+Example:
+    >>> cfg = EnvConfig(name="Pendulum-v1", num_envs=4)
+    >>> cfg.name, cfg.num_envs
+    ('Pendulum-v1', 4)
+    >>> field_docs(EnvConfig)["num_envs"]
+    'Number of sub-envs stepped together (the batch size of the training env).'
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CheckpointConfig",
+    "ConfigError",
+    "EnvConfig",
+    "EvalConfig",
+    "LoggerConfig",
+    "OptimConfig",
+    "ClippedOptimConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "diff_configs",
+    "field_docs",
+]
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work (unknown env id, incompatible sizes...): nothing ran."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on, and how many copies."""
+
+    name: str = "CartPole-v1"
+    """Env id: a built-in torch env (`steersman envs`) or `gym:<Gymnasium id>`."""
+    num_envs: int = 8
+    """Number of sub-envs stepped together (the batch size of the training env)."""
+    max_episode_steps: int | None = None
+    """Time limit per episode (None: the env's own default)."""
+    compile: bool = False
+    """Run the native env's step through torch.compile (faster with many sub-envs)."""
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer settings (Adam unless the recipe says otherwise)."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+
+
+@dataclass
+class ClippedOptimConfig:
+    """Optimizer settings with gradient-norm clipping."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm to this value."""
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go. `metrics.csv` is always written in the run directory."""
+
+    backends: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
+    """Loggers to write to: csv, tensorboard, wandb, mlflow (the last two when installed)."""
+    project: str = "steersman"
+    """Project name for wandb/mlflow."""
+    log_interval: int = 1
+    """Log training metrics every this many iterations."""
+
+
+@dataclass
+class EvalConfig:
+    """Deterministic evaluation during and after training."""
+
+    interval: int = 10_000
+    """Evaluate every this many frames (0: only at the end)."""
+    episodes: int = 10
+    """Episodes per evaluation (run side by side as one batched env)."""
+    video: bool = False
+    """Record a video of one episode at the end (envs that render)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Periodic checkpoints under `<run_dir>/checkpoints`."""
+
+    interval: int = 50_000
+    """Save a checkpoint every this many frames (0: only at the end)."""
+    keep: int = 3
+    """How many checkpoints to keep."""
+    replay_buffer: bool = True
+    """Include the replay buffer (off-policy runs) so that a resume is exact."""
+
+
+# ---------------------------------------------------------------- helpers
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The one-line docstrings of a dataclass's fields (the string under each field)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # pragma: no cover - no source (frozen apps)
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = nxt.value.value.strip()
+    return docs
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """A (nested) config dataclass as plain JSON-able dicts.
+
+    Example:
+        >>> config_to_dict(EvalConfig(episodes=3))
+        {'interval': 10000, 'episodes': 3, 'video': False}
+    """
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Builds the config dataclass ``cls`` from plain dicts (as :func:`config_to_dict` wrote).
+
+    Unknown keys raise a ``KeyError`` that lists the valid ones.
+
+    Example:
+        >>> config_from_dict(EvalConfig, {"episodes": 3}).episodes
+        3
+        >>> config_from_dict(EvalConfig, {"episode": 3})
+        Traceback (most recent call last):
+        ...
+        KeyError: "unknown config key 'episode' in EvalConfig; valid keys: ['interval', 'episodes', 'video']"
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise KeyError(f"unknown config key {key!r} in {cls.__name__}; valid keys: {list(fields)}")
+        sub = _dataclass_type(cls, fields[key])
+        kwargs[key] = config_from_dict(sub, value) if sub is not None and isinstance(value, dict) else value
+    return cls(**kwargs)
+
+
+def _dataclass_type(cls: type, f: dataclasses.Field) -> type | None:
+    """The dataclass type of field ``f`` of ``cls`` (annotations may be strings), or None."""
+    hints = _type_hints(cls)
+    t = hints.get(f.name)
+    return t if isinstance(t, type) and dataclasses.is_dataclass(t) else None
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old value, new value)`` for every leaf that differs.
+
+    Example:
+        >>> diff_configs({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}})
+        [('b.c', 2, 3)]
+    """
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff_configs(a, b, name + ".")
+        elif a != b:
+            out.append((name, a, b))
+    return out

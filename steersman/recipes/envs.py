@@ -1,0 +1,140 @@
+"""Env ids the recipes understand: built-in torch envs, and any Gymnasium id as ``gym:<id>``.
+
+``make_env("CartPole-v1", num_envs=8, seed=0)`` builds the native batched
+:class:`~steersman.envs.CartPoleEnv` (batch ``[8]``); ``make_env("gym:LunarLander-v3",
+num_envs=8)`` builds a Gymnasium vector env through :class:`~steersman.envs.GymEnv`
+(needs ``gymnasium`` and the env's own extras). Both have discrete actions as integer
+indices (``Categorical``) and the same keys, so every recipe runs on either.
+
+Example:
+    >>> env = make_env("Pendulum-v1", num_envs=4, seed=0)
+    >>> env.batch_size, env.action_spec.shape
+    (torch.Size([4]), torch.Size([4, 1]))
+    >>> make_env("CartPol-v1", num_envs=1)
+    Traceback (most recent call last):
+    ...
+    steersman.recipes.config.ConfigError: unknown env id 'CartPol-v1'; built-in ids: ['Acrobot-v1', 'CartPole-v1', 'GridWorld-v0', 'MountainCar-v0', 'MountainCarContinuous-v0', 'Pendulum-v1'], or any Gymnasium id as 'gym:<id>' (e.g. env.name=gym:LunarLander-v3)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from steersman.envs import (
+    AcrobotEnv,
+    CartPoleEnv,
+    EnvBase,
+    GridWorldEnv,
+    MountainCarContinuousEnv,
+    MountainCarEnv,
+    PendulumEnv,
+)
+
+from .config import ConfigError
+
+__all__ = ["NATIVE_ENVS", "GYM_PREFIX", "TRANSITION_KEYS", "action_spec_unbatched", "check_env_id", "make_env",
+           "make_render_env"]
+
+#: Built-in ids and their torch-native env classes (Gymnasium's dynamics and time limits).
+NATIVE_ENVS: dict[str, type[EnvBase]] = {
+    "Acrobot-v1": AcrobotEnv,
+    "CartPole-v1": CartPoleEnv,
+    "GridWorld-v0": GridWorldEnv,
+    "MountainCar-v0": MountainCarEnv,
+    "MountainCarContinuous-v0": MountainCarContinuousEnv,
+    "Pendulum-v1": PendulumEnv,
+}
+GYM_PREFIX = "gym:"
+#: What off-policy recipes keep of a transition in their replay buffers (``batch.select(*TRANSITION_KEYS)``):
+#: random-action batches and policy batches then have the same entries.
+TRANSITION_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+                   ("next", "terminated"), ("next", "truncated")]
+
+
+def action_spec_unbatched(env: EnvBase) -> Any:
+    """The action spec of one sub-env (``env.action_spec`` carries the batch dims).
+
+    Example:
+        >>> env = make_env("CartPole-v1", num_envs=4, seed=0)
+        >>> env.action_spec.shape, action_spec_unbatched(env).shape
+        (torch.Size([4]), torch.Size([]))
+    """
+    return env.action_spec[(0,) * len(env.batch_size)] if len(env.batch_size) else env.action_spec
+
+
+def check_env_id(name: str) -> None:
+    """Raises a one-line :class:`~steersman.recipes.config.ConfigError` listing the valid ids if
+    ``name`` is not one."""
+    if name in NATIVE_ENVS or (name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX)):
+        return
+    raise ConfigError(
+        f"unknown env id {name!r}; built-in ids: {sorted(NATIVE_ENVS)}, or any Gymnasium id as "
+        f"'{GYM_PREFIX}<id>' (e.g. env.name={GYM_PREFIX}LunarLander-v3)"
+    )
+
+
+def make_env(
+    name: str,
+    num_envs: int,
+    *,
+    seed: int | None = None,
+    max_episode_steps: int | None = None,
+    compile: bool = False,
+    device: Any = "cpu",
+    render: bool = False,
+) -> EnvBase:
+    """A batched env ``[num_envs]`` for the id ``name`` (see the module docstring).
+
+    Args:
+        name: a key of :data:`NATIVE_ENVS` or ``"gym:<Gymnasium id>"``.
+        num_envs: number of sub-envs (>= 1).
+        seed: the env's seed (None: drawn from torch's global RNG).
+        max_episode_steps: time limit (None: the env's default).
+        compile: torch.compile the native env's step.
+        device: where the env's tensors live.
+        render: Gymnasium envs only: create them with ``render_mode="rgb_array"``.
+    """
+    check_env_id(name)
+    if num_envs < 1:
+        raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
+    if name in NATIVE_ENVS:
+        kwargs: dict[str, Any] = {"seed": seed, "compile": compile}
+        if max_episode_steps is not None:
+            kwargs["max_episode_steps"] = max_episode_steps
+        return NATIVE_ENVS[name](batch_size=[num_envs], device=device, **kwargs)
+    from steersman.envs import GymEnv
+
+    kwargs = {"categorical_action_encoding": True, "device": device}
+    if max_episode_steps is not None:
+        kwargs["max_episode_steps"] = max_episode_steps
+    if render:
+        kwargs["render_mode"] = "rgb_array"
+    env = GymEnv(name[len(GYM_PREFIX):], num_envs=num_envs, **kwargs)
+    if seed is not None:
+        env.set_seed(seed)
+    return env
+
+
+def make_render_env(name: str, *, seed: int | None = None, max_episode_steps: int | None = None) -> EnvBase:
+    """A single env of id ``name`` that renders RGB frames, for recording videos.
+
+    The torch-native envs do not draw themselves: their Gymnasium twin (same dynamics and
+    observations) is used. Needs ``gymnasium`` (and ``pygame`` for classic control).
+    """
+    check_env_id(name)
+    gym_id = name[len(GYM_PREFIX):] if name.startswith(GYM_PREFIX) else name
+    if name in NATIVE_ENVS and name == "GridWorld-v0":
+        raise ConfigError("GridWorld-v0 is steersman's own env and cannot render; videos need a Gymnasium id")
+    from steersman.envs import GymEnv
+
+    if not os.environ.get("DISPLAY"):  # off-screen rendering (pygame) on headless machines
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    kwargs: dict[str, Any] = {"categorical_action_encoding": True, "render_mode": "rgb_array"}
+    if max_episode_steps is not None:
+        kwargs["max_episode_steps"] = max_episode_steps
+    env = GymEnv(gym_id, **kwargs)
+    if seed is not None:
+        env.set_seed(seed)
+    return env

@@ -1,0 +1,206 @@
+"""SAC (Haarnoja et al., 2018): off-policy maximum-entropy actor-critic, continuous or discrete.
+
+The defaults are rl-zoo's Pendulum-v1 settings (Adam lr 1e-3 for actor, twin critics and
+temperature, [256, 256] MLPs, batch 256, one update per frame, 100 random frames first,
+soft target updates with tau 0.005, automatic temperature with target entropy -dim(A));
+Pendulum reaches a return around -150 in about 10k-20k frames. With discrete actions
+(``env=cartpole``) the recipe uses discrete SAC (a categorical policy and Q(s, .)
+critics, :class:`~steersman.objectives.sac.DiscreteSACLoss`).
+
+Run it: ``steersman train sac``; from Python::
+
+    from steersman.recipes.sac import SACConfig, train
+    summary = train(SACConfig(total_frames=20_000), "runs/sac")
+
+The loop: collect ``frames_per_batch`` frames with the stochastic policy into the replay
+buffer; ``frames_per_batch x utd_ratio`` updates of actor, critics and temperature on
+sampled minibatches (:class:`~steersman.objectives.sac.SACLoss`), each followed by a soft
+update of the target critics; evaluate, checkpoint, log.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from steersman.collectors import SyncDataCollector
+from steersman.data import Categorical, LazyTensorStorage, TensorDictReplayBuffer
+from steersman.envs import EnvBase
+from steersman.modules import MLP, ProbabilisticActor, ValueOperator
+from steersman.objectives import SoftUpdate
+from steersman.objectives.sac import DiscreteSACLoss, SACLoss
+from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule
+
+from .checkpoint import seed_everything, set_rng_state
+from .config import CheckpointConfig, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
+from .envs import TRANSITION_KEYS, action_spec_unbatched, check_env_id, make_env
+from .evaluation import EpisodeReturns, evaluate
+from .run import Run, default_run_dir
+
+__all__ = ["SACConfig", "make_policy", "make_qvalue", "train"]
+
+
+@dataclass
+class SACConfig:
+    """Configuration of the SAC recipe (defaults: rl-zoo Pendulum-v1)."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(name="Pendulum-v1", num_envs=1))
+    """The training env (continuous or discrete actions)."""
+    total_frames: int = 20_000
+    """Frames (env steps summed over sub-envs) to train for."""
+    frames_per_batch: int = 1
+    """Frames collected between two rounds of updates."""
+    utd_ratio: float = 1.0
+    """Updates per collected frame."""
+    batch_size: int = 256
+    """Transitions per update."""
+    buffer_size: int = 1_000_000
+    """Replay buffer capacity (transitions; memory is taken as the buffer fills)."""
+    learning_starts: int = 100
+    """Random-action frames collected before the first update."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    """Adam settings (actor, critics and temperature)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Soft target update rate."""
+    alpha_init: float = 1.0
+    """Initial temperature."""
+    target_entropy: str = "auto"
+    """Target entropy: auto (-dim(A); 0.98 log(n) for discrete actions) or a number."""
+    loss_function: str = "l2"
+    """Critic regression distance: l2, smooth_l1 or l1."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden layer widths of the actor and of the critics."""
+    seed: int = 0
+    """Seed of torch, numpy, random and the envs."""
+    num_threads: int = 1
+    """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
+    quiet: bool = False
+    """No progress bar (CI, logs); the summary is still printed."""
+    export_format: str = "torch-export"
+    """Policy file written at the end: torch-export, onnx or none."""
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval=200))
+    """Metrics loggers."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(interval=2_000, episodes=10))
+    """Evaluation schedule."""
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=10_000))
+    """Checkpoint schedule (the replay buffer is included)."""
+
+
+def _discrete(env: EnvBase) -> bool:
+    return isinstance(env.action_spec, Categorical)
+
+
+def make_policy(cfg: SACConfig, env: EnvBase) -> ProbabilisticActor:
+    """The actor: a tanh-Gaussian over the action box, or a categorical over discrete actions."""
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    spec = action_spec_unbatched(env)
+    if _discrete(env):
+        net = MLP(in_features=obs_dim, out_features=spec.n, num_cells=cfg.hidden_sizes, activation_class=nn.ReLU)
+        return ProbabilisticActor(TensorDictModule(net, ["observation"], ["logits"]), in_keys=["logits"], spec=spec,
+                                  distribution_class=torch.distributions.Categorical,
+                                  distribution_kwargs={"validate_args": False})
+    net = MLP(in_features=obs_dim, out_features=2 * spec.shape[-1], num_cells=cfg.hidden_sizes,
+              activation_class=nn.ReLU)
+    module = TensorDictModule(nn.Sequential(net, NormalParamExtractor()), ["observation"], ["loc", "scale"])
+    return ProbabilisticActor(module, in_keys=["loc", "scale"], spec=spec, distribution_class=TanhNormal)
+
+
+def make_qvalue(cfg: SACConfig, env: EnvBase) -> nn.Module:
+    """A critic: ``Q(s, a)`` ``[*batch, 1]``, or ``Q(s, .)`` ``[*batch, n]`` for discrete actions."""
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    spec = action_spec_unbatched(env)
+    if _discrete(env):
+        net = MLP(in_features=obs_dim, out_features=spec.n, num_cells=cfg.hidden_sizes, activation_class=nn.ReLU)
+        return TensorDictModule(net, ["observation"], ["action_value"])
+    net = MLP(in_features=obs_dim + spec.shape[-1], out_features=1, num_cells=cfg.hidden_sizes,
+              activation_class=nn.ReLU)
+    return ValueOperator(net, in_keys=["observation", "action"])
+
+
+def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains SAC as configured, writing ``run_dir``; returns the run's summary."""
+    cfg = cfg if cfg is not None else SACConfig()
+    check_env_id(cfg.env.name)
+    seed_everything(cfg.seed)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+
+    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
+                   max_episode_steps=cfg.env.max_episode_steps)
+    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
+                        max_episode_steps=cfg.env.max_episode_steps)
+    actor, qvalue = make_policy(cfg, env), make_qvalue(cfg, env)
+    target_entropy = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
+    if _discrete(env):
+        loss_fn = DiscreteSACLoss(actor, qvalue, action_space=action_spec_unbatched(env), loss_function=cfg.loss_function,
+                                  alpha_init=cfg.alpha_init, target_entropy=target_entropy)
+    else:
+        loss_fn = SACLoss(actor, qvalue, action_spec=action_spec_unbatched(env), loss_function=cfg.loss_function,
+                          alpha_init=cfg.alpha_init, target_entropy=target_entropy)
+    loss_fn.make_value_estimator(gamma=cfg.gamma)
+    target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
+    optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
+    collector = SyncDataCollector(env, actor, frames_per_batch=cfg.frames_per_batch,
+                                  total_frames=cfg.total_frames, init_random_frames=cfg.learning_starts)
+    episodes = EpisodeReturns()
+    updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
+
+    run = Run("sac", cfg, run_dir if run_dir is not None else default_run_dir("sac"), resume=resume)
+
+    def state() -> dict[str, Any]:
+        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict(),
+                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
+
+    if (ckpt := run.restore()) is not None:
+        loss_fn.load_state_dict(ckpt.state["loss"])
+        optim.load_state_dict(ckpt.state["optim"])
+        collector.load_state_dict(ckpt.state["collector"])
+        episodes.load_state_dict(ckpt.state["episodes"])
+        if ckpt.replay_buffer_path is not None:
+            rb.loads(ckpt.replay_buffer_path)
+        set_rng_state(ckpt.state["rng"])
+
+    frames = run.frames
+    eval_return = math.nan
+    metrics: dict[str, Any] = {}
+    for batch in collector:
+        frames += batch.numel()
+        episodes.update(batch)
+        rb.extend(batch.reshape(-1).select(*TRANSITION_KEYS))
+
+        if frames >= cfg.learning_starts:
+            for _ in range(updates_per_batch):
+                losses = loss_fn(rb.sample())
+                total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
+                optim.zero_grad(set_to_none=True)
+                total.backward()
+                optim.step()
+                target_updater.step()
+            metrics = {"train/loss_actor": losses["loss_actor"], "train/loss_qvalue": losses["loss_qvalue"],
+                       "train/alpha": losses["alpha"], "train/entropy": losses["entropy"]}
+
+        run.log(frames, {"train/return": episodes.last_mean, **metrics})
+        if run.eval_due(frames):
+            eval_return = run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
+        if run.checkpoint_due(frames) or run.stop_requested:
+            run.save(state(), replay_buffer=rb)
+        if run.stop_requested:
+            break
+    collector.shutdown()
+
+    if not run.stop_requested:
+        eval_return = run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
+        run.save(state(), replay_buffer=rb)
+    return run.finish(actor, eval_env.reset()["observation"], eval_return)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    train()

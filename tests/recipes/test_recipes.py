@@ -1,0 +1,131 @@
+"""Every recipe end to end on a tiny budget through its Python entry point; PPO learns CartPole."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import pytest
+import torch
+import yaml
+
+from steersman.recipes import ALGOS, get_recipe
+from steersman.recipes.checkpoint import load_checkpoint
+from steersman.recipes.config import ConfigError
+from steersman.recipes.envs import make_env
+from steersman.recipes.evaluation import evaluate
+from steersman.recipes.run import Run, RunDirError
+from steersman.record import read_metrics_csv
+from tests.recipes._tiny import tiny_config
+
+#: recipes whose tiny run also exports its policy (one discrete, one Q-value, one
+#: stochastic continuous and one deterministic continuous policy); the rest skip it
+EXPORTING = {"ppo", "dqn", "sac", "td3"}
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_recipe_smoke(algo, tmp_path):
+    cfg = tiny_config(algo, export_format="torch-export" if algo in EXPORTING else "none")
+    run_dir = tmp_path / algo
+    summary = get_recipe(algo).train(cfg, run_dir)
+
+    assert summary["algo"] == algo and not summary["interrupted"]
+    assert math.isfinite(summary["final_eval_return"])
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["algo"] == algo and saved["seed"] == cfg.seed
+    cols = read_metrics_csv(run_dir / "metrics.csv")
+    assert cols["step"][-1] == summary["frames"] and not math.isnan(cols["eval/return"][-1])
+    assert (run_dir / "plots" / "learning_curve.png").stat().st_size > 0
+    ckpt = load_checkpoint(run_dir / "checkpoints")
+    assert ckpt.meta["frames"] == summary["frames"] and "policy" in ckpt.state
+    if algo in ("dqn", "sac", "td3", "ddpg"):
+        assert ckpt.replay_buffer_path is not None
+    policy_file = run_dir / "export" / "policy.pt2"
+    assert policy_file.exists() == (algo in EXPORTING)
+    if algo in EXPORTING:  # the file maps observations to the live policy's deterministic actions
+        env = make_env(cfg.env.name, 3, seed=1)
+        policy = get_recipe(algo).make_policy(cfg, env)
+        policy.load_state_dict(ckpt.state["policy"])
+        obs = env.reset()["observation"]
+        from steersman.tensordict import TensorDict
+        from steersman.tensordict.nn import ExplorationType, set_exploration_type
+
+        with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+            want = policy(TensorDict({"observation": obs}, [3]))["action"]
+        assert torch.allclose(torch.export.load(policy_file).module()(obs), want, atol=1e-6)
+
+
+def test_fresh_run_refuses_an_existing_run_dir(tmp_path):
+    cfg = tiny_config("ppo", total_frames=64, export_format="none")
+    get_recipe("ppo").train(cfg, tmp_path / "run")
+    with pytest.raises(RunDirError, match="already holds a run.*steersman resume"):
+        get_recipe("ppo").train(cfg, tmp_path / "run")
+
+
+def test_resume_extends_a_finished_run(tmp_path):
+    ppo = get_recipe("ppo")
+    ppo.train(tiny_config("ppo", total_frames=128, export_format="none"), tmp_path / "run")
+    summary = ppo.train(tiny_config("ppo", total_frames=256, export_format="none"), tmp_path / "run", resume=True)
+    assert summary["frames"] == 256
+    steps = read_metrics_csv(tmp_path / "run" / "metrics.csv")["step"]
+    assert steps == sorted(set(steps)) and steps[-1] == 256  # no duplicated rows after the resume
+    with pytest.raises(RunDirError, match=r"changed incompatibly \(epochs: 2 -> 3\)"):
+        ppo.train(tiny_config("ppo", epochs=3), tmp_path / "run", resume=True)
+
+
+def test_bad_env_id_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown env id 'CartPol-v1'; built-in ids: \[.*'CartPole-v1'"):
+        get_recipe("ppo").train(tiny_config("ppo", **{"env.name": "CartPol-v1"}), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.parametrize(("algo", "env", "needle"), [
+    ("dqn", "Pendulum-v1", "DQN needs discrete actions"),
+    ("td3", "CartPole-v1", "needs a bounded continuous action"),
+])
+def test_wrong_action_space_is_a_config_error(tmp_path, algo, env, needle):
+    with pytest.raises(ConfigError, match=needle):
+        get_recipe(algo).train(tiny_config(algo, **{"env.name": env}), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_sac_discrete_actions(tmp_path):
+    cfg = tiny_config("sac", export_format="none", **{"env.name": "CartPole-v1"})
+    summary = get_recipe("sac").train(cfg, tmp_path / "run")
+    assert summary["final_eval_return"] >= 1
+
+
+@pytest.mark.slow
+def test_ppo_learns_cartpole(tmp_path):
+    """rl-zoo's CartPole settings, seeded, 40k frames: the deterministic evaluation (10
+    episodes) reaches >= 475, and the final policy holds >= 450 on 20 other starts."""
+    ppo = get_recipe("ppo")
+    cfg = ppo.PPOConfig(total_frames=40_960, quiet=True, export_format="none")
+    cfg.logger.backends = ["csv"]
+    cfg.eval.interval = 5_120
+    summary = ppo.train(cfg, tmp_path / "run")
+    evals = [r for r in read_metrics_csv(tmp_path / "run" / "metrics.csv")["eval/return"] if not math.isnan(r)]
+    assert len(evals) == 8 and max(evals) >= 475, evals
+    assert summary["final_eval_return"] == evals[-1]
+    env = make_env("CartPole-v1", 20, seed=123)
+    policy = ppo.make_policy(cfg, env)
+    policy.load_state_dict(load_checkpoint(tmp_path / "run" / "checkpoints").state["policy"])
+    assert float(evaluate(env, policy).mean()) >= 450
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stop_signals_become_a_stop_request(tmp_path, sig):
+    """SIGINT/SIGTERM set ``stop_requested`` (the loop then saves and leaves); a second
+    SIGINT interrupts at once; ``finish`` restores the previous handlers."""
+    before = signal.getsignal(sig)
+    run = Run("ppo", tiny_config("ppo"), tmp_path / "run")
+    assert not run.stop_requested
+    os.kill(os.getpid(), sig)
+    assert run.stop_requested and run.stop_signal == sig
+    if sig == signal.SIGINT:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    summary = run.finish()
+    assert summary["interrupted"] and summary["stop_signal"] == sig
+    assert signal.getsignal(sig) is before
