@@ -1,4 +1,4 @@
-"""The main job for now (``bash scripts/demo.sh``) runs the container tour end to end."""
+"""The container tour (examples/tensordict_tour.py) runs end to end and prints what it promises."""
 
 from __future__ import annotations
 
