@@ -171,8 +171,15 @@ def export_policy(
     program = _ObservationToAction(copy.deepcopy(policy).cpu().eval().requires_grad_(False), in_key, out_key)
     action = _check_output(program, example, in_key, out_key)
     dims = {0: torch.export.Dim("batch")}
-    with torch.no_grad():
-        ep = torch.export.export(program, (example,), dynamic_shapes=(dims,), strict=False)
+    # distribution argument validation (torch's default) is a data-dependent check that
+    # torch.export cannot trace: the exported program is deterministic, validate nothing
+    previous = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(program, (example,), dynamic_shapes=(dims,), strict=False)
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if format == "torch-export":

@@ -212,3 +212,21 @@ def test_verify_unreadable_file(policies, tmp_path):
     bad.write_bytes(b"not a graph")
     with pytest.raises(ExportVerificationError, match="without steersman failed"):
         verify_export(bad, policies["deterministic"], torch.randn(2, OBS_DIM))
+
+
+def test_categorical_policy_with_default_validation_exports(tmp_path):
+    """torch.distributions validates arguments by default (a data-dependent check that
+    torch.export cannot trace): export turns it off while tracing, and restores it."""
+    from steersman.data import Categorical
+    from steersman.modules import MLP, ProbabilisticActor
+    from steersman.record import export_policy
+    from steersman.tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    logits = TensorDictModule(MLP(in_features=4, out_features=3, num_cells=[8]), ["observation"], ["logits"])
+    policy = ProbabilisticActor(logits, ["logits"], spec=Categorical(3),
+                                distribution_class=torch.distributions.Categorical)
+    before = torch.distributions.Distribution._validate_args
+    report = export_policy(policy, torch.randn(6, 4), tmp_path / "policy.pt2")  # verified in-process
+    assert report.max_abs_diff == 0 and (tmp_path / "policy.pt2").stat().st_size > 0
+    assert torch.distributions.Distribution._validate_args == before
