@@ -41,7 +41,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -442,15 +441,17 @@ class ClipPPOLoss(PPOLoss):
             reduction=reduction,
             clip_value=clip_value,
         )
-        self.clip_epsilon = float(clip_epsilon)
-        self._clip_bounds = (math.log1p(-self.clip_epsilon), math.log1p(self.clip_epsilon))
+        # a buffer (as TorchRL): schedules anneal it in place (``loss.clip_epsilon.fill_(e)``)
+        # and a compiled update does not recompile when it changes
+        self.register_buffer("clip_epsilon", torch.tensor(float(clip_epsilon)))
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         td = td.copy()
         advantage = self._normalized_advantage(td)[..., 0]
         log_prob, prev_log_prob, dist = self._log_prob(td)
         log_ratio = log_prob - prev_log_prob
-        clipped_log_ratio = log_ratio.clamp(*self._clip_bounds)
+        eps = self.clip_epsilon
+        clipped_log_ratio = log_ratio.clamp(torch.log1p(-eps), torch.log1p(eps))
         gain = torch.minimum(log_ratio.exp() * advantage, clipped_log_ratio.exp() * advantage)
         with torch.no_grad():
             lw = log_ratio.flatten()

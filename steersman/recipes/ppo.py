@@ -157,15 +157,9 @@ def make_critic(cfg: PPOConfig, env: EnvBase) -> ValueOperator:
 
 
 def set_clip_epsilon(loss_fn: ClipPPOLoss, eps: float) -> None:
-    """Sets the clip range of ``loss_fn`` in place (0-dim tensors: a compiled update does
-    not recompile when it changes)."""
-    lo, hi = loss_fn._clip_bounds  # the loss clamps the log-ratio to (log(1 - eps), log(1 + eps))
-    if not isinstance(lo, torch.Tensor):
-        lo, hi = torch.tensor(lo), torch.tensor(hi)
-        loss_fn._clip_bounds = (lo, hi)
-    lo.fill_(math.log1p(-eps))
-    hi.fill_(math.log1p(eps))
-    loss_fn.clip_epsilon = eps
+    """Sets the clip range of ``loss_fn`` in place (a buffer: a compiled update does not
+    recompile when it changes)."""
+    loss_fn.clip_epsilon.fill_(eps)
 
 
 # ---------------------------------------------------------------- training
