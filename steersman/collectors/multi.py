@@ -51,6 +51,7 @@ from torch import nn
 
 from steersman.envs import EnvBase, EnvWorkerError, next_seed
 from steersman.envs.batched import default_start_method
+from steersman.envs.batched.parallel import close_quietly, prepare_forkserver, stop_processes
 from steersman.envs.batched.worker import frame, send_frame, unpack_error
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict.nn import ExplorationType
@@ -92,30 +93,6 @@ class CollectorWorkerError(EnvWorkerError):
     """
 
 
-def _prepare_forkserver() -> None:
-    """Adds torch, the envs and the collector worker to the forkserver's preloaded modules
-    (before it starts; no effect once it runs)."""
-    try:
-        from multiprocessing import forkserver
-
-        server = forkserver._forkserver  # type: ignore[attr-defined]
-        if getattr(server, "_forkserver_pid", None) is not None:
-            return
-        mods = list(getattr(server, "_preload_modules", None) or ["__main__"])
-        if all(m in mods for m in _PRELOAD):
-            return
-        server.set_forkserver_preload(mods + [m for m in _PRELOAD if m not in mods])
-    except Exception:  # noqa: BLE001 - a missing preload only costs start-up time
-        pass
-
-
-def _alive(p: Any) -> bool:
-    try:
-        return p.is_alive()
-    except Exception:  # noqa: BLE001 - closed process object
-        return False
-
-
 def _shutdown(procs: list, conns: list, readers: list, close_timeout: float, owner_pid: int) -> None:
     """Closes the workers: a close command, then SIGTERM, then SIGKILL; closes the pipes.
 
@@ -124,41 +101,11 @@ def _shutdown(procs: list, conns: list, readers: list, close_timeout: float, own
     """
     if os.getpid() != owner_pid:
         return
-    for conn in conns:
-        try:
-            conn.send_bytes(bytes((CLOSE,)))
-        except (OSError, ValueError):
-            pass
-    deadline = time.monotonic() + close_timeout
-    for p in procs:
-        try:
-            p.join(max(0.0, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001
-            pass
-    for stop in ("terminate", "kill"):
-        alive = [p for p in procs if _alive(p)]
-        for p in alive:
-            try:
-                getattr(p, stop)()
-            except Exception:  # noqa: BLE001
-                pass
-        for p in alive:
-            try:
-                p.join(2.0)
-            except Exception:  # noqa: BLE001
-                pass
+    stop_processes(procs, conns, bytes((CLOSE,)), close_timeout)
     for r in readers:
         r.detach()
-    for conn in conns:
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001
-            pass
-    for p in procs:
-        try:
-            p.close()
-        except Exception:  # noqa: BLE001 - still running after SIGKILL: nothing more to do
-            pass
+    close_quietly(conns)
+    close_quietly(procs)
     procs.clear()
     conns.clear()
     readers.clear()
@@ -340,7 +287,7 @@ class _MultiCollector:
         method = self.mp_start_method
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
-            _prepare_forkserver()
+            prepare_forkserver(_PRELOAD)
         payloads: dict[tuple[int, int], bytes] = {}
         for fn, kw in zip(fns, kws):
             key = (id(fn), id(kw))

@@ -77,11 +77,10 @@ def default_start_method() -> str:
 _PRELOAD = ("torch", "steersman.envs", "steersman.envs.batched.worker")
 
 
-def _prepare_forkserver() -> None:
-    """Adds torch and steersman to the forkserver's preloaded modules (once, before it starts).
-
-    Keeps modules the user asked for; has no effect once the server runs.
-    """
+def prepare_forkserver(preload: tuple[str, ...] = _PRELOAD) -> None:
+    """Adds ``preload`` (default: torch and steersman's envs) to the forkserver's preloaded
+    modules (once, before it starts). Keeps modules the user asked for; no effect once the
+    server runs. Also used by the multi-process collectors."""
     try:
         from multiprocessing import forkserver
 
@@ -89,25 +88,20 @@ def _prepare_forkserver() -> None:
         if getattr(server, "_forkserver_pid", None) is not None:
             return
         mods = list(getattr(server, "_preload_modules", None) or ["__main__"])
-        if all(m in mods for m in _PRELOAD):
+        if all(m in mods for m in preload):
             return
-        server.set_forkserver_preload(mods + [m for m in _PRELOAD if m not in mods])
+        server.set_forkserver_preload(mods + [m for m in preload if m not in mods])
     except Exception:  # noqa: BLE001 - a missing preload only costs start-up time
         pass
 
 
-def _shutdown(procs: list, conns: list, close_timeout: float, owner_pid: int) -> None:
-    """Closes the workers: a close command, then SIGTERM, then SIGKILL; closes the pipes.
-
-    Module-level (it is the env's ``weakref.finalize`` callback: it must not hold the env).
-    Does nothing in a process forked from the owner (its exit must not stop the owner's
-    workers).
-    """
-    if os.getpid() != owner_pid:
-        return
+def stop_processes(procs: list, conns: list, close_message: bytes, close_timeout: float) -> None:
+    """Stops worker processes: ``close_message`` on each pipe, a join until ``close_timeout``,
+    then SIGTERM, then SIGKILL for the ones still alive. Never raises. Shared by
+    :class:`ParallelEnv` and the multi-process collectors."""
     for conn in conns:
         try:
-            conn.send_bytes(bytes((CLOSE, 0)))
+            conn.send_bytes(close_message)
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + close_timeout
@@ -128,16 +122,30 @@ def _shutdown(procs: list, conns: list, close_timeout: float, owner_pid: int) ->
                 p.join(2.0)
             except Exception:  # noqa: BLE001
                 pass
-    for conn in conns:
+
+
+def close_quietly(objs: list) -> None:
+    """``obj.close()`` on each pipe/process, ignoring errors (a process still running after
+    SIGKILL cannot be closed: nothing more to do)."""
+    for obj in objs:
         try:
-            conn.close()
+            obj.close()
         except Exception:  # noqa: BLE001
             pass
-    for p in procs:
-        try:
-            p.close()
-        except Exception:  # noqa: BLE001 - still running after SIGKILL: nothing more to do
-            pass
+
+
+def _shutdown(procs: list, conns: list, close_timeout: float, owner_pid: int) -> None:
+    """Closes the workers: a close command, then SIGTERM, then SIGKILL; closes the pipes.
+
+    Module-level (it is the env's ``weakref.finalize`` callback: it must not hold the env).
+    Does nothing in a process forked from the owner (its exit must not stop the owner's
+    workers).
+    """
+    if os.getpid() != owner_pid:
+        return
+    stop_processes(procs, conns, bytes((CLOSE, 0)), close_timeout)
+    close_quietly(conns)
+    close_quietly(procs)
     procs.clear()
     conns.clear()
 
@@ -302,7 +310,7 @@ class ParallelEnv(BatchedEnvBase):
         self._out_range = (lay.ranges["next"][0], lay.ranges["root"][1])
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
-            _prepare_forkserver()
+            prepare_forkserver()
         worker_buf: Any = None
         if shm is not None:
             worker_buf = shm.tensor if method == "fork" else shm
