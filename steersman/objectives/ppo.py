@@ -259,17 +259,22 @@ class _ActorCriticTerms:
         loss, fraction, _, _ = self._critic_terms(td)
         return loss, fraction
 
-    def _add_entropy_and_critic(self, out: dict[str, Tensor], td: TensorDictBase, dist: D.Distribution) -> None:
+    def _add_entropy_and_critic(
+        self, out: dict[str, Tensor], td: TensorDictBase, dist: D.Distribution, diagnostics: bool = True
+    ) -> None:
+        """Adds ``loss_entropy``/``loss_critic`` and, with ``diagnostics``, ``entropy``,
+        ``value_clip_fraction`` and ``explained_variance``."""
         if self.entropy_bonus:
             entropy = policy_entropy(dist, self.samples_mc_entropy)
-            out["entropy"] = entropy.detach().mean()
+            if diagnostics:
+                out["entropy"] = entropy.detach().mean()
             out["loss_entropy"] = -self.entropy_coeff * entropy
         if self.critic_coeff is not None:
             loss, fraction, value, target = self._critic_terms(td)
             out["loss_critic"] = loss[..., 0]
-            if fraction is not None:
+            if fraction is not None and diagnostics:
                 out["value_clip_fraction"] = fraction
-            if self.log_explained_variance:
+            if self.log_explained_variance and diagnostics:
                 out["explained_variance"] = explained_variance(value.detach(), target)
 
     def _output(self, out: dict[str, Tensor]) -> TensorDictBase:
@@ -298,6 +303,10 @@ class PPOLoss(_ActorCriticTerms, LossModule):
             for a minibatch of one element).
         normalize_advantage_exclude_dims: batch dims kept apart when normalizing.
         log_explained_variance: add the ``explained_variance`` diagnostic of the critic.
+        diagnostics: add the detached diagnostics (``entropy``, ``kl_approx``, ...) to
+            every call's output. ``False`` returns the ``loss_*`` terms only, a few
+            percent cheaper per update; :meth:`diagnose` computes them when wanted
+            (e.g. once per collected batch for logging).
         gamma: shortcut for ``make_value_estimator(gamma=...)``.
         separate_losses: parameters shared by actor and critic learn from the policy
             terms only (the critic loss does not reach them).
@@ -308,6 +317,9 @@ class PPOLoss(_ActorCriticTerms, LossModule):
     Outputs: ``loss_objective``, ``loss_entropy``, ``loss_critic`` and the diagnostics
     ``entropy``, ``kl_approx`` (``mean(log π_old - log π)``), ``explained_variance``,
     ``value_clip_fraction`` (with ``clip_value``).
+
+    :meth:`diagnose` (no gradient, no state change) returns the same TensorDict with
+    every diagnostic, whatever ``diagnostics`` is.
     """
 
     @dataclass
@@ -340,6 +352,7 @@ class PPOLoss(_ActorCriticTerms, LossModule):
         normalize_advantage: bool = False,
         normalize_advantage_exclude_dims: tuple[int, ...] = (),
         log_explained_variance: bool = True,
+        diagnostics: bool = True,
         gamma: float | None = None,
         separate_losses: bool = False,
         reduction: str = "mean",
@@ -363,6 +376,16 @@ class PPOLoss(_ActorCriticTerms, LossModule):
         self.normalize_advantage = bool(normalize_advantage)
         self.normalize_advantage_exclude_dims = tuple(normalize_advantage_exclude_dims)
         self.log_explained_variance = bool(log_explained_variance)
+        self.diagnostics = bool(diagnostics)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        return self._terms(td, self.diagnostics, update_state=True)
+
+    @torch.no_grad()
+    def diagnose(self, td: TensorDictBase) -> TensorDictBase:
+        """The loss terms and every diagnostic for ``td``, without gradient and without
+        updating any state (such as ``KLPENPPOLoss``'s ``beta``)."""
+        return self._terms(td, True, update_state=False)
 
     def _normalized_advantage(self, td: TensorDictBase) -> Tensor:
         advantage = self._advantage(td)
@@ -372,16 +395,15 @@ class PPOLoss(_ActorCriticTerms, LossModule):
         dims = tuple(d for d in range(advantage.ndim) if d not in excluded)
         return normalize_advantage(advantage, dims=dims)
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
+    def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         td = td.copy()  # what the loss writes (advantage, values...) stays out of the caller's batch
         advantage = self._normalized_advantage(td)[..., 0]
         log_prob, prev_log_prob, dist = self._log_prob(td)
         ratio = (log_prob - prev_log_prob).exp()
-        out = {
-            "loss_objective": -(ratio * advantage),
-            "kl_approx": (prev_log_prob - log_prob).detach().mean(),
-        }
-        self._add_entropy_and_critic(out, td, dist)
+        out = {"loss_objective": -(ratio * advantage)}
+        if diagnostics:
+            out["kl_approx"] = (prev_log_prob - log_prob).detach().mean()
+        self._add_entropy_and_critic(out, td, dist, diagnostics)
         return self._output(out)
 
 
@@ -411,6 +433,7 @@ class ClipPPOLoss(PPOLoss):
         normalize_advantage: bool = False,
         normalize_advantage_exclude_dims: tuple[int, ...] = (),
         log_explained_variance: bool = True,
+        diagnostics: bool = True,
         gamma: float | None = None,
         separate_losses: bool = False,
         reduction: str = "mean",
@@ -436,6 +459,7 @@ class ClipPPOLoss(PPOLoss):
             normalize_advantage=normalize_advantage,
             normalize_advantage_exclude_dims=normalize_advantage_exclude_dims,
             log_explained_variance=log_explained_variance,
+            diagnostics=diagnostics,
             gamma=gamma,
             separate_losses=separate_losses,
             reduction=reduction,
@@ -445,7 +469,7 @@ class ClipPPOLoss(PPOLoss):
         # and a compiled update does not recompile when it changes
         self.register_buffer("clip_epsilon", torch.tensor(float(clip_epsilon)))
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
+    def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         td = td.copy()
         advantage = self._normalized_advantage(td)[..., 0]
         log_prob, prev_log_prob, dist = self._log_prob(td)
@@ -453,17 +477,14 @@ class ClipPPOLoss(PPOLoss):
         eps = self.clip_epsilon
         clipped_log_ratio = log_ratio.clamp(torch.log1p(-eps), torch.log1p(eps))
         gain = torch.minimum(log_ratio.exp() * advantage, clipped_log_ratio.exp() * advantage)
-        with torch.no_grad():
-            lw = log_ratio.flatten()
-            ess = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp() / lw.numel()
-            clip_fraction = (clipped_log_ratio != log_ratio).to(log_ratio.dtype).mean()
-        out = {
-            "loss_objective": -gain,
-            "clip_fraction": clip_fraction,
-            "kl_approx": (-log_ratio).detach().mean(),
-            "ESS": ess,
-        }
-        self._add_entropy_and_critic(out, td, dist)
+        out = {"loss_objective": -gain}
+        if diagnostics:
+            with torch.no_grad():
+                lw = log_ratio.flatten()
+                out["clip_fraction"] = (clipped_log_ratio != log_ratio).to(log_ratio.dtype).mean()
+                out["kl_approx"] = (-lw).mean()
+                out["ESS"] = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp() / lw.numel()
+        self._add_entropy_and_critic(out, td, dist, diagnostics)
         return self._output(out)
 
 
@@ -501,6 +522,7 @@ class KLPENPPOLoss(PPOLoss):
         normalize_advantage: bool = False,
         normalize_advantage_exclude_dims: tuple[int, ...] = (),
         log_explained_variance: bool = True,
+        diagnostics: bool = True,
         gamma: float | None = None,
         separate_losses: bool = False,
         reduction: str = "mean",
@@ -520,6 +542,7 @@ class KLPENPPOLoss(PPOLoss):
             normalize_advantage=normalize_advantage,
             normalize_advantage_exclude_dims=normalize_advantage_exclude_dims,
             log_explained_variance=log_explained_variance,
+            diagnostics=diagnostics,
             gamma=gamma,
             separate_losses=separate_losses,
             reduction=reduction,
@@ -556,27 +579,27 @@ class KLPENPPOLoss(PPOLoss):
             x = previous.sample((self.samples_mc_kl,))
             return (previous.log_prob(x) - current.log_prob(x)).mean(0)
 
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
+    def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         td = td.copy()
         previous_dist = self._previous_dist(td)  # before the actor overwrites the parameters
         advantage = self._normalized_advantage(td)[..., 0]
         log_prob, prev_log_prob, dist = self._log_prob(td)
         kl = self._kl(previous_dist, dist)
         beta = self.beta.clone()  # this call's β; the buffer is updated below
-        out = {
-            "loss_objective": -((log_prob - prev_log_prob).exp() * advantage - beta * kl),
-            "kl": kl.detach().mean(),
-            "kl_approx": (prev_log_prob - log_prob).detach().mean(),
-        }
-        with torch.no_grad():
-            kl_mean = out["kl"]
-            new_beta = torch.where(
-                kl_mean > 1.5 * self.dtarg,
-                beta * self.increment,
-                torch.where(kl_mean < self.dtarg / 1.5, beta * self.decrement, beta),
-            )
-            self.beta.copy_(new_beta)
-        self._add_entropy_and_critic(out, td, dist)
+        out = {"loss_objective": -((log_prob - prev_log_prob).exp() * advantage - beta * kl)}
+        kl_mean = kl.detach().mean()
+        if diagnostics:
+            out["kl"] = kl_mean
+            out["kl_approx"] = (prev_log_prob - log_prob).detach().mean()
+        if update_state:
+            with torch.no_grad():
+                new_beta = torch.where(
+                    kl_mean > 1.5 * self.dtarg,
+                    beta * self.increment,
+                    torch.where(kl_mean < self.dtarg / 1.5, beta * self.decrement, beta),
+                )
+                self.beta.copy_(new_beta)
+        self._add_entropy_and_critic(out, td, dist, diagnostics)
         return self._output(out)
 
     def extra_repr(self) -> str:

@@ -181,7 +181,8 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     actor, critic = make_policy(cfg, env), make_critic(cfg, env)
     loss_fn = ClipPPOLoss(actor, critic, clip_epsilon=cfg.loss.clip_epsilon, entropy_coeff=cfg.loss.entropy_coef,
                           critic_coeff=cfg.loss.critic_coef, loss_critic_type="l2",
-                          normalize_advantage=cfg.loss.normalize_advantage)
+                          normalize_advantage=cfg.loss.normalize_advantage,
+                          diagnostics=False)  # logged once per batch below (loss_fn.diagnose)
     loss_fn.make_value_estimator(ValueEstimators.GAE, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)
     gae = loss_fn.value_estimator
     params = [p for p in loss_fn.parameters() if p.requires_grad]
@@ -199,7 +200,7 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
         total.backward()
         grad_norm = nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm, foreach=True)
         optim.step()
-        return losses.detach(), grad_norm
+        return grad_norm
 
     if cfg.compile:
         update = torch.compile(update)
@@ -219,7 +220,7 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
 
     frames = run.frames
     eval_return = math.nan
-    losses, grad_norm = {}, math.nan
+    grad_norm = math.nan
     for batch in collector:
         frames += batch.numel()
         episodes.update(batch)
@@ -234,10 +235,13 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
         flat = batch.select(*minibatch_keys).reshape(-1)  # only what the loss reads: cheaper indexing
         for _ in range(cfg.epochs):
             for idx in torch.randperm(frames_per_batch).split(cfg.minibatch_size):
-                losses, grad_norm = update(flat[idx])
+                minibatch = flat[idx]
+                grad_norm = update(minibatch)
+        losses = loss_fn.diagnose(minibatch)  # the last minibatch, after the epochs
 
         run.log(frames, {"train/return": episodes.last_mean, "train/loss_objective": losses["loss_objective"],
                          "train/loss_critic": losses["loss_critic"], "train/entropy": losses["entropy"],
+                         "train/kl_approx": losses["kl_approx"], "train/clip_fraction": losses["clip_fraction"],
                          "train/grad_norm": grad_norm, "train/lr": optim.param_groups[0]["lr"]})
         if run.eval_due(frames):
             eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))

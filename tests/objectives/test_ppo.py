@@ -432,3 +432,44 @@ def test_constructor_validation():
         PPOLoss(nets.critic, nets.critic)
     with pytest.raises(ValueError, match="critic_network is required"):
         PPOLoss(nets.actor)
+
+
+DIAGNOSTICS = {
+    PPOLoss: {"entropy", "kl_approx", "explained_variance"},
+    ClipPPOLoss: {"entropy", "kl_approx", "explained_variance", "clip_fraction", "ESS"},
+    KLPENPPOLoss: {"entropy", "kl_approx", "explained_variance", "kl"},
+}
+
+
+@pytest.mark.parametrize("cls", [PPOLoss, ClipPPOLoss, KLPENPPOLoss])
+def test_diagnostics_off_gives_the_same_loss_terms_and_gradients(cls):
+    nets = Nets()
+    td = nets.batch()
+    full = cls(nets.actor, nets.critic)
+    lean = cls(nets.actor, nets.critic, diagnostics=False)
+    out_full, out_lean = full(td), lean(td)
+    losses = {k for k in out_full.keys() if k.startswith("loss_")}
+    assert set(out_lean.keys()) == losses
+    assert set(out_full.keys()) == losses | DIAGNOSTICS[cls]
+    for key in losses:
+        torch.testing.assert_close(out_lean[key], out_full[key], msg=key)
+    for got, want in zip(grads(total_loss(out_lean), nets.params()), grads(total_loss(out_full), nets.params())):
+        torch.testing.assert_close(got, want)
+    if cls is KLPENPPOLoss:  # beta adapts without the "kl" output too
+        torch.testing.assert_close(lean.beta, full.beta)
+        assert lean.beta != 1.0
+
+
+@pytest.mark.parametrize("cls", [PPOLoss, ClipPPOLoss, KLPENPPOLoss])
+def test_diagnose_returns_every_diagnostic_without_grad_or_state_change(cls):
+    nets = Nets()
+    td = nets.batch()
+    loss = cls(nets.actor, nets.critic, diagnostics=False)
+    before = td.clone()
+    out = loss.diagnose(td)
+    assert DIAGNOSTICS[cls] <= set(out.keys())
+    assert not any(v.requires_grad for v in out.values())
+    torch.testing.assert_close(out["kl_approx"], cls(nets.actor, nets.critic)(td)["kl_approx"])
+    assert (td == before).all()
+    if cls is KLPENPPOLoss:
+        torch.testing.assert_close(loss.beta, torch.tensor(1.0))
