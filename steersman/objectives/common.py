@@ -66,6 +66,8 @@ class LossModule(nn.Module):
 
     #: The estimator :meth:`make_value_estimator` builds when given no type.
     default_value_estimator: ValueEstimators | None = None
+    #: The estimators :meth:`make_value_estimator` accepts (``None``: all of them).
+    supported_value_estimators: tuple[ValueEstimators, ...] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,6 +181,13 @@ class LossModule(nn.Module):
         }
         if value_type not in classes:
             raise ValueError(f"unknown value estimator {value_type!r}; valid: {list(classes)}")
+        supported = self.supported_value_estimators
+        if supported is not None and value_type not in supported:
+            names = ", ".join(v.name for v in supported)
+            raise NotImplementedError(
+                f"{type(self).__name__} has no {value_type.name} value estimator (use {names})"
+                + ("; GAE estimates advantages of a state-value critic" if value_type is ValueEstimators.GAE else "")
+            )
         kwargs = {**default_value_kwargs(value_type), **hyperparams}
         kwargs.setdefault("value_network", self._estimator_value_network())
         # not a registered submodule: it holds the loss's own networks, which stay where they are

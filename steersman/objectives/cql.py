@@ -46,7 +46,6 @@ from .sac import (
     _alpha,
     _auto_target_entropy,
     _call_critics,
-    _check_estimator,
     _check_next,
     _check_options,
     _clamp_log_alpha,
@@ -55,7 +54,7 @@ from .sac import (
     _register_critics,
     _sample,
 )
-from .utils import ValueEstimators, distance_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
 
 __all__ = ["CQLLoss"]
 
@@ -131,6 +130,7 @@ class CQLLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
 
     def __init__(
         self,
@@ -261,11 +261,6 @@ class CQLLoss(LossModule):
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes V'(s') itself and passes next_value=
-
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> LossModule:
-        """``TD0`` (default), ``TD1`` or ``TDLambda`` (``gamma``, ``lmbda``...): the critic target."""
-        _check_estimator(self, value_type)
-        return super().make_value_estimator(value_type, **hyperparams)
 
 
 def _repeat(td: TensorDictBase, n: int) -> TensorDictBase:

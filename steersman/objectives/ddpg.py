@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..tensordict import TensorDict, TensorDictBase
 from .common import LossModule, NestedKey
-from .utils import ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["DDPGLoss"]
 
@@ -84,6 +83,7 @@ class DDPGLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss_actor", "loss_value", "pred_value", "target_value", "pred_value_max", "target_value_max"]
 
     def __init__(
@@ -120,12 +120,6 @@ class DDPGLoss(LossModule):
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes Q_target(s', mu_target(s')) itself
-
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> DDPGLoss:
-        """TD0 (default), TD1 or TDLambda; GAE is not available for a Q-function critic."""
-        if value_type is ValueEstimators.GAE:
-            raise NotImplementedError("DDPGLoss has no GAE value estimator (use TD0, TD1 or TDLambda)")
-        return super().make_value_estimator(value_type, **hyperparams)
 
     # -------------------------------------------------------------------- forward
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..data import Categorical, Composite, OneHot
 from ..tensordict import TensorDict, TensorDictBase
 from .common import LossModule, NestedKey
-from .utils import ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["DQNLoss", "DistributionalDQNLoss"]
 
@@ -124,6 +124,7 @@ class DQNLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss"]
 
     def __init__(
@@ -158,12 +159,6 @@ class DQNLoss(LossModule):
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes the next value itself and passes it to the estimator
-
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> DQNLoss:
-        """TD0 (default), TD1 or TDLambda; GAE needs state values and is not available."""
-        if value_type is ValueEstimators.GAE:
-            raise NotImplementedError("DQNLoss has no GAE value estimator (use TD0, TD1 or TDLambda)")
-        return super().make_value_estimator(value_type, **hyperparams)
 
     # -------------------------------------------------------------------- forward
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

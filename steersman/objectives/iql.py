@@ -16,7 +16,6 @@ the dataset's ``(s, a, r, s')``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -27,13 +26,12 @@ from .common import LossModule, NestedKey
 from .sac import (
     _call,
     _call_critics,
-    _check_estimator,
     _check_next,
     _check_options,
     _output,
     _register_critics,
 )
-from .utils import ValueEstimators, distance_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
 
 __all__ = ["IQLLoss"]
 
@@ -106,6 +104,7 @@ class IQLLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
 
     def __init__(
         self,
@@ -174,8 +173,3 @@ class IQLLoss(LossModule):
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes V(s') itself and passes next_value=
-
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> LossModule:
-        """``TD0`` (default), ``TD1`` or ``TDLambda`` (``gamma``, ``lmbda``...): the critic target."""
-        _check_estimator(self, value_type)
-        return super().make_value_estimator(value_type, **hyperparams)

@@ -39,7 +39,7 @@ from ..data import OneHot as OneHotSpec
 from ..tensordict import TensorDict, TensorDictBase, ensemble_call, from_modules
 from ..tensordict.nn import ExplorationType, set_exploration_type
 from .common import LossModule, NestedKey
-from .utils import ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["SACLoss", "DiscreteSACLoss"]
 
@@ -129,6 +129,7 @@ class SACLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
 
     def __init__(
         self,
@@ -228,11 +229,6 @@ class SACLoss(LossModule):
     def _estimator_value_network(self) -> None:
         return None  # the loss computes the next value itself and passes next_value=
 
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> LossModule:
-        """``TD0`` (default), ``TD1`` or ``TDLambda`` (``gamma``, ``lmbda``...): the critic target."""
-        _check_estimator(self, value_type)
-        return super().make_value_estimator(value_type, **hyperparams)
-
 
 class DiscreteSACLoss(LossModule):
     """Soft actor-critic for discrete actions (Christodoulou 2019): expectations over actions.
@@ -295,6 +291,7 @@ class DiscreteSACLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
 
     def __init__(
         self,
@@ -402,11 +399,6 @@ class DiscreteSACLoss(LossModule):
     def _estimator_value_network(self) -> None:
         return None
 
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> LossModule:
-        """``TD0`` (default), ``TD1`` or ``TDLambda`` (``gamma``, ``lmbda``...): the critic target."""
-        _check_estimator(self, value_type)
-        return super().make_value_estimator(value_type, **hyperparams)
-
 
 # ============================================================ shared building blocks
 def _check_options(name: str, loss_function: str, reduction: str, num_qvalue_nets: int) -> None:
@@ -416,14 +408,6 @@ def _check_options(name: str, loss_function: str, reduction: str, num_qvalue_net
         raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if int(num_qvalue_nets) < 1:
         raise ValueError(f"{name}: num_qvalue_nets must be >= 1, got {num_qvalue_nets}")
-
-
-def _check_estimator(loss: LossModule, value_type: ValueEstimators | None) -> None:
-    if value_type is ValueEstimators.GAE:
-        raise ValueError(
-            f"{type(loss).__name__} bootstraps Q-value targets: use ValueEstimators.TD0, TD1 or "
-            "TDLambda (GAE estimates advantages of a state-value critic)"
-        )
 
 
 def _reset_parameters(module: nn.Module) -> nn.Module:

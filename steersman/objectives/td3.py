@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..data import Composite
 from ..tensordict import TensorDict, TensorDictBase, ensemble_call, from_modules
 from .common import LossModule, NestedKey
-from .utils import ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["TD3Loss"]
 
@@ -139,6 +139,7 @@ class TD3Loss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
+    supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss_actor", "loss_qvalue", "pred_value", "state_action_value_actor", "next_state_value", "target_value"]
 
     def __init__(
@@ -195,12 +196,6 @@ class TD3Loss(LossModule):
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes min_i Q_target_i(s', a') itself
-
-    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams: Any) -> TD3Loss:
-        """TD0 (default), TD1 or TDLambda; GAE is not available for Q-function critics."""
-        if value_type is ValueEstimators.GAE:
-            raise NotImplementedError("TD3Loss has no GAE value estimator (use TD0, TD1 or TDLambda)")
-        return super().make_value_estimator(value_type, **hyperparams)
 
     # -------------------------------------------------------------------- forward
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

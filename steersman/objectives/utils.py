@@ -41,6 +41,10 @@ class ValueEstimators(enum.Enum):
     GAE = "Generalized advantage estimate"
 
 
+
+#: What a loss bootstrapping Q-value targets accepts (GAE needs a state-value critic).
+Q_TARGET_ESTIMATORS = (ValueEstimators.TD0, ValueEstimators.TD1, ValueEstimators.TDLambda)
+
 def default_value_kwargs(value_type: ValueEstimators) -> dict[str, Any]:
     """Default hyper-parameters of each estimator (``gamma=0.99``; ``lmbda=0.95`` where used)."""
     if value_type in (ValueEstimators.TD0, ValueEstimators.TD1):

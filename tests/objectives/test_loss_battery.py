@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from steersman.objectives import total_loss
+from steersman.objectives import ValueEstimators, total_loss
 
 HERE = Path(__file__).resolve().parent
 
@@ -146,6 +146,21 @@ def test_missing_key_error_names_the_fix(case):
     assert type(loss).__name__ in msg and "set_keys" in msg and case.required_key in msg, msg
     for k, v in loss.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} changed by a failed call"
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c.name for c in COMPILE_CASES])
+def test_value_estimators_accepted_or_refused_by_name(case):
+    """Every loss builds the estimators it lists; any other one is refused by name, and the
+    estimator in place is kept."""
+    loss = case.make_loss()
+    supported = loss.supported_value_estimators or tuple(ValueEstimators)
+    for value_type in supported:
+        loss.make_value_estimator(value_type, gamma=0.9)
+    kept = loss.value_estimator
+    for value_type in set(ValueEstimators) - set(supported):
+        with pytest.raises(NotImplementedError, match=f"{type(loss).__name__} has no {value_type.name}"):
+            loss.make_value_estimator(value_type)
+        assert loss.value_estimator is kept
 
 
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=[c.name for c in COMPILE_CASES])

@@ -412,7 +412,7 @@ def test_critic_with_wrong_output_shape_is_an_error():
 
 
 def test_gae_is_rejected():
-    with pytest.raises(ValueError, match="TD0, TD1 or TDLambda"):
+    with pytest.raises(NotImplementedError, match="no GAE value estimator .use TD0, TD1, TDLambda"):
         make_sac().make_value_estimator(ValueEstimators.GAE)
 
 
