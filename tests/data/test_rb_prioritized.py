@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steersman.data.replay_buffers import (
     LazyTensorStorage,
@@ -12,6 +15,7 @@ from steersman.data.replay_buffers import (
     PrioritizedSampler,
     TensorDictPrioritizedReplayBuffer,
 )
+from steersman.data.replay_buffers.samplers import _max_if_valid
 from steersman.tensordict import TensorDict
 
 # chi-square critical values at p = 0.001
@@ -173,3 +177,46 @@ def test_prioritized_with_list_storage():
     rb.extend(["a", "b", "c"])
     rb.update_priority(torch.tensor([0, 1, 2]), torch.tensor([0.0, 0.0, 1.0]))
     assert set(rb.sample(20)) == {"c"}
+
+
+def test_updates_after_wrap_around_match_a_reference():
+    # capacity 10, 25 items written: slots hold the newest items, new ones get max priority
+    rb = PrioritizedReplayBuffer(alpha=1.0, beta=1.0, eps=0.0, storage=LazyTensorStorage(10))
+    ref = {}
+    for start in range(0, 25, 5):
+        idx = rb.extend(torch.arange(start, start + 5).unsqueeze(-1))
+        for i in idx.tolist():
+            ref[i] = rb.sampler.max_priority
+        prio = torch.arange(1.0, 6.0) * (start + 1)
+        upd = torch.cat([idx[:3], idx[:1]])  # a duplicate: the last value wins
+        vals = torch.cat([prio[:3], torch.tensor([0.25])])
+        rb.update_priority(upd, vals)
+        for i, v in zip(upd.tolist(), vals.tolist()):
+            ref[i] = v
+    want = torch.tensor([ref[i] for i in range(10)], dtype=torch.float64)
+    assert torch.equal(rb.sampler._tree.leaves(), want)
+    assert rb.sampler._tree.min() == min(ref.values()) and rb.sampler._tree.total() == pytest.approx(sum(ref.values()))
+    _, info = rb.sample(200, return_info=True)
+    expected = (want[info["index"]] / want.min()) ** -1.0
+    torch.testing.assert_close(info["_weight"], expected.float())
+
+
+def test_negative_zero_priority_is_zero_and_bad_ones_name_the_values():
+    rb = filled(3, eps=0.0)
+    rb.update_priority(torch.tensor([0, 1]), torch.tensor([-0.0, 2.0]))
+    assert rb.sampler._tree.leaves().tolist() == [0.0, 2.0, 1.0]
+    assert rb.sampler.max_priority == 2.0
+    with pytest.raises(ValueError, match=r"-1e-30"):
+        rb.update_priority(torch.tensor([0]), torch.tensor([-1e-30], dtype=torch.float64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.just(-0.0), st.just(0.0)),
+                min_size=1, max_size=20))
+def test_max_if_valid_matches_a_plain_check(values):
+    x = np.array(values, dtype=np.float64) + 0.0  # as update_priority: -0.0 becomes 0.0
+    ok = bool(np.all(np.isfinite(x) & (x >= 0)))
+    got = _max_if_valid(x)
+    assert (got is not None) == ok
+    if ok:
+        assert got == x.max()

@@ -147,7 +147,8 @@ def test_large_tree_search_uses_several_steps():
 
 @st.composite
 def big_update_batches(draw):
-    """Like update_batches but over sizes that give the 32-ary tree 2 or 3 levels."""
+    """Like update_batches but over sizes that give the priority tree one or two sum levels
+    and several 1024-leaf min/max blocks."""
     size = draw(st.sampled_from([1, 31, 33, 1024, 1025, 5000, 40_000]))
     batches = []
     for _ in range(draw(st.integers(1, 6))):
@@ -206,9 +207,58 @@ def test_priority_tree_matches_numpy(case):
 
 def test_priority_tree_levels_for_one_million():
     tree = PriorityTree(1_000_000)
-    assert tree._level_sizes == [1_000_000, 31_264, 977]
+    assert tree._level_sizes == [1_000_000, 31_250]  # leaves, then block sums searched by their cumsum
     tree.fill_range(0, 1_000_000, 1.0)
     assert tree.total() == 1_000_000 and tree.min() == 1.0
     tree.update(torch.tensor([999_999]), torch.tensor([1e6], dtype=torch.float64))
     idx, val = tree.draw(torch.full((100,), 0.75, dtype=torch.float64))
     assert (idx == 999_999).all() and (val == 1e6).all()
+
+
+@pytest.mark.parametrize("kind", ["min", "max"])
+def test_priority_tree_extremum_recovers_when_its_leaf_gets_worse(kind):
+    # blocks of 1024 leaves keep one extremum each; raising a min (lowering a max) leaf,
+    # alone or as the last of duplicates in one batch, makes the block recompute it
+    tree = PriorityTree(5000, track_max=True)
+    ref = np.linspace(1.0, 2.0, 5000)
+    tree.update(torch.arange(5000), torch.from_numpy(ref.copy()))
+    best, worse = (0, 3.0) if kind == "min" else (4999, 0.5)
+    for idx, vals in [([best], [worse]), ([1, 1], [0.1, 5.0]), ([4998, 4998], [9.0, 0.2]), ([1023, 1024], [0.0, 0.0])]:
+        tree.update(torch.tensor(idx), torch.tensor(vals, dtype=torch.float64))
+        apply_reference(ref, idx, vals)
+        assert tree.min() == ref.min() and tree.max() == ref.max()
+        assert tree.total() == pytest.approx(ref.sum(), rel=1e-12)
+
+
+def test_priority_tree_draw_at_the_top_edge_stays_on_positive_leaves():
+    # u just below 1 (u * total may round up to the total) must still land on a set leaf
+    for size in (10, 33_000, 70_000):
+        tree = PriorityTree(size)
+        n = size // 2 + 1
+        tree.update(torch.arange(n), torch.rand(n, dtype=torch.float64) + 0.5)
+        u = torch.tensor([np.nextafter(1.0, 0.0), 0.0, 0.5], dtype=torch.float64)
+        index, value = tree.draw(u, n, check=False)
+        assert index.tolist()[0] == n - 1 and index.tolist()[1] == 0
+        assert (index < n).all() and (value > 0).all()
+
+
+def test_priority_tree_multi_level_sums_match_leaves():
+    # above 32 768 leaves the sums get levels of 32-node blocks; they follow every update
+    tree = PriorityTree(70_000)
+    assert tree._level_sizes == [70_016, 2_188]
+    rng = np.random.default_rng(0)
+    ref = np.zeros(70_000)
+    for _ in range(20):
+        idx = rng.integers(0, 70_000, 300)
+        vals = rng.random(300)
+        tree.update(torch.from_numpy(idx), torch.from_numpy(vals))
+        apply_reference(ref, idx.tolist(), vals.tolist())
+    block_sums = np.zeros(70_016)
+    block_sums[:70_000] = ref
+    np.testing.assert_allclose(tree._levels["sum"][1], block_sums.reshape(-1, 32).sum(1), rtol=1e-12, atol=1e-12)
+    u = torch.rand(500, dtype=torch.float64)
+    index, _ = tree.draw(u.clone())
+    cs = np.cumsum(ref)
+    want = np.searchsorted(cs, u.numpy() * cs[-1], side="right")
+    close = np.abs(cs[np.minimum(index.numpy(), want)] - u.numpy() * cs[-1]) <= 1e-9 * cs[-1]
+    assert ((index.numpy() == want) | close).all()

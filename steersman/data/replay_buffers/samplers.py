@@ -210,6 +210,19 @@ class SamplerWithoutReplacement(Sampler):
         return f"SamplerWithoutReplacement(drop_last={self.drop_last}, shuffle={self.shuffle})"
 
 
+_INF_BITS = np.float64(np.inf).view(np.uint64)
+
+
+def _max_if_valid(x: np.ndarray) -> float | None:
+    """``x.max()`` if every entry of the float64 array ``x`` is finite and ``>= +0.0``, else None.
+
+    One reduction: read as unsigned integers, non-negative doubles keep their order and
+    every negative number (sign bit set), NaN and infinity is at or above the bits of ``+inf``.
+    """
+    top = x.view(np.uint64).max()
+    return float(top.view(np.float64)) if top < _INF_BITS else None
+
+
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
 
 
@@ -233,10 +246,10 @@ class PrioritizedSampler(Sampler):
     ``w_i = (N * P(i)) ** -beta / max_j w_j = (p_i / min_j p_j) ** -beta`` (``N`` the number
     of stored items), returned in ``info["_weight"]`` (float32).
 
-    The priorities live in a :class:`~steersman.data.replay_buffers.utils.PriorityTree`: a
-    sum tree and a min tree (32 children per node, all levels in one flat float64 array)
-    updated and searched a whole batch at a time, ``O(log N)`` array operations per batch,
-    no compiled extension. New items get ``default_priority``.
+    The priorities live in a :class:`~steersman.data.replay_buffers.utils.PriorityTree`
+    (float64 sums over blocks of 32 leaves, minima over blocks of 1024 leaves) updated and
+    searched a whole batch at a time with a fixed number of NumPy operations per batch, no
+    compiled extension. New items get ``default_priority``.
 
     Args:
         max_capacity: number of slots (the storage's ``max_size``).
@@ -346,9 +359,6 @@ class PrioritizedSampler(Sampler):
             return index.reshape(-1) if index.ndim != 1 else index
         return torch.as_tensor(index, dtype=torch.long).reshape(-1)
 
-    def _set(self, index: Tensor, value: Any) -> None:
-        self._tree.update(index, value)
-
     def add(self, index: Any) -> None:
         self.extend(self._as_index(index))
 
@@ -403,24 +413,23 @@ class PrioritizedSampler(Sampler):
                     raise ValueError(f"got priorities of shape {list(prio.shape)} for {n} indices")
             else:
                 prio = prio.reshape(n)
-        pr = prio.numpy().astype(np.float64)  # a private copy, in float64
-        lo, hi = pr.min(), pr.max()
-        if not (lo >= 0.0 and hi < math.inf):
+        pr = np.add(prio.numpy(), 0.0, dtype=np.float64)  # a private float64 copy; -0.0 becomes 0.0
+        hi = _max_if_valid(pr)
+        if hi is None:
             bad = pr[~((pr >= 0) & (pr < math.inf))][:3].tolist()
             raise ValueError(f"priorities must be finite and >= 0; got {bad} (no priority was changed)")
         idx = index.numpy()
-        ilo, ihi = idx.min(), idx.max()
         limit = self._max_capacity if storage is None else len(storage)
-        if ilo < 0 or ihi >= limit:
+        if idx.view(np.uint64).max() >= limit:  # a negative index wraps to a huge unsigned one
             raise IndexError(
-                f"priority indices span [{ilo}, {ihi}] but only [0, {limit}) hold items (no priority was changed)"
+                f"priority indices span [{idx.min()}, {idx.max()}] but only [0, {limit}) hold items "
+                "(no priority was changed)"
             )
         if self._eps:
             pr += self._eps
         if self._alpha != 1.0:
             np.power(pr, self._alpha, out=pr)
         self._tree.update(idx, pr)
-        hi = float(hi)
         if not self._max_priority_within_buffer and (self._max_priority is None or hi > self._max_priority):
             self._max_priority = hi
 
@@ -438,9 +447,13 @@ class PrioritizedSampler(Sampler):
     def _weights(self, p: Tensor, p_min: float) -> Tensor:
         if self._beta == 0.0:
             return torch.ones(p.shape, dtype=torch.float32)
+        pn = p.numpy()
         if not p_min > 0:  # a zero priority somewhere (eps=0): normalise by the draws
-            p_min = float(p[p > 0].min()) if bool((p > 0).any()) else 1.0
-        return p.div(p_min).pow_(-self._beta).to(torch.float32)
+            pos = pn[pn > 0]
+            p_min = float(pos.min()) if pos.shape[0] else 1.0
+        w = pn / p_min
+        np.power(w, -self._beta, out=w)
+        return torch.from_numpy(w.astype(np.float32))
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
         n = len(storage)

@@ -583,9 +583,8 @@ class TensorStorage(Storage):
         nb = 0 if isinstance(index, int) else 1
         pairs = self._pairs(data, nb)
         if isinstance(index, slice):
-            start, n = index.start, index.stop - index.start
             for dst, src in pairs:
-                dst.narrow(0, start, n).copy_(src)
+                dst[index] = src  # one call (a view + copy_ in C++): cheaper than narrow().copy_()
         elif isinstance(index, int):
             for dst, src in pairs:
                 dst[index].copy_(src)

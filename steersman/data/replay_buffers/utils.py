@@ -20,12 +20,12 @@ the batch size, and touches ``O(k log N)`` nodes for ``k`` indices:
 
 No compiled extension is involved; the trees live on any torch device.
 
-:class:`PriorityTree` is the variant the prioritized samplers use: a 32-ary tree whose
-levels sit in one flat array (sums, or minima, of 32 children), updated and searched a
-whole batch at a time like the binary trees, but exact (every touched parent is recomputed
-from its children, so no rounding accumulates) and with fewer levels. On CPU it runs on
-NumPy views of its tensor, whose per-call overhead on the small index arrays of a sampler
-(256 draws, 2-3 levels) is several times lower than that of torch operations.
+:class:`PriorityTree` is the variant the prioritized samplers use (CPU only): sums over
+blocks of 32 leaves (a top level of up to 32 768 nodes searched through its cached
+cumulative sum, so 1M leaves need one level) and minima over blocks of 1024 leaves, on
+NumPy views of its tensors, whose per-call overhead on the small index arrays of a sampler
+(256 draws) is several times lower than that of torch operations. A draw, an update or a
+contiguous fill costs about 10-20 array operations whatever the batch size.
 """
 
 from __future__ import annotations
@@ -429,27 +429,35 @@ class MaxSegmentTree(MinSegmentTree):
         return vals.amax()
 
 
-_B_BITS = 5  # PriorityTree: 32 children per node
+_B_BITS = 5  # PriorityTree: 32 children per sum node
 _B = 1 << _B_BITS
-_TOP = 1024  # the top level (searched with one cumsum) has at most this many nodes
+_TOP = 1 << 15  # the top sum level (searched through its cumulative sum) has at most this many nodes
+_M_BITS = 10  # PriorityTree: one min/max per block of 1024 leaves
+_COUNTER = np.arange(1 << 12)
 
 
 class PriorityTree:
-    """Sum, min and (optionally) max over ``size`` leaves: a 32-ary tree per reduction.
+    """Sum, min and (optionally) max over ``size`` leaves, for drawing proportionally to value.
 
-    Each reduction keeps its levels in one flat float64 array (a tensor, with NumPy views for
-    the CPU arithmetic): level 0 holds the leaves, level ``l + 1`` the sum (min, max) of each
-    block of 32 nodes of level ``l``, up to a top level of at most 1024 nodes. For 1M leaves:
-    1M, 31 250 and 977 nodes.
+    * **sum**: the leaves, then block sums of 32 nodes per level up to a top level of at
+      most 32 768 nodes (for 1M leaves: 1M leaves and 31 250 block sums). A draw finds its
+      top node through the cumulative sum of the top level (computed once per change of the
+      tree, cached between draws), then descends one ``[k, 32]`` block per level.
+    * **min** / **max**: the leaves (unset leaves ``+inf`` / ``-inf``) and one extremum per
+      block of 1024 leaves; :meth:`min` reduces the block extrema.
 
-    * :meth:`update` sets a batch of leaves (the last of duplicate indices wins) and
-      recomputes each touched parent from its 32 children, level by level: a few array
-      operations per level whatever the batch size, exact (nothing accumulates).
-    * :meth:`draw` descends all queries at once: one ``cumsum`` + ``searchsorted`` over the
-      top level, then per level one gather of the ``[k, 32]`` child blocks and a ``cumsum``.
-    * :meth:`total` reduces the top level.
+    Everything lives in float64 NumPy views of one tensor per reduction (``_tensors``), whose
+    per-call cost on the small arrays of a sampler (256 indices) is several times lower than
+    that of torch operations. A batch of ``k`` indices costs a fixed number of array
+    operations, whatever ``k``:
 
-    Unset leaves are 0 for the sum and ``+inf``/``-inf`` for the min/max.
+    * :meth:`update` sets leaves (the last of duplicate indices wins), adds each leaf's
+      change to its ancestor sums (``np.add.at``; the sums are rebuilt exactly from the
+      leaves after ``size`` leaf updates, so rounding cannot accumulate) and lowers the
+      block extrema with ``np.minimum.at``; only a block whose extremum leaf got worse is
+      recomputed from its 1024 leaves.
+    * :meth:`draw` returns, for uniforms ``u``, the leaf ``i`` with
+      ``cumsum[i - 1] <= u * total < cumsum[i]`` (``cumsum`` over the leaves).
 
     Example:
         >>> import torch
@@ -469,26 +477,29 @@ class PriorityTree:
         self._size = size
         sizes = []
         n = size
-        while True:
-            if n <= _TOP:
-                sizes.append(n)
-                break
+        while n > _TOP:
             n = -(-n // _B) * _B  # pad to whole blocks
             sizes.append(n)
             n //= _B
+        sizes.append(n)
         self._level_sizes = sizes
-        offsets = np.cumsum([0] + sizes)
-        total = int(offsets[-1])
+        n_blocks = -(-size // (1 << _M_BITS))
+        ext_sizes = [n_blocks << _M_BITS, n_blocks]
         self._kinds = ("sum", "min", "max") if track_max else ("sum", "min")
-        neutral = {"sum": 0.0, "min": math.inf, "max": -math.inf}
-        self._tensors = {k: torch.full((total,), neutral[k], dtype=torch.float64) for k in self._kinds}
-        self._neutral = neutral
-        self._levels = {k: [t.numpy()[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
-                        for k, t in self._tensors.items()}
-        sums = self._tensors["sum"]
-        self._tlevels = [sums[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
+        self._neutral = {"sum": 0.0, "min": math.inf, "max": -math.inf}
+        self._tensors: dict[str, Tensor] = {}
+        self._levels: dict[str, list[np.ndarray]] = {}
+        for kind in self._kinds:
+            lv = sizes if kind == "sum" else ext_sizes
+            flat = torch.full((sum(lv),), self._neutral[kind], dtype=torch.float64)
+            offsets = np.cumsum([0] + lv)
+            self._tensors[kind] = flat
+            self._levels[kind] = [flat.numpy()[offsets[i] : offsets[i + 1]] for i in range(len(lv))]
+        self._cum = np.zeros(sizes[-1] + 1)  # [0, cumsum of the top sum level]
+        self._tcum = torch.from_numpy(self._cum)
+        self._ttop = torch.from_numpy(self._levels["sum"][-1])
+        self._cum_ok = False
         self._owner = np.zeros(size, dtype=np.int64)
-        self._pos = np.arange(0)
         self._sum_updates = 0
 
     @property
@@ -506,59 +517,74 @@ class PriorityTree:
         """The leaf values (a tensor view; unset leaves hold the neutral value)."""
         return self._tensors[kind][: self._size]
 
+    def _cumsum(self) -> np.ndarray:
+        """``[0, cumsum(top sum level)]``, recomputed after a change."""
+        if not self._cum_ok:
+            torch.cumsum(self._ttop, 0, out=self._tcum[1:])
+            self._cum_ok = True
+        return self._cum
+
     def total(self) -> float:
         """Sum of all leaves."""
-        return float(self._levels["sum"][-1].sum())
+        return float(self._cumsum()[-1])
 
     def min(self) -> float:
         """Smallest leaf (``inf`` when none is set)."""
-        return float(self._levels["min"][-1].min())
+        return float(self._levels["min"][1].min())
 
     def max(self) -> float:
         """Largest leaf (``-inf`` when none is set); needs ``track_max=True``."""
-        return float(self._levels["max"][-1].max())
+        return float(self._levels["max"][1].max())
 
     def draw(self, u: Any, n: int | None = None, *, check: bool = True) -> tuple[Tensor, Tensor]:
         """For uniforms ``u`` in ``[0, 1)``: leaves drawn proportionally to their sum value.
 
-        Returns ``(index, value)`` tensors. ``n`` bounds the result to leaves ``[0, n)``
-        (leaves beyond must be 0). With ``check``, a draw that float rounding puts on a
-        zero leaf (at a boundary; vanishingly rare) is redone by an exact prefix-sum search.
-        The descent uses torch ops (2-D ``cumsum``/``searchsorted`` beat NumPy's here).
+        Returns ``(index, value)`` tensors (long, float64). ``n`` bounds the result to leaves
+        ``[0, n)`` (leaves beyond must be 0). With ``check``, a draw that float rounding puts
+        on a zero leaf (at a boundary; vanishingly rare) is redone by an exact prefix-sum
+        search over the leaves; a caller that knows every leaf in ``[0, n)`` is positive
+        passes ``check=False``.
         """
         n = self._size if n is None else n
-        u = u if isinstance(u, Tensor) else torch.as_tensor(u, dtype=torch.float64)
-        levels = self._tlevels
-        top = levels[-1]
-        cs = top.cumsum(0)
-        mass = u * cs[-1]
-        pos = torch.searchsorted(cs, mass, right=True).clamp_(max=top.shape[0] - 1)
-        mass = mass - (cs - top).index_select(0, pos)
-        for level in reversed(levels[:-1]):
-            blocks = level.view(-1, _B).index_select(0, pos)
-            cs = blocks.cumsum(1)
-            child = torch.searchsorted(cs, mass.unsqueeze(1), right=True).clamp_(max=_B - 1)
-            mass = mass - (cs - blocks).gather(1, child).squeeze(1)
-            pos = child.squeeze(1).add_(pos, alpha=_B)
-        pos.clamp_(max=n - 1)
-        value = levels[0].index_select(0, pos)
+        u = u.numpy() if isinstance(u, Tensor) else np.asarray(u, dtype=np.float64)
+        cum = self._cumsum()
+        mass = u * cum[-1]
+        pos = np.searchsorted(cum, mass, side="right")
+        pos -= 1  # cum[pos] <= mass < cum[pos + 1]
+        np.minimum(pos, cum.shape[0] - 2, out=pos)
+        mass -= cum[pos]
+        levels = self._levels["sum"]
+        k = u.shape[0]
+        rows = _COUNTER[:k] * _B if k <= _COUNTER.shape[0] else np.arange(k) * _B
+        for lvl in range(len(levels) - 2, -1, -1):
+            blocks = levels[lvl].reshape(-1, _B)[pos]
+            cs = torch.from_numpy(blocks).cumsum(1).numpy()
+            below = cs <= mass[:, None]
+            below[:, -1] = False  # a query past the block's total (rounding) takes its last child
+            child = below.argmin(1)
+            if lvl:
+                at = rows + child
+                mass -= cs.ravel()[at] - blocks.ravel()[at]
+            pos *= _B
+            pos += child
+        np.minimum(pos, n - 1, out=pos)
+        leaves = levels[0]
+        value = leaves[pos]
         if check:
             bad = value <= 0
-            if bool(bad.any()):
-                cs = levels[0][:n].cumsum(0)
-                fix = torch.searchsorted(cs, u[bad] * cs[-1], right=True).clamp_(max=n - 1)
+            if bad.any():
+                cs = np.cumsum(leaves[:n])
+                fix = np.minimum(np.searchsorted(cs, u[bad] * cs[-1], side="right"), n - 1)
                 pos[bad] = fix
-                value[bad] = levels[0].index_select(0, fix)
-        return pos, value
+                value[bad] = leaves[fix]
+        return torch.from_numpy(pos), torch.from_numpy(value)
 
     # ------------------------------------------------------------------ writes
     def _dedupe(self, idx: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(value per entry, keep mask): every duplicate index gets its last value
         (``ufunc.at`` applies in order) and exactly one entry per index is kept."""
         k = idx.shape[0]
-        if self._pos.shape[0] < k:
-            self._pos = np.arange(max(k, 2 * self._pos.shape[0]))
-        pos = self._pos[:k]
+        pos = _COUNTER[:k] if k <= _COUNTER.shape[0] else np.arange(k)
         owner = self._owner
         owner[idx] = -1
         np.maximum.at(owner, idx, pos)
@@ -568,13 +594,7 @@ class PriorityTree:
     def update(self, index: Any, value: Any, *, unique: bool = False, kinds: tuple | None = None) -> None:
         """Sets leaves ``index`` to ``value`` (one value per index, or a scalar) in every
         reduction (or only in ``kinds``); the last of duplicate indices wins
-        (``unique=True``: the caller guarantees there are none).
-
-        Sums move up as deltas (``np.add.at``: shared parents add up; float64, and the sum
-        levels are rebuilt exactly after ``size`` leaf updates). A min (max) parent takes
-        the better of its old value and its updated children (``np.minimum.at``); only a
-        parent whose best child got worse is recomputed from its 32 children.
-        """
+        (``unique=True``: the caller guarantees there are none). Indices must be in range."""
         kinds = self._kinds if kinds is None else kinds
         idx = index.numpy() if isinstance(index, Tensor) else np.asarray(index, dtype=np.int64)
         k = idx.shape[0]
@@ -592,69 +612,83 @@ class PriorityTree:
         if not unique and k > 1:
             val, keep = self._dedupe(idx, val)
         lv = self._levels
-        n_levels = len(self._level_sizes)
-        state = {}
+        old = None
         if "sum" in kinds:
-            s0 = lv["sum"][0]
-            delta = val - s0[idx]
+            sums = lv["sum"]
+            leaves = sums[0]
+            old = leaves[idx]
+            delta = val - old
             if keep is not None:
                 delta *= keep
-            s0[idx] = val
-        for kind in kinds:
-            if kind != "sum":
-                leaves = lv[kind][0]
-                state[kind] = (leaves[idx], val)  # (old, new) of the children of the next level
-                leaves[idx] = val
-        p = idx
-        for lvl in range(1, n_levels):
-            p = p >> _B_BITS
-            if "sum" in kinds:
-                np.add.at(lv["sum"][lvl], p, delta)
-            for kind, (old, new) in state.items():
-                level = lv[kind][lvl]
-                par_old = level[p]
-                if kind == "min":
-                    np.minimum.at(level, p, new)
-                    worse = new > old
-                else:
-                    np.maximum.at(level, p, new)
-                    worse = new < old
-                stale = worse & (old == par_old)
-                if stale.any():
-                    ps = p[stale]
-                    level[ps] = _REDUCE[kind](lv[kind][lvl - 1].reshape(-1, _B)[ps], axis=1)
-                state[kind] = (par_old, level[p])
-        if "sum" in kinds:
+            leaves[idx] = val
+            p = idx
+            for level in sums[1:]:
+                p = p >> _B_BITS
+                np.add.at(level, p, delta)
+            self._cum_ok = False
             self._sum_updates += k
             if self._sum_updates > self._size:
                 self._rebuild("sum")
+        block = None
+        for kind in kinds:
+            if kind == "sum":
+                continue
+            leaves, ext = lv[kind]
+            if block is None:
+                block = idx >> _M_BITS
+            if old is None:
+                old = leaves[idx]
+            # (with the sum updated too, ``old`` holds the sum leaves: the same values, except
+            # 0 instead of +-inf for unset leaves, which only makes the staleness test cautious)
+            leaves[idx] = val
+            before = ext[block]
+            if kind == "min":
+                np.minimum.at(ext, block, val)
+                stale = (old == before) & (val > old)  # the block's minimum may have gone up
+            else:
+                np.maximum.at(ext, block, val)
+                stale = (old == before) & (val < old)
+            if stale.any():
+                self._refresh(kind, block[stale])
+
+    def _refresh(self, kind: str, blocks: np.ndarray) -> None:
+        leaves, ext = self._levels[kind]
+        ext[blocks] = _REDUCE[kind](leaves.reshape(-1, 1 << _M_BITS)[blocks], axis=1)
 
     def fill_range(self, start: int, stop: int, value: float) -> None:
         """Sets leaves ``[start, stop)`` to ``value`` (the writer's contiguous case)."""
         if stop <= start:
             return
         lv = self._levels
+        if "sum" in self._kinds:
+            sums = lv["sum"]
+            sums[0][start:stop] = value
+            lo, hi = start, stop
+            for i in range(1, len(sums)):
+                lo, hi = lo >> _B_BITS, ((hi - 1) >> _B_BITS) + 1
+                np.sum(sums[i - 1][lo * _B : hi * _B].reshape(-1, _B), axis=1, out=sums[i][lo:hi])
+            self._cum_ok = False
+        lo, hi = start >> _M_BITS, ((stop - 1) >> _M_BITS) + 1
         for kind in self._kinds:
-            lv[kind][0][start:stop] = value
-        lo, hi = start, stop
-        for lvl in range(1, len(self._level_sizes)):
-            lo, hi = lo >> _B_BITS, ((hi - 1) >> _B_BITS) + 1
-            for kind in self._kinds:
-                children = lv[kind][lvl - 1][lo * _B : hi * _B].reshape(-1, _B)
-                _REDUCE[kind](children, axis=1, out=lv[kind][lvl][lo:hi])
+            if kind != "sum":
+                leaves, ext = lv[kind]
+                leaves[start:stop] = value
+                self._refresh(kind, np.arange(lo, hi))
 
     def clear(self) -> None:
         for kind, t in self._tensors.items():
             t.fill_(self._neutral[kind])
+        self._cum_ok = False
+        self._sum_updates = 0
 
     def load(self, sum_leaves: Tensor, min_leaves: Tensor) -> None:
         """Replaces every leaf (``sum``/``min`` values; the max follows the sum where the
         min is set) and rebuilds the levels."""
         self.clear()
-        self._tensors["sum"][: self._size] = sum_leaves
-        self._tensors["min"][: self._size] = min_leaves
+        self.leaves("sum").copy_(sum_leaves)
+        self.leaves("min").copy_(min_leaves)
         if "max" in self._tensors:
-            self._tensors["max"][: self._size] = torch.where(min_leaves == math.inf, -math.inf, sum_leaves)
+            self.leaves("max").copy_(torch.where(min_leaves == math.inf, -math.inf, sum_leaves))
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -664,11 +698,15 @@ class PriorityTree:
 
     def _rebuild(self, kind: str) -> None:
         levels = self._levels[kind]
-        for lvl in range(1, len(levels)):
-            below = levels[lvl - 1]
-            _REDUCE[kind](below.reshape(-1, _B), axis=1, out=levels[lvl][: below.shape[0] // _B])
         if kind == "sum":
+            for lvl in range(1, len(levels)):
+                below = levels[lvl - 1]
+                np.sum(below.reshape(-1, _B), axis=1, out=levels[lvl][: below.shape[0] // _B])
             self._sum_updates = 0
+            self._cum_ok = False
+        else:
+            leaves, ext = levels
+            _REDUCE[kind](leaves.reshape(-1, 1 << _M_BITS), axis=1, out=ext)
 
 
 _REDUCE = {"sum": np.sum, "min": np.min, "max": np.max}
