@@ -11,7 +11,10 @@ steersman ships:
   Gymnasium wrapper chain (the unwrapped env's physics and ``np_random`` generator,
   ``TimeLimit``'s step count, the spaces' generators ...), pickled, plus the wrapper's
   own pending-reset flags. Works for pure-Python envs (classic control, toy text ...);
-  an env holding processes, sockets or renderer handles cannot be saved;
+  an env holding processes, sockets or renderer handles cannot be saved. Loading never
+  executes code: the blob is read by an unpickler that only builds NumPy arrays, dtypes
+  and random generators, Gymnasium spaces and ``EnvSpec`` (anything else is refused), and
+  a state that this unpickler could not read back is not saved in the first place;
 * ``TransformedEnv``: its base env and the transforms' ``state_dict``;
 * ``SerialEnv``: each sub-env.
 
@@ -30,6 +33,44 @@ from steersman.envs import EnvBase, GymWrapper, NativeEnv, SerialEnv, Transforme
 __all__ = ["env_state", "load_env_state"]
 
 _GYM_ATTRS = ("_pending", "_pending_any", "_seed", "_same_step_cache")
+
+# What a saved Gymnasium state may build when loaded (module, name); see _SafeUnpickler.
+_ALLOWED_GLOBALS = {
+    *((m, n) for m in ("numpy._core.multiarray", "numpy.core.multiarray") for n in ("_reconstruct", "scalar")),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.random._pickle", "__generator_ctor"), ("numpy.random._pickle", "__bit_generator_ctor"),
+    ("numpy.random._pickle", "__randomstate_ctor"),
+    ("numpy.random.bit_generator", "SeedSequence"), ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
+    ("gymnasium.envs.registration", "EnvSpec"), ("gymnasium.envs.registration", "WrapperSpec"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Builds only the types a Gymnasium env's state is made of (``_ALLOWED_GLOBALS``,
+    NumPy bit generators and Gymnasium spaces): a tampered checkpoint cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module.startswith(("numpy.random.", "gymnasium.spaces.")):
+            import gymnasium
+            import numpy as np
+
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and issubclass(obj, (np.random.BitGenerator, gymnasium.spaces.Space)):
+                return obj
+        raise pickle.UnpicklingError(
+            f"the saved env state refers to {module}.{name}, which is not a NumPy array, random "
+            "generator, Gymnasium space or EnvSpec: refusing to load it (loading never executes code)"
+        )
+
+
+def _safe_loads(blob: bytes) -> Any:
+    import io
+
+    return _SafeUnpickler(io.BytesIO(blob)).load()
 
 
 def _gym_layers(obj: Any) -> dict:
@@ -88,7 +129,8 @@ def env_state(env: EnvBase) -> dict | None:
         try:
             blob = pickle.dumps({"layers": _gym_layers(env.env),
                                  "wrapper": {k: getattr(env, k) for k in _GYM_ATTRS}})
-        except Exception:  # noqa: BLE001 - processes, sockets, renderers: not saveable
+            _safe_loads(blob)  # what could not be loaded back is not saved
+        except Exception:  # noqa: BLE001 - processes, sockets, renderers, other types: not saveable
             return None
         return {"kind": "gym", "blob": blob}
     return None
@@ -121,7 +163,7 @@ def load_env_state(env: EnvBase, state: dict) -> None:
         env._rng = state["rng"].to(dev, copy=True)
         return
     if isinstance(env, GymWrapper) and kind == "gym":
-        saved = pickle.loads(state["blob"])
+        saved = _safe_loads(state["blob"])
         _load_gym_layers(env.env, saved["layers"])
         for k, v in saved["wrapper"].items():
             setattr(env, k, v)

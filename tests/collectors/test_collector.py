@@ -270,3 +270,37 @@ def test_bad_input_is_reported_clearly():
         c.update_policy_weights_({"module.lin.bias": torch.zeros(3)})
     with pytest.raises(KeyError, match="missing entries"):
         c.load_state_dict({"frames": 0})
+
+
+class _Exploit:
+    """Unpickling this would call os.system (what a tampered checkpoint could carry)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_loading_a_tampered_gym_env_state_executes_no_code(tmp_path):
+    import pickle
+
+    pytest.importorskip("gymnasium")
+    from steersman.collectors._env_state import env_state, load_env_state
+    from steersman.envs import GymEnv
+
+    env = GymEnv("CartPole-v1")
+    env.set_seed(0)
+    env.reset()
+    state = env_state(env)
+    assert state is not None and state["kind"] == "gym"
+    before = env.env.unwrapped.state.copy()
+    marker = tmp_path / "pwned"
+    tampered = {"kind": "gym", "blob": pickle.dumps({"layers": {"x": _Exploit(marker)}, "wrapper": {}})}
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|nt.system|refusing to load"):
+        load_env_state(env, tampered)
+    assert not marker.exists()
+    assert (env.env.unwrapped.state == before).all()  # nothing changed
+    load_env_state(env, state)  # the genuine state still loads
