@@ -25,10 +25,12 @@ Timing: the CPU time of the process (``time.process_time``: time the process spe
 descheduled on a busy machine does not count; every row is single-threaded, so CPU
 time is its cost; ``--wall`` uses wall-clock time instead). For each batch size the
 rows take turns within each repeat (so a slow spell hits them all alike); each
-measurement runs about ``--time`` seconds; the median over repeats is reported, in
-env steps (transitions) per second. torch runs on 1 thread unless ``--threads``.
+measurement runs about ``--time`` seconds; the median over repeats is reported (``--best``:
+the best repeat; with short measurements and many repeats, e.g. ``--time 0.02 --repeats 150``,
+what the code costs when other jobs leave the caches alone), in env steps (transitions)
+per second. torch runs on 1 thread unless ``--threads``.
 
-    python benchmarks/envs.py [--quick] [--sizes 1,256,4096,65536] [--rows 'env*'] [--json out.json]
+    python benchmarks/envs.py [--quick] [--sizes 1,256,4096,65536] [--rows 'env*'] [--best] [--json out.json]
 """
 
 from __future__ import annotations
@@ -237,8 +239,10 @@ def _calibrate(run: Callable[[int], None], target: float) -> int:
         k *= 4
 
 
-def bench(rows: list[Row], sizes: list[int], repeats: int, target: float) -> tuple[dict, dict]:
-    """``{(row, n): steps/s}`` (median over repeats) and ``{(row, n): reason}`` for failures."""
+def bench(rows: list[Row], sizes: list[int], repeats: int, target: float,
+          stat: Callable = statistics.median) -> tuple[dict, dict]:
+    """``{(row, n): steps/s}`` (``stat`` over repeats: the median, or ``max`` for the best
+    run) and ``{(row, n): reason}`` for failures."""
     results: dict = {}
     errors: dict = {}
     for n in sizes:
@@ -260,7 +264,7 @@ def bench(rows: list[Row], sizes: list[int], repeats: int, target: float) -> tup
             for name, (run, k) in runs.items():
                 samples[name].append(k * n / _measure(run, k))
         for name, vals in samples.items():
-            results[(name, n)] = statistics.median(vals)
+            results[(name, n)] = stat(vals)
         print(f"  n={n}: done", file=sys.stderr)
     return results, errors
 
@@ -279,9 +283,9 @@ def fmt_rate(v: float | None) -> str:
     return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v / 1e3:.1f}k"
 
 
-def report(rows: list[Row], sizes: list[int], results: dict, errors: dict) -> str:
+def report(rows: list[Row], sizes: list[int], results: dict, errors: dict, stat: str = "median") -> str:
     clock = "wall clock" if CLOCK is time.perf_counter else "process CPU time"
-    lines = [f"steps/s (median, {clock}); columns: sub-envs per env", ""]
+    lines = [f"steps/s ({stat}, {clock}); columns: sub-envs per env", ""]
     head = "| row | " + " | ".join(f"n={n}" for n in sizes) + " |"
     lines += [head, "|" + " --- |" * (len(sizes) + 1)]
     for r in rows:
@@ -312,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: short, 3 repeats")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--wall", action="store_true", help="time with the wall clock, not CPU time")
+    parser.add_argument("--best", action="store_true",
+                        help="report the best repeat, not the median (with short --time and many "
+                             "--repeats: the cost without other jobs' interference)")
     parser.add_argument("--list", action="store_true", help="list the rows and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -328,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         pats = [p.strip() for p in args.rows.split(",")]
         rows = [r for r in ROWS if any(fnmatch.fnmatch(r.name, p) for p in pats)]
     repeats, target = (3, 0.03) if args.quick else (args.repeats, args.time)
-    results, errors = bench(rows, sizes, repeats, target)
-    print(report(rows, sizes, results, errors))
+    results, errors = bench(rows, sizes, repeats, target, max if args.best else statistics.median)
+    print(report(rows, sizes, results, errors, "best" if args.best else "median"))
     if args.json:
         payload = {
             "meta": {
@@ -338,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": platform.machine(),
                 "threads": args.threads,
                 "repeats": repeats,
+                "statistic": "best" if args.best else "median",
                 "seconds_per_measurement": target,
                 "clock": "wall" if args.wall else "process CPU time",
             },
@@ -359,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
 # The Gymnasium wrapper (steersman.envs.libs.gym) against a raw Gymnasium loop on the same
 # env. n=1: one env (gymnasium.make); n>1: a Gymnasium SyncVectorEnv of n sub-envs, raw
 # (its own next-step autoreset) vs GymEnv(num_envs=n) through step_and_maybe_reset (its
-# partial resets). Both loops draw actions from a pre-made bank. Sizes above 256 are not run
-# (a Python loop over sub-envs). Target: "GymEnv / gym raw" >= 0.5 at n=1 (at most 2x).
+# partial resets). Every row plays the same bank of actions (at n=1: the same episodes,
+# resets included). Sizes above 256 are not run (a Python loop over sub-envs). Target:
+# "GymEnv / gym raw" >= 0.5 at n=1 (the wrapper costs at most as much as the env step).
 GYM_MAX_N = 256
 
 
@@ -375,15 +384,13 @@ def _gym_or_unavailable():
 @row("gym raw", group="gym", note="gymnasium loop: make (n=1) / make_vec sync (n>1)")
 def gym_raw_cartpole(n: int) -> Callable[[int], None]:
     gym = _gym_or_unavailable()
-    import numpy as np
-
     if n > GYM_MAX_N:
         raise Unavailable(f"n={n} > {GYM_MAX_N}: a Python loop over sub-envs")
-    rng = np.random.default_rng(0)
+    draws = _gym_draws(n)
     if n == 1:
         env = gym.make("CartPole-v1")
         env.reset(seed=0)
-        acts = [int(a) for a in rng.integers(0, 2, size=ACTION_BANK)]
+        acts = [int(d[0]) for d in draws]
 
         def run(k: int) -> None:
             step, reset = env.step, env.reset
@@ -394,7 +401,7 @@ def gym_raw_cartpole(n: int) -> Callable[[int], None]:
     else:
         env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync")
         env.reset(seed=0)
-        acts = [rng.integers(0, 2, size=n) for _ in range(ACTION_BANK)]
+        acts = draws
 
         def run(k: int) -> None:
             for i in range(k):
@@ -402,6 +409,21 @@ def gym_raw_cartpole(n: int) -> Callable[[int], None]:
 
     run(3)
     return run
+
+
+def _gym_draws(n: int) -> list:
+    """The bank of actions of every Gymnasium row: ``ACTION_BANK`` int arrays of size ``n``
+    (same draws in every row, so that every row plays the same episodes)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 2, size=n) for _ in range(ACTION_BANK)]
+
+
+def _gym_action(draw, n: int, one_hot: bool) -> torch.Tensor:
+    """A draw as the wrappers take it: indices (``[]`` for one env), or one-hot bool vectors."""
+    index = torch.as_tensor(draw[0] if n == 1 else draw)
+    return torch.nn.functional.one_hot(index, 2).bool() if one_hot else index
 
 
 def _gym_env_row(n: int, **kwargs) -> Callable[[int], None]:
@@ -412,8 +434,8 @@ def _gym_env_row(n: int, **kwargs) -> Callable[[int], None]:
         raise Unavailable(f"n={n} > {GYM_MAX_N}: a Python loop over sub-envs")
     env = GymEnv("CartPole-v1", num_envs=0 if n == 1 else n, **kwargs)
     env.set_seed(0)
-    torch.manual_seed(0)
-    acts = [env.action_spec.rand() for _ in range(ACTION_BANK)]
+    one_hot = not kwargs.get("categorical_action_encoding", False)
+    acts = [_gym_action(d, n, one_hot) for d in _gym_draws(n)]
     st = {"td": env.reset()}
 
     def run(k: int) -> None:
@@ -448,8 +470,7 @@ def torchrl_gym_env_cartpole(n: int) -> Callable[[int], None]:
         raise Unavailable(f"n={n} > {GYM_MAX_N}: a Python loop over sub-envs")
     env = TorchRLGymEnv("CartPole-v1") if n == 1 else TorchRLGymEnv("CartPole-v1", num_envs=n)
     env.set_seed(0)
-    torch.manual_seed(0)
-    acts = [env.action_spec.rand() for _ in range(ACTION_BANK)]
+    acts = [_gym_action(d, n, one_hot=True) for d in _gym_draws(n)]
     st = {"td": env.reset()}
 
     def run(k: int) -> None:

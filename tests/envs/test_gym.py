@@ -203,7 +203,9 @@ def test_rich_dict_env_specs_and_values():
     td["action"] = action
     out = env.step(td)
     got = env.env.unwrapped.last_action
-    assert got["pick"] == 2 and isinstance(got["pick"], int)
+    # a Discrete action arrives as Gymnasium's own element type (what space.sample() returns)
+    assert got["pick"] == 2 and type(got["pick"]) is np.int64
+    assert env.env.action_space.contains(got)
     np.testing.assert_array_equal(got["md"], [0, 2])
     np.testing.assert_array_equal(got["bits"], [1, 0])
     assert out["next", "reward"].item() == pytest.approx(0.25 + 2)
@@ -333,22 +335,46 @@ def test_frame_skip_stops_at_done():
     assert td["next", "truncated"][-1].item()
 
 
-def test_step_and_maybe_reset_matches_base_class():
+@pytest.mark.parametrize("cae", [False, True])
+@pytest.mark.parametrize("extra", [False, True])
+def test_step_and_maybe_reset_matches_base_class(cae, extra):
+    """The fast single-env path gives what EnvBase's step + step_mdp + reset gives, with
+    extra root entries (a policy output) carried to the next input."""
     def run(fn):
-        env = GymEnv("CartPole-v1", categorical_action_encoding=True)
+        env = GymEnv("CartPole-v1", categorical_action_encoding=cae, max_episode_steps=7)
         td = env.reset(seed=5)
         out = []
         for t in range(60):
-            td["action"] = torch.tensor(t % 2)
+            td["action"] = env.action_spec.encode(t % 2) if not cae else torch.tensor(t % 2)
+            if extra:
+                td["logits"] = torch.full((2,), float(t))
             cur, td = fn(env, td)
             out.append((cur.clone(), td.clone()))
         return out
 
     fast = run(lambda e, td: e.step_and_maybe_reset(td))
     base = run(lambda e, td: EnvBase.step_and_maybe_reset(e, td))
+    n_done = 0
     for (c1, n1), (c2, n2) in zip(fast, base):
-        assert (c1 == c2).all() and (n1 == n2).all()
+        assert set(c1.keys(include_nested=True)) == set(c2.keys(include_nested=True))
         assert set(n1.keys()) == set(n2.keys())
+        assert (c1 == c2).all() and (n1 == n2).all()
+        assert ("logits" in n1.keys()) == extra
+        n_done += bool(c1["next", "done"])
+    assert n_done >= 5  # resets happened
+
+
+def test_policy_written_next_entries_are_kept():
+    """A ("next", key) written by the policy before the step survives it (TorchRL semantics)."""
+    env = GymEnv("CartPole-v1", categorical_action_encoding=True)
+    td = env.reset(seed=0)
+    for t in range(3):
+        td["action"] = torch.tensor(1)
+        td["next"] = TensorDict({"hidden": torch.full((3,), float(t))}, batch_size=[])
+        cur, td = env.step_and_maybe_reset(td)
+        assert torch.equal(cur["next", "hidden"], torch.full((3,), float(t)))
+        assert cur["next", "observation"].shape == (4,)
+        assert torch.equal(td["hidden"], torch.full((3,), float(t)))
 
 
 def test_keeps_extra_root_entries_across_reset():
@@ -361,25 +387,53 @@ def test_keeps_extra_root_entries_across_reset():
         assert "hidden" in td.keys()
 
 
-def test_outputs_are_fresh_tensors():
-    """Preallocated rows are never handed out twice: no aliasing between steps."""
-    env = GymEnv("CartPole-v1", categorical_action_encoding=True)
+KEYS = ("observation", "reward", "done", "terminated", "truncated")
+
+
+def _step_and_mdp(env, td):
+    from steersman.envs import step_mdp
+
+    cur = env.step(td)
+    nxt = step_mdp(cur)
+    if cur["next", "done"].item():
+        nxt = env.reset()
+    return cur, nxt
+
+
+@pytest.mark.parametrize("cae", [False, True])
+@pytest.mark.parametrize("api", ["step_and_maybe_reset", "step"])
+def test_outputs_are_fresh_tensors(cae, api):
+    """Every step and every reset hands out tensors of its own: rows of the preallocated
+    memory are never handed out twice, and an in-place edit of one stored step (a flag, an
+    observation) never shows in another one."""
+    env = GymEnv("CartPole-v1", categorical_action_encoding=cae, max_episode_steps=9)
     td = env.reset(seed=0)
-    seen: dict[str, set] = {}
+    stepper = env.step_and_maybe_reset if api == "step_and_maybe_reset" else (
+        lambda td: _step_and_mdp(env, td))
+    ptrs: set[int] = set()
     kept = []
-    for t in range(600):  # more than one preallocated block
-        td["action"] = torch.tensor(t % 2)
-        cur, td = env.step_and_maybe_reset(td)
+    n_done = 0
+    for t in range(600):  # more than one preallocated block, with resets
+        td["action"] = env.action_spec.encode(t % 2) if not cae else torch.tensor(t % 2)
+        cur, td = stepper(td)
         kept.append(cur)
-        for key in ("observation", "reward", "done", "terminated", "truncated"):
-            ptr = cur["next", key].data_ptr()
-            assert ptr not in seen.setdefault(key, set()), key
-            seen[key].add(ptr)
-    snapshot = kept[0]["next", "observation"].clone()
-    kept[1]["next", "observation"].add_(100.0)  # in-place edit of one step
-    assert torch.equal(kept[0]["next", "observation"], snapshot)
-    for t in (2, 3):
-        assert not (kept[t]["next", "observation"] > 50).any()
+        n_done += bool(cur["next", "done"])
+        tensors = [cur["next", k] for k in KEYS]
+        if cur["next", "done"].item():  # the next input comes from a reset: also fresh
+            tensors += [td[k] for k in ("observation", "done", "terminated", "truncated")]
+        for x in tensors:
+            assert x.data_ptr() not in ptrs
+            ptrs.add(x.data_ptr())
+    assert n_done >= 60
+    # in-place edits of the outputs of odd steps leave the even steps' outputs alone (a
+    # step's root entries are the previous step's "next" ones, shared as in step_mdp)
+    snapshot = [c["next"].clone() for c in kept[:12]]
+    for k in KEYS:
+        for c in kept[1:12:2]:
+            x = c["next", k]
+            x.copy_(~x if x.dtype == torch.bool else x + 100)
+    for t in range(0, 12, 2):
+        assert (kept[t]["next"] == snapshot[t]).all()
 
 
 def test_rollout_stacks():
@@ -435,13 +489,72 @@ def test_unknown_id():
     assert "CartPole-v1" in GymEnv.available_envs()
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3, dtype=torch.bool), torch.zeros(1, 2, dtype=torch.bool)])
-def test_wrong_action_shape(bad):
-    env = GymEnv("CartPole-v1")
-    td = env.reset()
+@pytest.mark.parametrize("cae,bad", [
+    (False, torch.zeros(3, dtype=torch.bool)),
+    (False, torch.zeros(1, 2, dtype=torch.bool)),
+    (False, torch.zeros(2, 2, dtype=torch.bool)),
+    (False, torch.tensor(True)),
+    (True, torch.zeros(1, dtype=torch.long)),
+    (True, torch.zeros(2, dtype=torch.long)),
+])
+@pytest.mark.parametrize("api", ["step", "step_and_maybe_reset"])
+def test_wrong_action_shape(cae, bad, api):
+    """A wrongly shaped action raises a ValueError naming the key, the spec and the space,
+    and changes nothing: the env then steps on as an untouched one."""
+    env = GymEnv("CartPole-v1", categorical_action_encoding=cae)
+    ref = GymEnv("CartPole-v1", categorical_action_encoding=cae)
+    td, ref_td = env.reset(seed=0), ref.reset(seed=0)
     td["action"] = bad
-    with pytest.raises(ValueError, match=r"action 'action' has shape .* OneHot .*Discrete\(2\)"):
-        env.step(td)
+    with pytest.raises(ValueError, match=r"action 'action' has shape .* (OneHot|Categorical) .*Discrete\(2\)"):
+        getattr(env, api)(td)
+    assert "next" not in td.keys()
+    good = env.action_spec.encode(1) if not cae else torch.tensor(1)
+    td["action"] = good
+    ref_td["action"] = good
+    assert (env.step(td)["next"] == ref.step(ref_td)["next"]).all()
+
+
+class DiscreteRecorder(gym.Env):
+    """Records the actions it gets; ``Discrete(3, start)`` actions checked by the space."""
+
+    def __init__(self, start: int) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(3, start=start)
+        self.actions: list = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.actions.append(action)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("cae", [False, True])
+@pytest.mark.parametrize("start", [0, -1, 3])
+def test_discrete_actions_reach_gymnasium_as_space_elements(cae, start):
+    """Index ``j`` of a ``Discrete(n, start)`` action arrives as ``start + j``, of the type
+    Gymnasium's ``space.sample()`` gives (a numpy integer of ``space.dtype``); a categorical
+    index out of range is not wrapped around (Gymnasium rejects it)."""
+    env = GymWrapper(DiscreteRecorder(start), categorical_action_encoding=cae)
+    td = env.reset(seed=0)
+    for j in (2, 0, 1):
+        td["action"] = env.action_spec.encode(j) if not cae else torch.tensor(j)
+        _, td = env.step_and_maybe_reset(td)
+    got = env.env.unwrapped.actions
+    assert got == [start + 2, start, start + 1]
+    assert all(type(a) is type(env.env.action_space.sample()) for a in got)
+    if cae:
+        for j in (-1, 3, 1.0):
+            td["action"] = torch.tensor(j)
+            if j == 1.0:  # a float index is truncated to int, as int(x) does
+                env.step(td)
+                assert got[-1] == start + 1
+            else:
+                with pytest.raises(AssertionError):
+                    env.step(td)
 
 
 def test_wrong_action_shape_continuous():

@@ -23,9 +23,10 @@ others              ``TypeError`` naming the space (``Graph``, ``Sequence`` ...)
 ==================  ==========================================================
 
 ``Discrete(n, start=s)`` values ``s..s+n-1`` are stored as ``0..n-1`` (the spec's
-range); the wrapper adds ``s`` back on actions. Observations go under
-``"observation"``, except a ``Dict`` observation space whose keys are used directly.
-Rewards are float32 ``[*batch, 1]``; ``terminated`` and ``truncated`` are Gymnasium's,
+range); the wrapper adds ``s`` back on actions, which reach Gymnasium as numpy values (a
+``Discrete`` action as a numpy integer of the space's dtype, like ``space.sample()``).
+Observations go under ``"observation"``, except a ``Dict`` observation space whose keys
+are used directly. Rewards are float32 ``[*batch, 1]``; ``terminated`` and ``truncated`` are Gymnasium's,
 ``done = terminated | truncated``.
 
 Vector envs (``gymnasium.vector.VectorEnv``) become one env of batch size ``[num_envs]``
@@ -280,12 +281,15 @@ class _Rows:
 
     Every leaf gets a block ``[k, *shape]``; step ``i`` writes row ``i`` through a numpy
     view (one cheap assignment instead of a tensor construction) and returns the row as
-    its own tensor (from ``block.unbind(0)``, made once per block). Rows are never
-    reused: when a block is used up a new one is allocated, so two steps never share a
-    tensor or memory that is written again.
+    its own tensor (from ``block.unbind(0)``, made once per block: the cheapest way to
+    make many tensors). Rows are never reused: when a block is used up a new one is
+    allocated, so two steps never share a tensor or memory that is written again.
+
+    ``np[slot][i]``: the numpy view written into; ``t[slot][i]``: the tensor handed out;
+    ``by_row[i]``: the tensors of row ``i``, one per slot (a tuple).
     """
 
-    __slots__ = ("k", "i", "np", "t", "_specs")
+    __slots__ = ("k", "i", "np", "t", "by_row", "_specs")
 
     def __init__(self, specs: list[tuple[tuple, tuple, torch.dtype]], budget: int = 1 << 16) -> None:
         self._specs = specs
@@ -303,6 +307,7 @@ class _Rows:
             block = torch.zeros((k, *tshape), dtype=dtype)  # zeros: False flags need no write
             self.t.append(block.unbind(0))
             self.np.append(block.numpy().reshape((k, *nshape)))
+        self.by_row: list[tuple[Tensor, ...]] = list(zip(*self.t))
         self.i = 0
 
     def next_row(self) -> int:
@@ -320,6 +325,13 @@ def _to_numpy(t: Tensor) -> np.ndarray:
         return t.numpy()
     except (RuntimeError, TypeError):
         return t.detach().cpu().numpy()
+
+
+def _discrete_values(space: Any) -> list[np.integer]:
+    """The elements of a ``Discrete`` space as Gymnasium makes them (``space.sample()``'s
+    type: a numpy scalar of ``space.dtype``, which ``space.contains`` checks fastest)."""
+    start = int(space.start)
+    return [space.dtype.type(start + j) for j in range(int(space.n))]
 
 
 def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
@@ -367,17 +379,24 @@ def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
                 return _to_numpy(a).argmax(-1) + start
             return conv_oh_vec
 
-        def conv_oh(a: Tensor) -> int:
-            if a.shape != shape:
-                raise bad(a)
+        values = _discrete_values(space)
+        n = len(values)
+
+        def conv_oh(a: Tensor) -> np.integer:
             v = a.tolist()  # cheaper than .numpy().argmax() for one small vector
-            return v.index(max(v)) + start
+            if type(v) is not list or len(v) != n or type(v[0]) is list:  # shape != [n]
+                raise bad(a)
+            return values[v.index(max(v))]
         return conv_oh
     if isinstance(spec, Categorical) and not vector and not shape:
-        def conv_cat(a: Tensor) -> int:
+        by_index = dict(enumerate(_discrete_values(space)))
+
+        def conv_cat(a: Tensor) -> Any:
             if a.shape != shape:
                 raise bad(a)
-            return int(a.item()) + start
+            x = a.item()
+            v = by_index.get(x)  # hash(1.0) == hash(True) == hash(1): same as int(x)
+            return v if v is not None else int(x) + start  # out of range: Gymnasium raises
         return conv_cat
     if isinstance(spec, MultiOneHot):
         def conv_moh(a: Tensor) -> np.ndarray:
@@ -846,11 +865,15 @@ class GymWrapper(EnvBase):
                 a = tensordict.get("action")
         else:
             a = tensordict.get("action")
+        if self._fast:
+            o, r, d, te, tr = self._fast_step(a)
+            return TensorDict._new_unsafe(
+                {self._obs_name: o, "reward": r, "done": d, "terminated": te, "truncated": tr},
+                self._batch_size, self._device,
+            )
         action = self._act_conv(a)
         if self._pending_any:
             self._before_step()
-        if self._fast:
-            return self._step_fast(action)
         env = self._env
         if self._is_vec:
             obs, rew, term, trunc, info = env.step(action)
@@ -882,31 +905,43 @@ class GymWrapper(EnvBase):
         extra["reward"] = rows.t[self._slot_reward][i]
         return self._pack(vals, extra)
 
-    def _step_fast(self, action: Any) -> TensorDict:
-        """The step of a single env with one array observation, on CPU (the common case)."""
+    # ------------------------------------------------------------------ the fast path
+    # A single env with one array observation, on CPU (``self._fast``; the common case):
+    # rows 0..4 of ``self._rows`` are observation, reward, done, terminated, truncated.
+    def _fast_step(self, a: Tensor) -> tuple[Tensor, ...]:
+        """Steps with the action tensor ``a``; returns the row of fresh output tensors
+        ``(observation, reward, done, terminated, truncated)``."""
+        action = self._act_conv(a)  # first: a bad action raises before anything changes
+        if self._pending_any:
+            self._before_step()
         obs, rew, term, trunc, _ = self._env.step(action)
-        done = term or trunc
-        if done:
-            self._pending_any = True
-            self._pending[0] = True
         rows = self._rows
         i = rows.i
         if i == rows.k:
             rows._refill()
             i = 0
         rows.i = i + 1
-        n, t = rows.np, rows.t
+        n = rows.np
         n[0][i] = obs
         n[1][i] = rew
-        if done:  # the rows start as zeros (False): write the flags only at an episode end
+        if term or trunc:  # the rows start as zeros (False): write the flags at an episode end only
             n[2][i] = True
             n[3][i] = term
             n[4][i] = trunc
-        return TensorDict._new_unsafe(
-            {self._obs_name: t[0][i], "reward": t[1][i], "done": t[2][i],
-             "terminated": t[3][i], "truncated": t[4][i]},
-            self._batch_size, self._device,
-        )
+            self._pending_any = True
+            self._pending[0] = True
+        return rows.by_row[i]
+
+    def _fast_reset(self) -> tuple[Tensor, ...]:
+        """``_reset(None)`` on the fast path: the row ``(observation, reward, done,
+        terminated, truncated)``; the reward is unused, the flags are False."""
+        obs, _ = self._env.reset(seed=self._seed_arg(None))
+        self._pending[0] = False
+        self._pending_any = False
+        rows = self._rows
+        i = rows.next_row()
+        rows.np[0][i] = obs
+        return rows.by_row[i]
 
     def _same_step_final(self, vals: list[Any], info: dict, done: np.ndarray, i: int) -> None:
         """SAME_STEP: keep the reset observations, put the final ones in the step output."""
@@ -929,29 +964,45 @@ class GymWrapper(EnvBase):
                 else:
                     rows.np[leaf.slot][i][e] = leaf.np_value(val)
 
-    # ------------------------------------------------------------------ fast step_and_maybe_reset
+    # ------------------------------------------------------------------ step_and_maybe_reset
     def step_and_maybe_reset(
         self, tensordict: TensorDictBase
     ) -> tuple[TensorDictBase, TensorDictBase]:
         """Steps, then resets the finished (sub-)envs (see :meth:`EnvBase.step_and_maybe_reset`).
 
         Same result as the base class; the check for finished envs uses the flags
-        Gymnasium returned (a Python bool) instead of reducing the done tensors.
+        Gymnasium returned (a Python bool) instead of reducing the done tensors, and
+        ``step_mdp`` is inlined for the flat layout of Gymnasium envs.
         """
+        if self._fast and type(tensordict) is TensorDict:
+            root = tensordict._tensordict
+            a = root.get("action")
+            if a is not None and "next" not in root:
+                # a single env: both outputs are built directly from the row of fresh tensors
+                if self._is_closed:
+                    self._assert_open()
+                o, r, d, te, tr = self._fast_step(a)
+                name = self._obs_name
+                root["next"] = TensorDict._new_unsafe(
+                    {name: o, "reward": r, "done": d, "terminated": te, "truncated": tr},
+                    self._batch_size, self._device,
+                )
+                if self._pending_any:  # the episode ended: the next input is the reset
+                    o, _, d, te, tr = self._fast_reset()
+                src = {name: o, "done": d, "terminated": te, "truncated": tr}
+                if root.keys() != self._std_root_keys:
+                    self._carry_root_entries(root, src)
+                return tensordict, TensorDict._new_unsafe(src, tensordict._batch_size, tensordict._device)
         if type(tensordict) is TensorDict and self._flat and self._cpu and "next" not in tensordict._tensordict:
-            # step + step_mdp, inlined for the flat layout of Gymnasium envs
             if self._is_closed:
                 self._assert_open()
-            nxt = self._step(tensordict)
             root = tensordict._tensordict
+            nxt = self._step(tensordict)
             root["next"] = nxt
             src = dict(nxt._tensordict)
             del src["reward"]
-            if root.keys() != self._std_root_keys:  # other entries (policy outputs ...): kept
-                excl = self._hot_plan()["excl_root"]
-                for k, v in root.items():
-                    if k not in excl and k not in src:
-                        src[k] = v
+            if root.keys() != self._std_root_keys:
+                self._carry_root_entries(root, src)
             td_ = TensorDict._new_unsafe(src, tensordict.batch_size, tensordict.device)
         else:
             tensordict = self.step(tensordict)
@@ -965,6 +1016,14 @@ class GymWrapper(EnvBase):
                 td_.set("_reset", td_.get("done"))
                 td_ = self.reset(td_)
         return tensordict, td_
+
+    def _carry_root_entries(self, root: dict, src: dict) -> None:
+        """``step_mdp``'s ``keep_other``: root entries other than the action, the reward
+        and ``"next"`` (policy outputs, recurrent states ...) go to the next input."""
+        excl = self._hot_plan()["excl_root"]
+        for k, v in root.items():
+            if k not in excl and k not in src:
+                src[k] = v
 
     # ------------------------------------------------------------------ misc
     def render(self, *args: Any, **kwargs: Any) -> Any:
