@@ -26,6 +26,7 @@ threshold, final evaluation return, training frames per second.
     python benchmarks/learning.py                      # both tasks, 3 seeds, both contestants
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 1 --quick
     python benchmarks/learning.py --json results.json --plot curves.png
+    python benchmarks/learning.py --tasks sac-pendulum --frames 8000   # a shorter SAC run
 
 Interpreters: steersman runs with this script's Python (``--steersman-python``), SB3 with
 ``--sb3-python`` (default ``/work/anchors-venv/bin/python``). A contestant that cannot
@@ -191,6 +192,7 @@ def main() -> None:
     p.add_argument("--contestants", default="steersman,sb3")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
+    p.add_argument("--frames", type=int, default=None, help="frames per run (overrides the task's and --quick)")
     p.add_argument("--steersman-python", default=sys.executable)
     p.add_argument("--sb3-python", default="/work/anchors-venv/bin/python")
     p.add_argument("--json", default=None, help="write all results here")
@@ -208,7 +210,7 @@ def main() -> None:
                               "python": sys.version.split()[0], "cpus": os.cpu_count()}, "tasks": {}}
     for task in ns.tasks.split(","):
         spec = TASKS[task]
-        frames = spec["quick_frames"] if ns.quick else spec["frames"]
+        frames = ns.frames or (spec["quick_frames"] if ns.quick else spec["frames"])
         per: dict = {}
         for contestant in ns.contestants.split(","):
             runs = []

@@ -11,7 +11,11 @@ floor callable, otherwise the callable for that library (``steersman.tensordict`
 ``tensordict``, which share their public names). A column that fails to build or run
 prints "n/a"; the others still run.
 
-    python benchmarks/tensordict_ops.py [--quick] [--ops get,stack*] [--json out.json]
+``--clock wall`` (default) times elapsed time; ``--clock cpu`` times the thread's CPU
+time, which on a busy shared machine stays closer to what the code takes on an idle one
+(it leaves out time spent waiting, e.g. on the disk for the memmap rows).
+
+    python benchmarks/tensordict_ops.py [--quick] [--ops get,stack*] [--clock cpu] [--json out.json]
 """
 
 from __future__ import annotations
@@ -475,14 +479,14 @@ def calibrate(fn: Callable, target_s: float) -> int:
         n = max(n * 2, int(n * target_s * 1e9 / max(elapsed, 1)))
 
 
-def measure_us(fn: Callable, n: int) -> float:
-    t0 = time.perf_counter_ns()
+def measure_us(fn: Callable, n: int, now: Callable[[], int] = time.perf_counter_ns) -> float:
+    t0 = now()
     for _ in range(n):
         fn()
-    return (time.perf_counter_ns() - t0) / n / 1e3
+    return (now() - t0) / n / 1e3
 
 
-def run_op(name: str, target_s: float, repeats: int) -> dict:
+def run_op(name: str, target_s: float, repeats: int, clock: str = "wall") -> dict:
     """Median µs per call for each column; the columns take turns within each repeat,
     so a slow spell on the machine hits all of them and the ratios stay fair."""
     row: dict = {}
@@ -499,12 +503,13 @@ def run_op(name: str, target_s: float, repeats: int) -> dict:
         except Exception as err:
             row[f"{col}_error"] = f"{type(err).__name__}: {err}"[:200]
     samples: dict[str, list[float]] = {col: [] for col in plans}
+    now = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as timeit does
     try:
         for _ in range(repeats):
             for col, (fn, n) in plans.items():
-                samples[col].append(measure_us(fn, n))
+                samples[col].append(measure_us(fn, n, now))
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -561,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", help="comma-separated op names or globs (default: all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--quick", action="store_true", help="smoke run: short, 3 repeats")
+    parser.add_argument("--repeats", type=int, help="measurements per column (default 7; --quick: 3)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="elapsed time (default) or the thread's CPU time")
     parser.add_argument("--list", action="store_true", help="list the ops and exit")
     args = parser.parse_args(argv)
 
@@ -574,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         if not names:
             parser.error(f"no op matches {args.ops!r}; see --list")
     target_s, repeats = (0.002, 3) if args.quick else (0.02, 7)
+    if args.repeats:
+        repeats = args.repeats
 
     torch.set_num_threads(1)
     meta = {
@@ -584,16 +594,17 @@ def main(argv: list[str] | None = None) -> int:
         "batch": B,
         "target_ms": target_s * 1e3,
         "repeats": repeats,
+        "clock": args.clock,
         "torch_threads": 1,
     }
     for col, err in IMPORT_ERRORS.items():
         print(f"# {col}: not importable ({err}); its column is n/a")
     print(
         f"# torch {meta['torch']}, tensordict {meta['tensordict']}, python {meta['python']}, "
-        f"batch [{B}], median of {repeats} x ~{meta['target_ms']:g} ms, 1 torch thread"
+        f"batch [{B}], median of {repeats} x ~{meta['target_ms']:g} ms, {args.clock} clock, 1 torch thread"
     )
 
-    results = {name: run_op(name, target_s, repeats) for name in names}
+    results = {name: run_op(name, target_s, repeats, args.clock) for name in names}
     print_table(results)
     for name, row in results.items():
         for col in COLUMNS:

@@ -56,6 +56,8 @@ def _dims_tuple(dims: Any, ndim: int, name: str = "dim") -> tuple[int, ...]:
     if dims is None:
         return tuple(range(ndim))
     if isinstance(dims, int):
+        if 0 <= dims < ndim:  # the common case
+            return (dims,)
         dims = (dims,)
     out = []
     for d in dims:
@@ -77,7 +79,7 @@ class TensorDictBase:
         impl = HANDLED_FUNCTIONS.get(func)
         if impl is None:
             return NotImplemented
-        return impl(*args, **(kwargs or {}))
+        return impl(*args, **kwargs) if kwargs else impl(*args)
 
     # ------------------------------------------------------------------ shape properties
     @property
@@ -1112,12 +1114,8 @@ class TensorDictBase:
 
     def _reduce(self, fn: Callable, dim: Any, keepdim: bool = False) -> TensorDictBase:
         dims = _dims_tuple(dim, self.batch_dims)
-        bs = self.batch_size
-        if keepdim:
-            new_bs = torch.Size(1 if i in dims else s for i, s in enumerate(bs))
-        else:
-            new_bs = torch.Size(s for i, s in enumerate(bs) if i not in dims)
-        return self._map(lambda x: fn(x, dims), (), batch_size=new_bs, validate=False)
+        return self._map(lambda x: fn(x, dims), (), batch_size=_reduced_size(self.batch_size, dims, keepdim),
+                         validate=False)
 
     def _reduction(self, name: str, dim: Any, keepdim: bool, reduce: bool, **kw: Any) -> Any:
         func = getattr(torch, name)
@@ -1127,21 +1125,25 @@ class TensorDictBase:
             return _reduce_all(name, self._tensor_leaves(), dims, bd, keepdim, **kw)
         if dim is None or dim is NO_DEFAULT:
             return self._map(lambda x: func(x, **kw), (), batch_size=torch.Size(()), scalar_out=True)
+        # the leaf function fn(leaf, dims) is picked once, here, not for every leaf
+        if name in ("max", "min", "prod"):  # one dim at a time
+            values = name != "prod"
 
-        def fn(x, dims):
-            if name in ("max", "min"):
-                out = x
+            def fn(x, dims):
                 for d in sorted(dims, reverse=True):
-                    out = getattr(out, name)(dim=d, keepdim=keepdim).values
-                return out
-            if name == "norm":
+                    x = getattr(x, name)(dim=d, keepdim=keepdim)
+                    if values:
+                        x = x.values
+                return x
+        elif name == "norm":
+            def fn(x, dims):
                 return torch.linalg.vector_norm(x, dim=dims, keepdim=keepdim, **kw)
-            if name == "prod":
-                out = x
-                for d in sorted(dims, reverse=True):
-                    out = out.prod(dim=d, keepdim=keepdim)
-                return out
-            return func(x, dims[0] if len(dims) == 1 else dims, keepdim=keepdim, **kw)
+        elif keepdim or kw:
+            def fn(x, dims):
+                return func(x, dims[0] if len(dims) == 1 else dims, keepdim=keepdim, **kw)
+        else:  # the common case: sum/mean over batch dims
+            def fn(x, dims):
+                return func(x, dims[0] if len(dims) == 1 else dims)
         return self._reduce(fn, dim, keepdim)
 
     def sum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None):
@@ -1294,28 +1296,30 @@ class TensorDictBase:
             raise IndexError(f"unsqueeze dim={dim} is out of range for a batch with {bd} dims")
         d = dim % (bd + 1) if dim < 0 else dim
         bs = self.batch_size
-        new_bs = bs[:d] + (1,) + bs[d:]
+        new_bs = torch.Size((*bs[:d], 1, *bs[d:]) if d else (1, *bs))
         names = self.names_or_none()
         if names is not None:
             names = names[:d] + [None] + names[d:]
         return self._apply_batch(lambda x: x.unsqueeze(d), new_bs, names)
 
     def permute(self, *dims: Any) -> TensorDictBase:
-        dims = _shape_args(dims)
-        bd = self.batch_dims
-        if sorted(d % bd for d in dims) != list(range(bd)) or len(dims) != bd:
-            raise ValueError(f"permute dims {list(dims)} do not match a batch of {bd} dims")
-        dims = tuple(d % bd for d in dims)
-        if dims == tuple(range(bd)):
-            return self
         bs = self.batch_size
-        new_bs = torch.Size(bs[d] for d in dims)
+        bd = len(bs)
+        given = _shape_args(dims)
+        dims = tuple([d % bd for d in given]) if bd else given
+        if len(dims) != bd or sorted(dims) != list(range(bd)):
+            raise ValueError(f"permute dims {list(given)} do not match a batch of {bd} dims")
+        moved = [i for i, d in enumerate(dims) if d != i]
+        if not moved:
+            return self
+        new_bs = torch.Size([bs[d] for d in dims])
         names = self.names_or_none()
         if names is not None:
             names = [names[d] for d in dims]
-        return self._apply_batch(
-            lambda x: x.permute(*dims, *range(bd, x.ndim)), new_bs, names
-        )
+        if len(moved) == 2:  # a swap: one transpose per leaf (no full dim list to build)
+            a, b = moved
+            return self._apply_batch(lambda x: x.transpose(a, b), new_bs, names)
+        return self._apply_batch(lambda x: x.permute(*dims, *range(bd, x.ndim)), new_bs, names)
 
     def transpose(self, dim0: int, dim1: int) -> TensorDictBase:
         bd = self.batch_dims
@@ -1391,7 +1395,8 @@ class TensorDictBase:
             if sum(sizes) != n:
                 raise ValueError(f"split sizes {sizes} do not sum to the batch dim size {n}")
         bss = [bs[:d] + (s,) + bs[d + 1 :] for s in sizes]
-        return tuple(self._split_batch(lambda x: x.split(sizes, d), [torch.Size(b) for b in bss]))
+        # split_with_sizes is what Tensor.split calls, minus its Python wrapper
+        return tuple(self._split_batch(lambda x: x.split_with_sizes(sizes, d), [torch.Size(b) for b in bss]))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorDictBase, ...]:
         n = self.batch_size[_dims_tuple(dim, self.batch_dims)[0]]
@@ -1824,6 +1829,15 @@ def expanded_batch_size(bs: torch.Size, shape: tuple) -> torch.Size:
         elif s != 1 and shape[offset + i] != s:
             raise RuntimeError(f"cannot expand batch {list(bs)} to {shape}")
     return torch.Size(shape)
+
+
+def _reduced_size(bs: torch.Size, dims: tuple[int, ...], keepdim: bool) -> torch.Size:
+    """The batch size after reducing over batch dims ``dims``."""
+    if keepdim:
+        return torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
+    if len(bs) == 1 and dims == (0,):  # the only batch dim reduced
+        return torch.Size(())
+    return torch.Size([s for i, s in enumerate(bs) if i not in dims])
 
 
 def _shape_args(shape: tuple) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from .base import (
     _is_non_tensor,
     is_tensor_collection,
 )
-from .td import TensorDict
+from .td import TensorDict, _td
 
 __all__ = ["stack", "cat", "where", "gather", "pad", "maybe_dense_stack"]
 
@@ -52,8 +52,9 @@ def stack(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | Non
     dim = _norm_dim(dim, bd + 1, "stack")
     if out is not None:
         return _stack_into(list_of_tds, dim, out)
-    if all(type(t) is TensorDict for t in list_of_tds):
-        return _join_dense(list_of_tds, dim, (), torch.stack)
+    result = _join_dense(list_of_tds, dim, (), torch.stack)
+    if result is not None:
+        return result
     if any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
         from .lazy import lazy_stack
 
@@ -61,52 +62,74 @@ def stack(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | Non
     return _stack_entries(list(list_of_tds), dim, ())
 
 
-def _join_dense(tds: Sequence[TensorDict], dim: int, prefix: tuple, join: Callable) -> TensorDict:
-    """``torch.stack`` or ``torch.cat`` of plain TensorDicts, leaf by leaf.
+def _join_dense(tds: Sequence[Any], dim: int, prefix: tuple, join: Callable) -> TensorDict | None:
+    """``torch.stack`` or ``torch.cat`` of plain TensorDicts, leaf by leaf; None if an
+    item is not a plain TensorDict (the caller takes the general path).
 
-    Checks are cheap on purpose (batch sizes and key counts); a key missing from one
-    item surfaces as a KeyError during the join and is then explained in full.
+    Checks are cheap on purpose (types, batch sizes and key counts); a key missing from
+    one item surfaces as a KeyError during the join and is then explained in full.
     """
     first = tds[0]
+    if type(first) is not TensorDict:
+        return None
     bs = first._batch_size
     n_keys = len(first._tensordict)
     is_stack = join is torch.stack
-    what = "stack" if is_stack else "cat"
-    total = 0
-    for td in tds:
-        tbs = td._batch_size
-        if len(td._tensordict) != n_keys or (tbs != bs and (is_stack or (
-            len(tbs) != len(bs) or tbs[:dim] != bs[:dim] or tbs[dim + 1 :] != bs[dim + 1 :]
-        ))):
-            _raise_mismatch(tds, prefix, what, None if is_stack else dim)
-        if not is_stack:
-            total += tbs[dim]
+    dicts = []  # the items' entry dicts, read once
+    if is_stack:
+        for td in tds:
+            if type(td) is not TensorDict:
+                return None
+            d = td._tensordict
+            if len(d) != n_keys or td._batch_size != bs:
+                _raise_mismatch(tds, prefix, "stack")
+            dicts.append(d)
+        new_bs = torch.Size((*bs[:dim], len(tds), *bs[dim:])) if dim else torch.Size((len(tds), *bs))
+    else:
+        uneven = False  # some item's size along dim differs from the first's
+        for td in tds:
+            if type(td) is not TensorDict:
+                return None
+            tbs = td._batch_size
+            d = td._tensordict
+            if len(d) != n_keys:
+                _raise_mismatch(tds, prefix, "cat", dim)
+            dicts.append(d)
+            if tbs != bs:
+                if len(tbs) != len(bs) or tbs[:dim] != bs[:dim] or tbs[dim + 1 :] != bs[dim + 1 :]:
+                    _raise_mismatch(tds, prefix, "cat", dim)
+                uneven = True
+        total = sum(td._batch_size[dim] for td in tds) if uneven else bs[dim] * len(tds)
+        new_bs = torch.Size((total,)) if len(bs) == 1 else torch.Size((*bs[:dim], total, *bs[dim + 1 :]))
     out = {}
     for k, v in first._tensordict.items():
         try:
-            vals = [td._tensordict[k] for td in tds]
+            vals = [d[k] for d in dicts]
         except KeyError:  # only this level's lookup: nested mismatches explain themselves
-            _raise_mismatch(tds, prefix, what, None if is_stack else dim)
+            _raise_mismatch(tds, prefix, "stack" if is_stack else "cat", None if is_stack else dim)
         if isinstance(v, Tensor):
-            try:
-                out[k] = join(vals, dim)
+            try:  # (dim=0 is the default: not passing it saves the argument parsing)
+                out[k] = join(vals, dim) if dim else join(vals)
             except (RuntimeError, TypeError) as err:
-                raise ValueError(
-                    f"cannot {what} entry {prefix + (k,) if prefix else k!r}: shapes "
-                    f"{[list(x.shape) for x in vals]} are incompatible"
-                    + ("; use lazy_stack for ragged data" if is_stack else "")
-                ) from err
-        elif is_stack:
-            out[k] = _stack_entries(vals, dim, prefix + (k,))
-        else:
-            out[k] = _cat_entries(vals, dim, prefix + (k,))
-    if is_stack:
-        names = None
-        if first._names is not None:
-            names = list(first._names)
-            names.insert(dim, None)
-        return TensorDict._new_unsafe(out, bs[:dim] + (len(tds),) + bs[dim:], first._device, names)
-    return TensorDict._new_unsafe(out, bs[:dim] + (total,) + bs[dim + 1 :], first._device, first._names)
+                raise _join_error(vals, prefix + (k,) if prefix else k, is_stack) from err
+            continue
+        r = _join_dense(vals, dim, prefix + (k,), join) if type(v) is TensorDict else None
+        if r is None:
+            r = _stack_entries(vals, dim, prefix + (k,)) if is_stack else _cat_entries(vals, dim, prefix + (k,))
+        out[k] = r
+    names = first._names
+    if is_stack and names is not None:
+        names = list(names)
+        names.insert(dim, None)
+    return _td(out, new_bs, first._device, names)
+
+
+def _join_error(vals: list, key: Any, is_stack: bool) -> ValueError:
+    return ValueError(
+        f"cannot {'stack' if is_stack else 'cat'} entry {key!r}: shapes "
+        f"{[list(x.shape) for x in vals]} are incompatible"
+        + ("; use lazy_stack for ragged data" if is_stack else "")
+    )
 
 
 def _raise_mismatch(tds: Sequence[TensorDict], prefix: tuple, what: str, dim: int | None = None) -> None:
@@ -179,14 +202,14 @@ def cat(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | None 
     if bd == 0:
         raise RuntimeError("cannot cat TensorDicts with an empty batch size; use stack")
     dim = _norm_dim(dim, bd, "cat")
-    if all(type(t) is TensorDict for t in list_of_tds):
-        result = _join_dense(list_of_tds, dim, (), torch.cat)
-    elif any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
-        from .lazy import lazy_cat
+    result = _join_dense(list_of_tds, dim, (), torch.cat)
+    if result is None:
+        if any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
+            from .lazy import lazy_cat
 
-        result = lazy_cat(list(list_of_tds), dim)
-    else:
-        result = _cat_entries(list(list_of_tds), dim, ())
+            result = lazy_cat(list(list_of_tds), dim)
+        else:
+            result = _cat_entries(list(list_of_tds), dim, ())
     if out is not None:
         out.update_(result)
         return out

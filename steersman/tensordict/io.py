@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,10 @@ from torch import Tensor
 
 from ._utils import NO_DEFAULT
 from .base import TensorDictBase, _is_branch, _is_non_tensor
-from .memmap import MemoryMappedTensor, load_tensor_file, save_tensor_file
+from .lazy import LazyStackedTensorDict
+from .memmap import MemoryMappedTensor, _copy_to_file, _load_tensor_file, save_tensor_file
+from .nontensor import MetaData, NonTensorData, NonTensorStack
+from .td import TensorDict
 
 __all__ = ["save", "load", "load_memmap", "memmap_into"]
 
@@ -32,10 +34,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_DTYPES: dict[str, torch.dtype] = {}  # name -> dtype, filled as names are met
+
+
 def _dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in saved metadata")
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {name!r} in saved metadata")
+        _DTYPES[name] = dtype
     return dtype
 
 
@@ -46,7 +54,7 @@ def _check_key(key: str) -> None:
         )
 
 
-def _write_json_atomic(path: Path, obj: Any, fsync: bool) -> None:
+def _write_json_atomic(path: str, obj: Any, fsync: bool) -> None:
     """Writes JSON. With ``fsync`` (``save``, a checkpoint) it goes through a temp file,
     fsync and rename, so a crash leaves the old or the new file, never half of one; a
     memory-mapped working copy (``memmap``) is written in place."""
@@ -62,7 +70,8 @@ def _write_json_atomic(path: Path, obj: Any, fsync: bool) -> None:
         finally:
             os.close(fd)
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -89,33 +98,39 @@ def _container_meta(td: TensorDictBase) -> dict[str, Any]:
     }
 
 
-def _write(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> tuple[dict, dict]:
-    """Writes ``td`` under ``path``; returns (metadata, {key: new leaf}) for memmap modes.
+def _write(td: TensorDictBase, path: str, mode: str, existsok: bool) -> tuple[dict, dict]:
+    """Writes ``td`` under the folder ``path``; returns (metadata, {key: new leaf}) for
+    memmap modes.
 
     ``mode``: ``"save"`` (atomic raw files), ``"memmap"`` (copy into mapped files) or
     ``"like"`` (mapped files of the right shape, zero-filled).
     """
     if getattr(type(td), "_is_lazy", False):
         return _write_lazy(td, path, mode, existsok)
-    path.mkdir(parents=True, exist_ok=True)
+    os.makedirs(path, exist_ok=True)
+    folder = os.path.join(path, "")
     meta: dict[str, Any] = {"_type": "TensorDict", "_format": _FORMAT, **_container_meta(td), "entries": {}}
     new_leaves: dict[str, Any] = {}
     for key in td._keys_str():
         value = td._get_str(key, NO_DEFAULT)
         _check_key(key)
         if isinstance(value, Tensor):
-            file = path / f"{key}.memmap"
+            name = f"{key}.memmap"
+            file = folder + name
             entry = {"kind": "tensor", "dtype": _dtype_name(value.dtype), "shape": list(value.shape),
-                     "file": file.name}
+                     "file": name}
             if mode == "save":
                 save_tensor_file(file, value)
             else:
                 src = value.detach()
                 if src.device.type != "cpu":
                     src = src.cpu()
-                new_leaves[key] = MemoryMappedTensor.from_tensor(
-                    src, filename=file, existsok=True, copy_data=mode == "memmap", copy_existing=True
-                )
+                if mode == "memmap" and type(src) is Tensor and src.layout is torch.strided and src.numel():
+                    new_leaves[key] = _copy_to_file(src, file)  # the common case, in fewer system calls
+                else:
+                    new_leaves[key] = MemoryMappedTensor.from_tensor(
+                        src, filename=file, existsok=True, copy_data=mode == "memmap", copy_existing=True
+                    )
             meta["entries"][key] = entry
         elif _is_non_tensor(value):
             if getattr(type(value), "_is_stack", False):
@@ -127,7 +142,7 @@ def _write(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> tuple[d
                                         "metadata": type(value).__name__ == "MetaData"}
             new_leaves[key] = value
         elif _is_branch(value):
-            sub_meta, sub_leaves = _write(value, path / key, mode, existsok)
+            sub_meta, sub_leaves = _write(value, folder + key, mode, existsok)
             meta["entries"][key] = {"kind": "container", "dir": key, "meta": sub_meta}
             if mode != "save":
                 new_leaves[key] = _rebuild(value, sub_leaves)
@@ -136,19 +151,19 @@ def _write(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> tuple[d
     return meta, new_leaves
 
 
-def _write_root(td: TensorDictBase, path: Path, mode: str, existsok: bool) -> dict:
+def _write_root(td: TensorDictBase, path: str, mode: str, existsok: bool) -> dict:
     """Writes the tree's files, then one ``meta.json`` for the whole tree (last)."""
     meta, leaves = _write(td, path, mode, existsok)
-    _write_json_atomic(path / _META, meta, fsync=mode == "save")
+    _write_json_atomic(os.path.join(path, _META), meta, fsync=mode == "save")
     return leaves
 
 
-def _write_lazy(td: Any, path: Path, mode: str, existsok: bool) -> tuple[dict, dict]:
-    path.mkdir(parents=True, exist_ok=True)
+def _write_lazy(td: Any, path: str, mode: str, existsok: bool) -> tuple[dict, dict]:
+    os.makedirs(path, exist_ok=True)
     members = []
     metas = []
     for i, member in enumerate(td.tensordicts):
-        member_meta, leaves = _write(member, path / str(i), mode, existsok)
+        member_meta, leaves = _write(member, os.path.join(path, str(i)), mode, existsok)
         metas.append(member_meta)
         members.append(_rebuild(member, leaves) if mode != "save" else None)
     meta = {"_type": "LazyStackedTensorDict", "_format": _FORMAT, "stack_dim": td.stack_dim,
@@ -159,11 +174,7 @@ def _write_lazy(td: Any, path: Path, mode: str, existsok: bool) -> tuple[dict, d
 def _rebuild(template: TensorDictBase, leaves: dict) -> TensorDictBase:
     """A container like ``template`` whose entries are ``leaves``."""
     if "__lazy_members__" in leaves:
-        from .lazy import LazyStackedTensorDict
-
         return LazyStackedTensorDict(*leaves["__lazy_members__"], stack_dim=template.stack_dim)
-    from .td import TensorDict
-
     return TensorDict._new_unsafe(leaves, template.batch_size, template.device if _all_cpu(leaves) else None,
                                   template.names_or_none())
 
@@ -186,7 +197,7 @@ def save(td: TensorDictBase, prefix: Any) -> None:
     """
     if hasattr(td, "_tensordict") and not isinstance(td, TensorDictBase):  # tensorclass
         td = td._tensordict
-    _write_root(td, Path(prefix), "save", True)
+    _write_root(td, os.fspath(prefix), "save", True)
 
 
 def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: bool, copy_data: bool) -> TensorDictBase:
@@ -201,8 +212,8 @@ def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: boo
             return td.lock_()
         out = td._map(fn, (), device=torch.device("cpu") if td.device is not None else NO_DEFAULT)
         return out.lock_()
-    prefix = Path(prefix)
-    if not existsok and (prefix / _META).exists():
+    prefix = os.fspath(prefix)
+    if not existsok and os.path.exists(os.path.join(prefix, _META)):
         raise FileExistsError(f"{prefix} already holds a saved TensorDict (pass existsok=True to overwrite)")
     leaves = _write_root(td, prefix, "memmap" if copy_data else "like", existsok)
     out = _rebuild(td, leaves)
@@ -270,23 +281,21 @@ def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
 def _build(meta: dict, path: str, mmap: bool) -> TensorDictBase:
     kind = meta.get("_type")
     if kind == "LazyStackedTensorDict":
-        from .lazy import LazyStackedTensorDict
-
         members = [_build(m, os.path.join(path, str(i)), mmap) for i, m in enumerate(meta["members"])]
         return LazyStackedTensorDict(*members, stack_dim=meta["stack_dim"])
     if kind != "TensorDict":
         raise ValueError(f"{path}: unknown container type {kind!r} in the saved metadata")
-    from .nontensor import MetaData, NonTensorData, NonTensorStack
-    from .td import TensorDict
-
     bs = torch.Size(meta["batch_size"])
     entries: dict[str, Any] = {}
+    folder = os.path.join(path, "")  # with its trailing separator (none for "")
     for key, entry in meta["entries"].items():
         _check_key(key)
         k = entry["kind"]
         if k == "tensor":
-            entries[key] = load_tensor_file(os.path.join(path, entry["file"]), _dtype_from_name(entry["dtype"]),
-                                            entry["shape"], mmap=mmap)
+            file = entry["file"]
+            _check_key(file)
+            entries[key] = _load_tensor_file(folder + file, _dtype_from_name(entry["dtype"]),
+                                             _shape_from_json(entry["shape"]), mmap)
         elif k == "non_tensor":
             cls = MetaData if entry.get("metadata") else NonTensorData
             entries[key] = cls(entry["data"], batch_size=entry["batch_size"])
@@ -304,6 +313,12 @@ def _build(meta: dict, path: str, mmap: bool) -> TensorDictBase:
     if device is not None and torch.device(device).type != "cpu":
         out = out.to(device)
     return out
+
+
+def _shape_from_json(shape: Any) -> torch.Size:
+    if type(shape) is list and all(type(s) is int and s >= 0 for s in shape):
+        return torch.Size(shape)
+    raise ValueError(f"invalid tensor shape {shape!r} in saved metadata")
 
 
 def _fill(arr: np.ndarray, data: Any) -> None:

@@ -52,10 +52,12 @@ from .base import (
     _dims_tuple,
     _is_branch,
     _is_non_tensor,
+    _reduced_size,
     _shape_args,
     expanded_batch_size,
     is_tensor_collection,
 )
+from .td import TensorDict
 
 __all__ = ["LazyStackedTensorDict", "lazy_stack", "lazy_cat", "RaggedStackError"]
 
@@ -205,7 +207,8 @@ class LazyStackedTensorDict(TensorDictBase):
     def _refresh(self) -> None:
         mbs = self._member_bs
         sd = self._stack_dim
-        self._batch_size = torch.Size(tuple(mbs[:sd]) + (len(self.tensordicts),) + tuple(mbs[sd:]))
+        n = len(self.tensordicts)
+        self._batch_size = torch.Size((*mbs[:sd], n, *mbs[sd:]) if sd else (n, *mbs))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -1317,11 +1320,7 @@ class LazyStackedTensorDict(TensorDictBase):
             return self._to_dense("a reduction over the stack dim")._reduce(fn, dim, keepdim)
         mdims = tuple(d - (d > sd) for d in dims)
         new_sd = sd if keepdim else sd - sum(d < sd for d in dims)
-        bs = self._batch_size
-        if keepdim:
-            new_bs = torch.Size(1 if i in dims else s for i, s in enumerate(bs))
-        else:
-            new_bs = torch.Size(s for i, s in enumerate(bs) if i not in dims)
+        new_bs = _reduced_size(self._batch_size, dims, keepdim)
         return LazyStackedTensorDict._new_from(
             [m._reduce(fn, mdims, keepdim) for m in self.tensordicts], new_sd, new_bs, self.device)
 
@@ -1448,6 +1447,15 @@ def lazy_stack(list_of_tds: Sequence[TensorDictBase], dim: int = 0, *, out: Any 
         raise RuntimeError("lazy_stack expects a non-empty sequence of TensorDicts")
     if out is not None:
         raise TypeError("lazy_stack does not support out=; use torch.stack(..., out=)")
+    if type(items[0]) is TensorDict:  # fast path: plain TensorDicts of one batch size
+        mbs = items[0]._batch_size
+        nd = len(mbs) + 1
+        for t in items:
+            if type(t) is not TensorDict or t._batch_size != mbs:
+                break
+        else:
+            if -nd <= dim < nd:
+                return LazyStackedTensorDict._new_from(items, dim % nd)
     if all(isinstance(t, Tensor) for t in items):
         raise TypeError("lazy_stack stacks TensorDicts; for tensors use torch.stack or "
                         "torch.nested.as_nested_tensor")

@@ -109,6 +109,23 @@ def _allocate_file(filename: str, nbytes: int, existsok: bool) -> None:
         os.close(fd)
 
 
+def _copy_to_file(src: torch.Tensor, filename: str) -> MemoryMappedTensor:
+    """``MemoryMappedTensor.from_tensor(src, filename=filename, existsok=True)`` for a
+    detached, non-empty, dense CPU tensor whose folder exists (``memmap``'s loop).
+
+    An existing file is resized in place (``torch.from_file`` only grows files); a
+    missing one is created with the right size by ``torch.from_file`` itself.
+    """
+    numel = src.numel()
+    try:
+        os.truncate(filename, numel * src.dtype.itemsize)
+    except FileNotFoundError:
+        pass
+    out = _map_file(filename, src.dtype, numel).view(src.shape)
+    out.copy_(src)
+    return MemoryMappedTensor._wrap(out, filename)
+
+
 def _map_file(filename: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
     """Map the first ``numel`` elements of an existing file as a flat 1-D tensor.
 
@@ -209,7 +226,7 @@ class MemoryMappedTensor(torch.Tensor):
     @classmethod
     def _wrap(cls, tensor: torch.Tensor, filename: str | None) -> MemoryMappedTensor:
         """Alias ``tensor``'s storage (and view geometry) as a ``MemoryMappedTensor``."""
-        out = torch.Tensor._make_subclass(cls, tensor.detach(), False)
+        out = torch.Tensor._make_subclass(cls, tensor, False)  # (it detaches by itself)
         out._filename = filename
         return out
 
@@ -608,11 +625,15 @@ def load_tensor_file(
         >>> load_tensor_file(p, torch.float32, (2, 2), mmap=False).tolist()
         [[1.0, 0.0], [0.0, 1.0]]
     """
-    path = os.fspath(path)
-    shape = _parse_shape((shape,))
-    needed = _numel(shape) * _element_size(dtype)
+    return _load_tensor_file(os.fspath(path), dtype, _parse_shape((shape,)), mmap)
+
+
+def _load_tensor_file(path: str, dtype: torch.dtype, shape: torch.Size, mmap: bool) -> torch.Tensor:
+    """:func:`load_tensor_file` for a ``str`` path and a parsed shape (``io.load``'s loop)."""
+    numel = _numel(shape)
+    needed = numel * dtype.itemsize
     try:
-        size = os.path.getsize(path)
+        size = os.stat(path).st_size
     except FileNotFoundError:
         raise FileNotFoundError(f"No such tensor file: {path!r}") from None
     if size != needed:
@@ -621,7 +642,7 @@ def load_tensor_file(
             f"{tuple(shape)} and dtype {dtype}."
         )
     if mmap:  # the size was checked above, so map directly (from_filename would stat again)
-        return MemoryMappedTensor._wrap(_map_file(path, dtype, _numel(shape)).view(shape), path)
+        return MemoryMappedTensor._wrap(_map_file(path, dtype, numel).view(shape), path)
     out = torch.empty(shape, dtype=dtype)
     view = _byte_view(out)
     with open(path, "rb") as f:

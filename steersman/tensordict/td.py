@@ -25,6 +25,9 @@ from .base import TensorDictBase, _is_branch, _is_non_tensor, is_tensor_collecti
 __all__ = ["TensorDict"]
 
 _new_object = object.__new__
+_LONG = torch.long
+_BOOL = torch.bool
+_SCALAR = torch.Size(())
 
 
 class TensorDict(TensorDictBase):
@@ -70,7 +73,9 @@ class TensorDict(TensorDictBase):
         self._locked = False
         self._names = None
         if source is not None:
-            if isinstance(source, TensorDictBase):
+            if type(source) is dict:
+                pass
+            elif isinstance(source, TensorDictBase):
                 source = {k: source._get_str(k, NO_DEFAULT) for k in source._keys_str()}
             elif not isinstance(source, Mapping):
                 raise TypeError(f"source must be a dict or a TensorDict, got {type(source).__name__}")
@@ -87,6 +92,7 @@ class TensorDict(TensorDictBase):
         td = self._tensordict
         bs = self._batch_size
         n = len(bs)
+        b0 = bs[0] if n == 1 else None
         dev = self._device
         for key, value in source.items():
             if type(key) is tuple and key and all(type(k) is str for k in key):
@@ -100,17 +106,17 @@ class TensorDict(TensorDictBase):
                     f"TensorDict keys must be strings (tuples of strings for nested keys), "
                     f"got {key!r} of type {type(key).__name__}"
                 )
-            if isinstance(value, Tensor):  # the common case, inlined
-                if value.shape[:n] != bs:
-                    raise ValueError(
-                        f"batch size mismatch for key {key!r}: the TensorDict has batch_size "
-                        f"{list(bs)} but the value has shape {list(value.shape)}"
-                    )
+            if isinstance(value, Tensor):  # the common case, inlined (_bad_batch too)
+                shape = value.shape
+                if (not shape or shape[0] != b0) if n == 1 else _bad_batch(shape, bs, n):
+                    raise _batch_error(key, bs, shape)
                 if dev is not None and value.device != dev:
                     value = value.to(dev, non_blocking=True)
                 td[key] = value
             elif type(value) is dict or (isinstance(value, Mapping) and not is_tensor_collection(value)):
-                td[key] = TensorDict(value, bs, dev)
+                sub = _td({}, bs, dev, None)  # a nested dict: the same loop, without __init__
+                sub._init_entries(value)
+                td[key] = sub
             else:
                 self._set_str(key, self._prepare_value(key, value), False, False)
 
@@ -118,7 +124,11 @@ class TensorDict(TensorDictBase):
     def _new_unsafe(
         cls, source: dict, batch_size: torch.Size, device: torch.device | None = None, names: Any = None
     ) -> TensorDict:
-        """Builds a TensorDict from already-valid entries (no checks, no copies)."""
+        """Builds a TensorDict from already-valid entries (no checks, no copies).
+
+        Inside this module the hot paths call :func:`_td` (the same, without the
+        classmethod lookup).
+        """
         self = _new_object(cls)
         self._tensordict = source
         self._batch_size = batch_size
@@ -260,6 +270,10 @@ class TensorDict(TensorDictBase):
                 v.clear_device_()
         return self
 
+    def names_or_none(self) -> list | None:
+        names = self._names
+        return None if names is None or all(n is None for n in names) else list(names)
+
     @property
     def names(self) -> list:
         if self._names is None:
@@ -305,11 +319,8 @@ class TensorDict(TensorDictBase):
                 raise TypeError(f"TensorDict keys must be strings, got {key!r} ({type(key).__name__})")
             bs = self._batch_size
             shape = value.shape if isinstance(value, Tensor) else value.batch_size
-            if shape[: len(bs)] != bs:
-                raise ValueError(
-                    f"batch size mismatch for key {key!r}: the TensorDict has batch_size "
-                    f"{list(bs)} but the value has shape {list(shape)}"
-                )
+            if _bad_batch(shape, bs, len(bs)):
+                raise _batch_error(key, bs, shape)
             dev = self._device
             if dev is not None:
                 if isinstance(value, Tensor):
@@ -347,7 +358,7 @@ class TensorDict(TensorDictBase):
             raise missing_key_error(key, self._tensordict) from None
 
     def _new_empty(self, batch_size: torch.Size) -> TensorDict:
-        return TensorDict._new_unsafe({}, batch_size, self._device, None)
+        return _td({}, batch_size, self._device, None)
 
     # ------------------------------------------------------------------ fast paths
     def keys(self, include_nested: bool = False, leaves_only: bool = False, *,
@@ -396,20 +407,23 @@ class TensorDict(TensorDictBase):
             except (KeyError, AttributeError, TypeError):
                 pass
             return super().__getitem__(index)
-        if type(index) is int and self._batch_size:
+        if type(index) is int:
+            bs = self._batch_size
+            if bs:  # (_index, inlined)
+                return _index_tree(self, index, bs[1:] if len(bs) > 1 else _SCALAR)
+        elif type(index) is slice and self._batch_size:
             return self._index(index)
-        if type(index) is slice and self._batch_size:
-            return self._index(index)
+        if type(index) is Tensor and index.ndim == 1 and self._batch_size and self._names is None:
+            out = self._take(index)
+            if out is not None:
+                return out
         return super().__getitem__(index)
 
     def set(self, key: NestedKey, item: Any, inplace: bool = False, **kwargs: Any) -> TensorDict:
         if type(key) is str and isinstance(item, Tensor) and not (inplace or self._locked):
             bs = self._batch_size
-            if item.shape[: len(bs)] != bs:
-                raise ValueError(
-                    f"batch size mismatch for key {key!r}: the TensorDict has batch_size "
-                    f"{list(bs)} but the value has shape {list(item.shape)}"
-                )
+            if _bad_batch(item.shape, bs, len(bs)):
+                raise _batch_error(key, bs, item.shape)
             dev = self._device
             if dev is not None and item.device != dev:
                 item = item.to(dev, non_blocking=kwargs.get("non_blocking", True))
@@ -419,16 +433,22 @@ class TensorDict(TensorDictBase):
 
     def __setitem__(self, index: Any, value: Any) -> None:
         if type(index) is str and type(value) is Tensor and not self._locked:
+            # the hottest write: the batch check of _bad_batch, inlined (a call costs as much)
             bs = self._batch_size
-            if value.shape[: len(bs)] != bs:
-                raise ValueError(
-                    f"batch size mismatch for key {index!r}: the TensorDict has batch_size "
-                    f"{list(bs)} but the value has shape {list(value.shape)}"
-                )
+            n = len(bs)
+            if n:
+                shape = value.shape
+                if (not shape or shape[0] != bs[0]) if n == 1 else shape[:n] != bs:
+                    raise _batch_error(index, bs, shape)
             dev = self._device
             if dev is not None and value.device != dev:
                 value = value.to(dev, non_blocking=True)
             self._tensordict[index] = value
+            return
+        if type(value) is TensorDict and self._batch_size and (
+            type(index) is int or type(index) is slice or (type(index) is Tensor and index.dtype is _LONG)
+        ):  # td[i] = other: an index with nothing to normalize
+            self._setitem_batch(index, value)
             return
         super().__setitem__(index, value)
 
@@ -453,24 +473,43 @@ class TensorDict(TensorDictBase):
         super()._setitem_batch(index, value)
 
     def _index(self, index: Any) -> TensorDict:
-        bd = len(self._batch_size)
+        bs = self._batch_size
+        if type(index) is int:  # the common cases: the new batch size is known up front
+            return _index_tree(self, index, bs[1:] if len(bs) > 1 else _SCALAR)
+        if type(index) is slice:
+            return _index_tree(self, index, torch.Size((len(range(*index.indices(bs[0]))), *bs[1:])))
         out = {}
-        new_bs = None
         for k, v in self._tensordict.items():
+            out[k] = v[index] if isinstance(v, Tensor) else v._index(index)
+        if not out:
+            new_bs = indexed_batch_size(bs, index)
+        else:  # read it off the first entry: the leading dims it gained or lost
+            k, v = next(iter(self._tensordict.items()))
+            r = out[k]
             if isinstance(v, Tensor):
-                r = v[index]
-                if new_bs is None:
-                    new_bs = r.shape[: r.ndim - v.ndim + bd]
+                new_bs = r.shape[: r.ndim - v.ndim + len(bs)]
             else:
-                r = v._index(index)
-                if new_bs is None:
-                    rb = r.batch_size
-                    new_bs = rb[: len(rb) - len(v.batch_size) + bd]
-            out[k] = r
-        if new_bs is None:
-            new_bs = indexed_batch_size(self._batch_size, index)
+                rb = r.batch_size
+                new_bs = rb[: len(rb) - len(v.batch_size) + len(bs)]
         names = None if self._names is None else _names_after_index(self._names, index)
-        return TensorDict._new_unsafe(out, new_bs, self._device, names)
+        return _td(out, new_bs, self._device, names)
+
+    def _take(self, index: Tensor) -> TensorDict | None:
+        """``td[index]`` for a 1-D long index or bool mask over batch dim 0, as one
+        ``index_select`` per leaf (a mask becomes row numbers once, where ``leaf[mask]``
+        would redo it for every leaf). None where the general path must decide: nested
+        containers other than TensorDict, a mask of the wrong length, an index
+        ``index_select`` refuses (negative or out of range, another device)."""
+        if index.dtype is _BOOL:
+            if index.shape[0] != self._batch_size[0]:
+                return None
+            index = index.nonzero().squeeze(1)
+        elif index.dtype is not _LONG:
+            return None
+        try:
+            return _take_rows(self, index, torch.Size((index.shape[0],)))
+        except (RuntimeError, IndexError, _NotDense):
+            return None
 
     def _apply_batch(self, fn: Callable, batch_size: torch.Size, names: Any) -> TensorDict:
         bd = len(self._batch_size)
@@ -479,22 +518,25 @@ class TensorDict(TensorDictBase):
             if isinstance(v, Tensor):
                 out[k] = fn(v)
             else:
-                out[k] = v._apply_batch(fn, batch_size + v.batch_size[bd:], None)
-        return TensorDict._new_unsafe(out, batch_size, self._device, names)
+                vbs = v.batch_size  # a nested container with no extra dims shares batch_size
+                out[k] = v._apply_batch(fn, batch_size + vbs[bd:] if len(vbs) > bd else batch_size, None)
+        return _td(out, batch_size, self._device, names)
 
     def _split_batch(self, fn: Callable, batch_sizes: list) -> list[TensorDict]:
         bd = len(self._batch_size)
-        outs: list[dict] = [{} for _ in batch_sizes]
-        for k, v in self._tensordict.items():
+        keys = list(self._tensordict)
+        cols = []  # one sequence of parts per key
+        for v in self._tensordict.values():
             if isinstance(v, Tensor):
-                parts = fn(v)
+                cols.append(fn(v))
             else:
                 extra = v.batch_size[bd:]
-                parts = v._split_batch(fn, [b + extra for b in batch_sizes])
-            for o, p in zip(outs, parts):
-                o[k] = p
+                cols.append(v._split_batch(fn, [b + extra for b in batch_sizes] if extra else batch_sizes))
         dev = self._device
-        return [TensorDict._new_unsafe(o, b, dev, None) for o, b in zip(outs, batch_sizes)]
+        if not cols:
+            return [_td({}, b, dev, None) for b in batch_sizes]
+        # regroup the columns into rows with C-level zips
+        return [_td(dict(zip(keys, row)), b, dev, None) for row, b in zip(zip(*cols), batch_sizes)]
 
     def _map(
         self,
@@ -589,9 +631,20 @@ class TensorDict(TensorDictBase):
                 continue
             sub_bs = None
             if batch_size is not None:
-                sub_bs = batch_size if flags.get("scalar_out") else batch_size + v.batch_size[bd:]
-            r = v._map(fn, o, batch_size=sub_bs, device=device, filter_empty=filter_empty,
-                       prefix=prefix + (k,), **flags)
+                vbs = v.batch_size
+                sub_bs = batch_size if flags.get("scalar_out") or len(vbs) == bd else batch_size + vbs[bd:]
+            r = None
+            if type(v) is TensorDict and (other is None or (
+                type(o[0]) is TensorDict and len(o[0]._tensordict) == len(v._tensordict)
+            )):
+                # a plain nested TensorDict: straight to its own _map_leaves
+                sub = v._map_leaves(fn, None if other is None else o[0]._tensordict, sub_bs, device,
+                                    filter_empty, prefix + (k,), flags)
+                if sub is not None:
+                    r = v._finish_map(sub, sub_bs, device, flags)
+            if r is None:
+                r = v._map(fn, o, batch_size=sub_bs, device=device, filter_empty=filter_empty,
+                           prefix=prefix + (k,), **flags)
             if filter_empty is not False and (type(r) is not TensorDict or not r._tensordict) and r.is_empty() and not v.is_empty():
                 continue
             out[k] = r
@@ -601,9 +654,9 @@ class TensorDict(TensorDictBase):
         if device is NO_DEFAULT:
             device = self._device
         if batch_size is None:
-            result = TensorDict._new_unsafe(out, self._batch_size, device, self._names)
+            result = _td(out, self._batch_size, device, self._names)
         else:
-            result = TensorDict._new_unsafe(out, batch_size, device, None)
+            result = _td(out, batch_size, device, None)
         if flags.get("validate", True):
             _check_mapped(result)
         return result
@@ -632,7 +685,7 @@ class TensorDict(TensorDictBase):
                 out[k] = r
             else:
                 return None
-        return TensorDict._new_unsafe(out, self._batch_size, device, self._names)
+        return _td(out, self._batch_size, device, self._names)
 
     # ------------------------------------------------------------------ locking
     def lock_(self) -> TensorDict:
@@ -653,12 +706,40 @@ class TensorDict(TensorDictBase):
     def _is_locked_flag(self) -> bool:
         return self._locked
 
+    def clone(self, recurse: bool = True, **kwargs: Any) -> TensorDict:
+        """A copy; ``recurse=False`` shares the leaves (a shallow copy)."""
+        if recurse:
+            try:  # fast path: a tree of plain TensorDicts and tensors
+                return _clone_tree(self)
+            except _NotDense:
+                pass
+        return super().clone(recurse, **kwargs)
+
+    def add_(self, other: Any, *, alpha: float | None = None) -> TensorDict:
+        if type(other) is TensorDict:  # fast path: the leaves of two plain trees, paired in one walk
+            pairs = _same_leaves(self, other)
+            if pairs is not None:
+                if alpha is None:
+                    torch._foreach_add_(*pairs)
+                else:
+                    torch._foreach_add_(*pairs, alpha=alpha)
+                return self
+        return super().add_(other, alpha=alpha)
+
+    def lerp_(self, end: Any, weight: Any) -> TensorDict:
+        if type(end) is TensorDict and isinstance(weight, (int, float)):  # as in add_
+            pairs = _same_leaves(self, end)
+            if pairs is not None:
+                torch._foreach_lerp_(*pairs, weight)
+                return self
+        return super().lerp_(end, weight)
+
     def copy(self) -> TensorDict:
         """A shallow copy: new containers, same leaf tensors."""
         out = {}
         for k, v in self._tensordict.items():
             out[k] = v if isinstance(v, Tensor) else v.copy()
-        return TensorDict._new_unsafe(out, self._batch_size, self._device, self._names)
+        return _td(out, self._batch_size, self._device, self._names)
 
     def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDict:
         if not inplace:
@@ -670,14 +751,31 @@ class TensorDict(TensorDictBase):
             except (KeyError, TypeError):
                 pass
             else:
-                return TensorDict._new_unsafe(out, self._batch_size, self._device, self._names)
+                return _td(out, self._batch_size, self._device, self._names)
         return super().select(*keys, inplace=inplace, strict=strict)
 
     def exclude(self, *keys: NestedKey, inplace: bool = False) -> TensorDict:
-        if not inplace and all(type(k) is str for k in keys):
-            out = {k: v for k, v in self._tensordict.items() if k not in keys}
-            return TensorDict._new_unsafe(out, self._batch_size, self._device, self._names)
+        if not inplace:  # fast path: string keys, a C-level dict copy then pops
+            out = dict(self._tensordict)
+            for k in keys:
+                if type(k) is not str:
+                    break
+                out.pop(k, None)
+            else:
+                return _td(out, self._batch_size, self._device, self._names)
         return super().exclude(*keys, inplace=inplace)
+
+    def flatten_keys(self, separator: str = ".", inplace: bool = False) -> TensorDict:
+        """Nested keys become flat keys joined by ``separator``."""
+        if not inplace:
+            out: dict = {}
+            try:  # fast path: a tree of plain TensorDicts and tensors
+                _flatten_into(self, separator, "", out)
+            except _NotDense:
+                pass
+            else:
+                return _td(out, self._batch_size, self._device, None)
+        return super().flatten_keys(separator, inplace)
 
     def update(self, input_dict_or_td: Any, clone: bool = False, inplace: bool = False, *,
                keys_to_update: Any = None) -> TensorDict:
@@ -691,7 +789,7 @@ class TensorDict(TensorDictBase):
             dev = self._device
             ok = True
             for k, v in input_dict_or_td.items():
-                if type(k) is not str or not isinstance(v, Tensor) or v.shape[:n] != bs or (
+                if type(k) is not str or not isinstance(v, Tensor) or _bad_batch(v.shape, bs, n) or (
                     dev is not None and v.device != dev
                 ):
                     ok = False
@@ -718,7 +816,7 @@ class TensorDict(TensorDictBase):
     def __deepcopy__(self, memo: dict) -> TensorDict:
         import copy
 
-        return TensorDict._new_unsafe(
+        return _td(
             {k: copy.deepcopy(v, memo) for k, v in self._tensordict.items()},
             self._batch_size, self._device, None if self._names is None else list(self._names),
         )
@@ -789,7 +887,11 @@ def _same_structure(dst: TensorDict, src: TensorDict, pairs: list, bd: int, vbd:
     for k, sv in s.items():
         dv = d.get(k)
         if isinstance(dv, Tensor):
-            if not isinstance(sv, Tensor) or sv.shape[vbd:] != dv.shape[bd:]:
+            if not isinstance(sv, Tensor):
+                return False
+            ds, ss = dv.shape, sv.shape
+            nf = len(ds) - bd  # feature dims; one, the common case, is compared without slicing
+            if nf != len(ss) - vbd or (ds[-1] != ss[-1] if nf == 1 else nf and ds[bd:] != ss[vbd:]):
                 return False
             pairs.append((dv, sv))
         elif type(dv) is TensorDict and type(sv) is TensorDict:
@@ -806,8 +908,127 @@ def _fast_indexed_batch_size(bs: torch.Size, index: Any) -> torch.Size:
     return indexed_batch_size(bs, index)
 
 
+def _td(source: dict, batch_size: torch.Size, device: torch.device | None, names: Any) -> TensorDict:
+    """``TensorDict._new_unsafe`` as a plain function (no checks): the hot paths' constructor."""
+    self = _new_object(TensorDict)
+    self._tensordict = source
+    self._batch_size = batch_size
+    self._device = device
+    self._names = names
+    self._locked = False
+    return self
+
+
+def _index_tree(td: TensorDict, index: int | slice, new_bs: torch.Size) -> TensorDict:
+    """``td[index]`` for an int or a slice over batch dim 0, whose result has batch size
+    ``new_bs``; nested TensorDicts of the same batch size share it."""
+    bs = td._batch_size
+    out = {}
+    for k, v in td._tensordict.items():
+        if isinstance(v, Tensor):
+            out[k] = v[index]  # an int out of range raises IndexError here
+        elif type(v) is TensorDict and v._batch_size == bs:
+            out[k] = _index_tree(v, index, new_bs)
+        else:
+            out[k] = v._index(index)
+    if not out:
+        indexed_batch_size(bs, index)  # no leaf checked the index: raises if out of range
+    names = None if td._names is None else _names_after_index(td._names, index)
+    return _td(out, new_bs, td._device, names)
+
+
+class _NotDense(Exception):
+    """A fast path met an entry it does not handle (the caller takes the general path)."""
+
+
+def _take_rows(td: TensorDict, rows: Tensor, n: torch.Size) -> TensorDict:
+    """``index_select(0, rows)`` on every leaf of a tree of plain TensorDicts."""
+    out = {}
+    for k, v in td._tensordict.items():
+        if isinstance(v, Tensor):
+            out[k] = v.index_select(0, rows)
+        elif type(v) is TensorDict and v._names is None:
+            out[k] = _take_rows(v, rows, n)
+        else:
+            raise _NotDense
+    return _td(out, n + td._batch_size[1:] if len(td._batch_size) > 1 else n, td._device, None)
+
+
+def _flatten_into(td: TensorDict, sep: str, prefix: str, out: dict) -> None:
+    for k, v in td._tensordict.items():
+        if isinstance(v, Tensor):
+            flat = prefix + k
+            if flat in out:
+                raise KeyError(f"flattening would create the key {flat!r} twice")
+            out[flat] = v
+        elif type(v) is TensorDict:
+            _flatten_into(v, sep, prefix + k + sep, out)
+        else:
+            raise _NotDense
+
+
+def _clone_tree(td: TensorDict) -> TensorDict:
+    out = {}
+    for k, v in td._tensordict.items():
+        if isinstance(v, Tensor):
+            out[k] = v.clone()
+        elif type(v) is TensorDict:
+            out[k] = _clone_tree(v)
+        else:
+            raise _NotDense
+    return _td(out, td._batch_size, td._device, td._names)
+
+
+def _pair_leaves(a: dict, b: dict, dst: list, src: list) -> bool:
+    """Appends the leaves of ``a`` to ``dst`` and the leaves of ``b`` at the same keys to
+    ``src``; False if the two trees of plain TensorDicts differ in keys or kinds."""
+    if len(a) != len(b):
+        return False
+    for k, v in a.items():
+        o = b.get(k)
+        if isinstance(v, Tensor) and isinstance(o, Tensor):
+            dst.append(v)
+            src.append(o)
+        elif not (type(v) is TensorDict and type(o) is TensorDict and _pair_leaves(
+            v._tensordict, o._tensordict, dst, src
+        )):
+            return False
+    return True
+
+
+def _same_leaves(td: TensorDict, other: TensorDict) -> tuple[list, list] | None:
+    """The leaves of ``td`` and ``other`` in matching order, when the trees match in keys,
+    leaf shapes and dtypes: then a ``torch._foreach_*_`` call can't fail half-way. None
+    otherwise (the general path checks broadcasting and casting, and explains errors)."""
+    dst: list = []
+    src: list = []
+    if not _pair_leaves(td._tensordict, other._tensordict, dst, src):
+        return None
+    if [x.shape for x in dst] != [x.shape for x in src] or [x.dtype for x in dst] != [x.dtype for x in src]:
+        return None
+    return dst, src
+
+
+def _bad_batch(shape: torch.Size, bs: torch.Size, n: int) -> bool:
+    """Whether ``shape`` does not start with the ``n``-dim batch size ``bs``.
+
+    ``shape[:n] != bs`` builds a new ``torch.Size`` (slow); one batch dim, the common
+    case, needs none.
+    """
+    if n == 1:
+        return not shape or shape[0] != bs[0]
+    return n > 0 and shape[:n] != bs
+
+
+def _batch_error(key: Any, bs: torch.Size, shape: torch.Size) -> ValueError:
+    return ValueError(
+        f"batch size mismatch for key {key!r}: the TensorDict has batch_size "
+        f"{list(bs)} but the value has shape {list(shape)}"
+    )
+
+
 def _rebuild(source, batch_size, device, names, locked):
-    td = TensorDict._new_unsafe(source, batch_size, device, names)
+    td = _td(source, batch_size, device, names)
     if locked:
         td.lock_()
     return td
@@ -857,10 +1078,12 @@ def _gather_inplace(td: TensorDictBase, others: tuple, default: Any, work: list,
 
 def _check_mapped(td: TensorDict) -> None:
     bs = td._batch_size
+    n = len(bs)
+    b0 = bs[0] if n == 1 else None
     dev = td._device
     for k, v in td._tensordict.items():
         shape = v.shape if isinstance(v, Tensor) else v.batch_size
-        if shape[: len(bs)] != bs:
+        if (not shape or shape[0] != b0) if n == 1 else _bad_batch(shape, bs, n):  # _bad_batch, inlined
             raise ValueError(
                 f"the function changed the batch dims of {k!r} (shape {list(shape)}, batch_size "
                 f"{list(bs)}); pass batch_size= to apply() for the new batch size"
