@@ -95,6 +95,8 @@ def _steersman_worker(task: str, seed: int, frames: int, eval_every: int, compil
 
         cols = read_metrics_csv(metrics)
     steps = [int(s) for s, r in zip(cols["step"], cols["eval/return"]) if not math.isnan(r)]
+    if len(steps) != len(evals):
+        raise RuntimeError(f"{len(evals)} evaluations but {len(steps)} evaluation rows in metrics.csv")
     for e, f in zip(evals, steps):
         e["frames"] = f
     train_seconds = evals[-1]["train_seconds"]

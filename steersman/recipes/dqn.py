@@ -184,8 +184,10 @@ def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, re
     collector.shutdown()
 
     if not run.stop_requested:
-        eval_return = run.log_eval(frames, evaluate(eval_env, qnet, seed=cfg.seed + 10_000))
-        run.save(state(), replay_buffer=rb)
+        if run.final_eval_due(frames):
+            eval_return = run.log_eval(frames, evaluate(eval_env, qnet, seed=cfg.seed + 10_000))
+        if run.final_save_due():
+            run.save(state(), replay_buffer=rb)
     return run.finish(qnet, eval_env.reset()["observation"], eval_return)
 
 

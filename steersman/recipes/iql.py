@@ -175,8 +175,10 @@ def train(cfg: IQLConfig | None = None, run_dir: str | Path | None = None, *, re
             break
 
     if not run.stop_requested:
-        eval_return = run.log_eval(run.frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        run.save(state())
+        if run.final_eval_due(run.frames):
+            eval_return = run.log_eval(run.frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
+        if run.final_save_due():
+            run.save(state())
     return run.finish(actor, eval_env.reset()["observation"], eval_return)
 
 

@@ -252,8 +252,10 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     collector.shutdown()
 
     if not run.stop_requested:
-        eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
-        run.save(state())
+        if run.final_eval_due(frames):
+            eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
+        if run.final_save_due():
+            run.save(state())
     return run.finish(policy, eval_env.reset()["observation"], eval_return)
 
 

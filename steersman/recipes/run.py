@@ -132,6 +132,7 @@ class Run:
         self.iteration = 0
         self.train_time = 0.0  # seconds of training over every session of this run
         self.evals: list[tuple[int, float]] = []
+        self._saved_frames = -1  # frames of the last checkpoint this process wrote
         self._ckpt: Checkpoint | None = None
         if resume:
             self._ckpt = load_checkpoint(self.checkpoint_dir)
@@ -262,6 +263,15 @@ class Run:
         self._advance(frames, eval=mean)
         return mean
 
+    def final_eval_due(self, frames: int) -> bool:
+        """Whether the run still needs its final evaluation at ``frames`` (no evaluation was
+        logged there yet, e.g. by the periodic schedule on the last batch)."""
+        return not self.evals or self.evals[-1][0] != frames
+
+    def final_save_due(self) -> bool:
+        """Whether the run still needs its final checkpoint (none saved at these frames)."""
+        return self._saved_frames != self.frames
+
     def checkpoint_due(self, frames: int) -> bool:
         """Whether a periodic checkpoint is due at ``frames``."""
         return frames >= self._next_ckpt
@@ -290,6 +300,7 @@ class Run:
         path = save_checkpoint(self.checkpoint_dir, state, meta=meta, replay_buffer=keep_rb,
                                keep=self.cfg.checkpoint.keep)
         self._next_ckpt = self._next_multiple(self.cfg.checkpoint.interval)
+        self._saved_frames = self.frames
         return path
 
     # ------------------------------------------------------------------ the end
@@ -323,9 +334,12 @@ class Run:
                 written["plot"] = str(curve)
             except Exception as err:  # a missing plot must not lose the run
                 print(f"warning: could not plot the learning curve: {err}", file=sys.stderr)
+        if (final_return is None or math.isnan(final_return)) and self.evals and not self.stop_requested:
+            final_return = self.evals[-1][1]  # e.g. a finished run resumed: its last evaluation
         summary = {
             "algo": self.algo, "env": self.cfg.env.name, "frames": self.frames,
-            "final_eval_return": None if final_return is None or math.isnan(final_return) else final_return, "wall_time_s": round(wall, 2),
+            "final_eval_return": None if final_return is None or math.isnan(final_return) else final_return,
+            "wall_time_s": round(wall, 2),
             "frames_per_s": round(fps, 1), "interrupted": self.stop_requested,
             "stop_signal": self.stop_signal,
             "train_return": None if math.isnan(self._last_return) else self._last_return, "written": written,

@@ -56,6 +56,23 @@ def test_recipe_smoke(algo, tmp_path):
         assert torch.allclose(torch.export.load(policy_file).module()(obs), want, atol=1e-6)
 
 
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_last_batch_on_the_schedules_evaluates_and_saves_once(algo, tmp_path, monkeypatch):
+    recipe = get_recipe(algo)
+    total = tiny_config(algo).total_frames
+    calls = []
+    original = recipe.evaluate
+    monkeypatch.setattr(recipe, "evaluate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    cfg = tiny_config(algo, export_format="none", **{"eval.interval": total // 2, "checkpoint.interval": total // 2,
+                                                     "checkpoint.keep": 10})
+    summary = recipe.train(cfg, tmp_path / "run")
+    assert len(calls) == 2  # at total/2 and at total: the final one is the periodic one
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints")
+    assert [f for f, _ in ckpt.meta["evals"]] == [total // 2, total]
+    assert summary["final_eval_return"] == ckpt.meta["evals"][-1][1]
+    assert len(list((tmp_path / "run" / "checkpoints").glob("ckpt-*"))) == 2
+
+
 def test_fresh_run_refuses_an_existing_run_dir(tmp_path):
     cfg = tiny_config("ppo", total_frames=64, export_format="none")
     get_recipe("ppo").train(cfg, tmp_path / "run")
