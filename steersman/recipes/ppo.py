@@ -99,8 +99,7 @@ class PPOConfig:
     loss: PPOLossConfig = field(default_factory=PPOLossConfig)
     """Objective."""
     compile: bool = False
-    """torch.compile the loss, forward and backward (~1.5x faster updates on CPU; compiling
-    takes 10-20 s, so it pays off on runs of several minutes)."""
+    """torch.compile the loss (~1.5x faster updates on CPU; compiling takes 7-20 s)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
