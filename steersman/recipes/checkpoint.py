@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from steersman.tensordict import TensorDict, TensorDictBase
+from steersman.tensordict.files import fsync_dir, fsync_file, temp_writer_alive, write_json_atomic
 
 __all__ = [
     "Checkpoint",
@@ -163,34 +164,6 @@ def _from_plain(obj: Any) -> Any:
 
 
 # ---------------------------------------------------------------- files
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    """``obj`` as JSON through a temp file, fsync and ``os.replace``: never half written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _read_json(path: Path) -> Any:
     try:
         with open(path) as f:
@@ -241,42 +214,26 @@ def save_checkpoint(
     try:
         tmp.mkdir()
         torch.save(_to_plain(state), tmp / "state.pt")
-        _fsync_file(tmp / "state.pt")
+        fsync_file(tmp / "state.pt")
         if replay_buffer is not None:
             replay_buffer.dumps(tmp / "replay_buffer")
         full_meta = {"format": FORMAT, "version": VERSION, "time": time.time(), **(meta or {})}
-        _write_json(tmp / "meta.json", full_meta)
+        write_json_atomic(tmp / "meta.json", full_meta, indent=1, default=str)
         for dirpath, _, _ in os.walk(tmp, topdown=False):
-            _fsync_dir(Path(dirpath))
+            fsync_dir(Path(dirpath))
         os.rename(tmp, root / name)
-        _fsync_dir(root)
-        _write_json(root / POINTER, {"format": FORMAT, "current": name})
-        _fsync_dir(root)
+        fsync_dir(root)
+        write_json_atomic(root / POINTER, {"format": FORMAT, "current": name})
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in _checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for p in root.iterdir():  # leftovers of writers killed mid-write (not ours, not running)
-        if p.name.startswith(".ckpt-") and p.name.endswith(".tmp") and not _writer_alive(p.name):
+        if p.name.startswith(".ckpt-") and p.name.endswith(".tmp") and not temp_writer_alive(p.name):
             shutil.rmtree(p, ignore_errors=True)
     return root / name
-
-
-def _writer_alive(name: str) -> bool:
-    try:
-        pid = int(name.split(".")[2])
-    except (IndexError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - someone else's process
-        return True
-    return True
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:

@@ -35,7 +35,6 @@ A recipe uses it like this (the whole protocol)::
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -49,6 +48,7 @@ from typing import Any
 import torch
 
 from steersman import record
+from steersman.tensordict.files import write_json_atomic
 
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from .config import config_to_dict, diff_configs
@@ -200,9 +200,7 @@ class Run:
         os.replace(tmp, self.dir / RUN_FILE)
 
     def _write_json(self, name: str, obj: Any) -> None:
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(obj, indent=1, default=str))
-        os.replace(tmp, self.dir / name)
+        write_json_atomic(self.dir / name, obj, indent=1, default=str)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from torch import Tensor
 
 from ._utils import NO_DEFAULT
 from .base import TensorDictBase, _is_branch, _is_non_tensor
+from .files import write_json_atomic
 from .lazy import LazyStackedTensorDict
 from .memmap import MemoryMappedTensor, _copy_to_file, _load_tensor_file, save_tensor_file
 from .nontensor import MetaData, NonTensorData, NonTensorStack
@@ -70,13 +70,7 @@ def _write_json_atomic(path: str, obj: Any, fsync: bool) -> None:
         finally:
             os.close(fd)
         return
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(path, obj)
 
 
 def _json_value(key: Any, value: Any) -> Any:

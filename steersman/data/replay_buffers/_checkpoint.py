@@ -9,11 +9,11 @@ code from it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from steersman.tensordict import TensorDictBase, load, save
+from steersman.tensordict.files import write_json_atomic
 
 FORMAT = "steersman.replay_buffer"
 VERSION = 1
@@ -22,29 +22,6 @@ META = "meta.json"
 
 class CheckpointError(ValueError):
     """A folder is not a (valid) replay-buffer checkpoint; nothing was loaded."""
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Writes ``obj`` as JSON through a temp file + fsync + ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> Any:
@@ -62,7 +39,7 @@ def write_component(path: Any, type_name: str, meta: dict, tensors: TensorDictBa
     path.mkdir(parents=True, exist_ok=True)
     if tensors is not None:
         save(tensors, path / "tensors")
-    write_json(path / META, {"format": FORMAT, "version": VERSION, "type": type_name, **meta,
+    write_json_atomic(path / META, {"format": FORMAT, "version": VERSION, "type": type_name, **meta,
                              "has_tensors": tensors is not None})
 
 

@@ -36,15 +36,14 @@ from torch import Tensor
 
 from steersman.tensordict import NestedKey, TensorDictBase, is_tensor_collection, unravel_key
 from steersman.tensordict import stack as td_stack
+from steersman.tensordict.files import fsync_dir, temp_writer_alive, write_json_atomic
 
 from ._checkpoint import (
     FORMAT,
     VERSION,
     CheckpointError,
-    fsync_dir,
     read_component,
     read_json,
-    write_json,
 )
 from .samplers import PrioritizedSampler, RandomSampler, Sampler, SliceSampler
 from .storages import ListStorage, Storage, TensorStorage
@@ -457,7 +456,7 @@ class ReplayBuffer:
                 self._storage.dumps(tmp / "storage")
                 self._sampler.dumps(tmp / "sampler")
                 self._writer.dumps(tmp / "writer")
-                write_json(tmp / "buffer.json", {
+                write_json_atomic(tmp / "buffer.json", {
                     "format": FORMAT, "version": VERSION, "type": type(self).__name__,
                     "storage": type(self._storage).__name__, "sampler": type(self._sampler).__name__,
                     "writer": type(self._writer).__name__, "len": len(self._storage),
@@ -467,14 +466,14 @@ class ReplayBuffer:
                 fsync_dir(Path(dirpath))
             os.rename(tmp, root / name)
             fsync_dir(root)
-            write_json(pointer, {"format": FORMAT, "version": VERSION, "current": name})
+            write_json_atomic(pointer, {"format": FORMAT, "version": VERSION, "current": name})
             fsync_dir(root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         for p in root.iterdir():  # best effort: old checkpoints and leftovers of killed dumps
             if p.name != name and (_CKPT.match(p.name) or (p.name.startswith(".ckpt-") and p.name.endswith(".tmp"))):
-                if p.name == current or _CKPT.match(p.name) or not _pid_alive(p.name):
+                if p.name == current or _CKPT.match(p.name) or not temp_writer_alive(p.name):
                     shutil.rmtree(p, ignore_errors=True)
 
     @staticmethod
@@ -522,23 +521,6 @@ class ReplayBuffer:
         return (f"{type(self).__name__}(\n    storage={self._storage!r},\n    sampler={self._sampler!r},\n"
                 f"    writer={self._writer!r},\n    batch_size={self._batch_size},\n"
                 f"    transform={self._transform!r},\n    collate_fn={getattr(self._collate_fn, '__name__', self._collate_fn)})")
-
-
-def _pid_alive(name: str) -> bool:
-    """Whether the process that named a temp folder ``.ckpt-N.<pid>.<id>.tmp`` still runs."""
-    try:
-        pid = int(name.split(".")[2])
-    except (IndexError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class TensorDictReplayBuffer(ReplayBuffer):
