@@ -23,8 +23,6 @@ strategy is), torch's ``share_memory_()`` elsewhere.
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -34,6 +32,8 @@ from torch import Tensor
 from steersman.data import Composite, NonTensor
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict._utils import NestedKey
+
+from .shm import SharedMemory
 
 __all__ = ["BufferLayout", "SharedBuffer", "SPEC_NAMES", "build_td"]
 
@@ -160,67 +160,25 @@ def get_entry(td: TensorDictBase, key: NestedKey) -> Any:
 
 
 # ---------------------------------------------------------------------- shared memory
-def _rebuild_shared(dupfd: Any, shape: tuple[int, int]) -> Tensor:
-    fd = dupfd.detach()
-    try:
-        return _map_fd(fd, shape)
-    finally:
-        os.close(fd)
-
-
-def _map_fd(fd: int, shape: tuple[int, int]) -> Tensor:
-    nbytes = shape[0] * shape[1]
-    mm = mmap.mmap(fd, nbytes)
-    return torch.frombuffer(mm, dtype=torch.uint8).view(shape)
+def _rows_view(mem: SharedMemory, shape: tuple[int, int]) -> Tensor:
+    return mem.tensor.view(shape)
 
 
 class SharedBuffer:
-    """A ``uint8`` tensor ``[n, row_bytes]`` in anonymous shared memory.
-
-    On Linux the memory is a ``memfd`` mapped in every process that holds the
-    buffer: it never has a name (nothing can be left behind in ``/dev/shm``) and is
-    freed once no process maps it. Pickling the buffer (only while a
-    ``multiprocessing`` process is being started) passes the file descriptor to the
-    child, which maps the same memory. With fork, children inherit the mapping.
-    Elsewhere, the tensor comes from torch's ``share_memory_()``.
-    """
+    """A ``uint8`` tensor ``[n, row_bytes]`` (:attr:`tensor`) in anonymous shared memory
+    (:class:`~steersman.envs.batched.shm.SharedMemory`: a ``memfd`` on Linux, never left
+    behind in ``/dev/shm``). Pickling it (only while a ``multiprocessing`` process is being
+    started) gives the child the same memory, as that tensor; with fork, children inherit
+    the mapping."""
 
     def __init__(self, shape: tuple[int, int]) -> None:
         self.shape = (int(shape[0]), int(shape[1]))
-        self._fd: int | None = None
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("steersman-batched-env", getattr(os, "MFD_CLOEXEC", 0))
-            try:
-                os.ftruncate(fd, self.shape[0] * self.shape[1])
-                self.tensor = _map_fd(fd, self.shape)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._fd = fd
-        else:  # pragma: no cover - non-Linux
-            self.tensor = torch.zeros(self.shape, dtype=torch.uint8).share_memory_()
+        self._mem = SharedMemory(self.shape[0] * self.shape[1], name="steersman-batched-env")
+        self.tensor = self._mem.tensor.view(self.shape)
 
     def release_fd(self) -> None:
         """Closes the descriptor once every worker has mapped the memory (the mapping stays)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._mem.close_fd()
 
     def __reduce__(self) -> Any:
-        if self._fd is None:
-            return (_identity, (self.tensor,))
-        from multiprocessing.reduction import DupFd
-
-        return (_rebuild_shared, (DupFd(self._fd), self.shape))
-
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def _identity(x: Any) -> Any:
-    return x
+        return (_rows_view, (self._mem, self.shape))
