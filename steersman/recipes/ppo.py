@@ -170,6 +170,9 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     seed_everything(cfg.seed)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
+    for name in ("n_steps", "epochs", "minibatch_size"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     frames_per_batch = cfg.env.num_envs * cfg.n_steps
     if frames_per_batch % cfg.minibatch_size:
         raise ConfigError(f"minibatch_size ({cfg.minibatch_size}) must divide num_envs x n_steps ({frames_per_batch})")

@@ -159,3 +159,10 @@ def test_ppo_compile_matches_eager(tmp_path):
     assert runs[True].keys() == runs[False].keys()
     for key, value in runs[False].items():
         torch.testing.assert_close(runs[True][key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("field", ["epochs", "n_steps", "minibatch_size"])
+def test_ppo_counts_below_one_are_a_config_error(field, tmp_path):
+    with pytest.raises(ConfigError, match=f"{field} must be >= 1, got 0"):
+        get_recipe("ppo").train(tiny_config("ppo", **{field: 0}), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing written
