@@ -546,3 +546,35 @@ def test_episode_layout_same_from_ids_and_from_done_flags():
         s = rb2.sample()
         eps = s["episode"].view(SLICES, -1)
         assert bool((eps == eps[:, :1]).all())
+
+
+@pytest.mark.parametrize("storage", ["lazy", "memmap", "tensor"])
+def test_sampled_rows_equal_index_select_and_are_fresh(tmp_path, storage):
+    # CPU leaves are gathered with NumPy's take; a dtype NumPy lacks (bfloat16) falls back to
+    # index_select. Either way a sample equals the rows and shares no memory with the storage.
+    n = 50
+    data = TensorDict({
+        "f": torch.randn(n, 3), "b": torch.rand(n, 1) > 0.5, "i": torch.arange(n),
+        "h": torch.randn(n, 2).to(torch.bfloat16), ("next", "x"): torch.randn(n, 2, 2).double(),
+    }, [n])
+    if storage == "lazy":
+        st = LazyTensorStorage(n)
+    elif storage == "memmap":
+        st = LazyMemmapStorage(n, scratch_dir=tmp_path)
+    else:
+        st = TensorStorage(data.clone())
+    rb = TensorDictReplayBuffer(storage=st)
+    if storage != "tensor":  # a TensorStorage arrives full
+        rb.extend(data)
+    index = torch.tensor([3, 3, 49, 0, 17])
+    got = rb.storage[index]
+    for key in data.keys(include_nested=True, leaves_only=True):
+        want = data.get(key).index_select(0, index)
+        assert got.get(key).dtype == want.dtype and torch.equal(got.get(key), want), key
+        assert got.get(key).is_contiguous()
+    before = data.clone()
+    for key in got.keys(include_nested=True, leaves_only=True):
+        got.get(key).zero_()  # writing into a sample leaves the buffer untouched
+    again = rb.storage[index]
+    for key in data.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(again.get(key), before.get(key).index_select(0, index)), key

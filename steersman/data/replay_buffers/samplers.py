@@ -347,6 +347,8 @@ class PrioritizedSampler(Sampler):
         self._tree.update(index, value)
 
     def _as_index(self, index: Any) -> Tensor:
+        if type(index) is Tensor and index.dtype is torch.long and index.ndim == 1 and index.device.type == "cpu":
+            return index  # the common case: a sample's "index"
         if isinstance(index, tuple):
             raise TypeError("pass flat indices to update_priority (ReplayBuffer does this for ndim=2 storages)")
         if isinstance(index, Tensor):

@@ -549,27 +549,26 @@ class PriorityTree:
         u = u.numpy() if isinstance(u, Tensor) else np.asarray(u, dtype=np.float64)
         cum = self._cumsum()
         mass = u * cum[-1]
-        pos = np.searchsorted(cum, mass, side="right")
-        pos -= 1  # cum[pos] <= mass < cum[pos + 1]
+        # the top node: the first whose inclusive cumulative sum exceeds the mass
+        pos = np.searchsorted(cum[1:], mass, side="right")
         np.minimum(pos, cum.shape[0] - 2, out=pos)
-        mass -= cum[pos]
+        mass -= cum.take(pos)
         levels = self._levels["sum"]
         k = u.shape[0]
         rows = _COUNTER[:k] * _B if k <= _COUNTER.shape[0] else np.arange(k) * _B
         for lvl in range(len(levels) - 2, -1, -1):
-            blocks = levels[lvl].reshape(-1, _B)[pos]
+            blocks = levels[lvl].reshape(-1, _B).take(pos, 0)  # take: ~3x faster than [pos]
             cs = torch.from_numpy(blocks).cumsum(1).numpy()
-            below = cs <= mass[:, None]
-            below[:, -1] = False  # a query past the block's total (rounding) takes its last child
-            child = below.argmin(1)
+            child = (cs <= mass[:, None]).sum(1)  # the first child whose running sum exceeds it
+            np.minimum(child, _B - 1, out=child)  # a query past the block's total (rounding)
             if lvl:
                 at = rows + child
-                mass -= cs.ravel()[at] - blocks.ravel()[at]
+                mass -= cs.ravel().take(at) - blocks.ravel().take(at)
             pos *= _B
             pos += child
         np.minimum(pos, n - 1, out=pos)
         leaves = levels[0]
-        value = leaves[pos]
+        value = leaves.take(pos)
         if check:
             bad = value <= 0
             if bad.any():
@@ -588,8 +587,8 @@ class PriorityTree:
         owner = self._owner
         owner[idx] = -1
         np.maximum.at(owner, idx, pos)
-        winner = owner[idx]
-        return val[winner], winner == pos
+        winner = owner.take(idx)
+        return val.take(winner), winner == pos
 
     def update(self, index: Any, value: Any, *, unique: bool = False, kinds: tuple | None = None) -> None:
         """Sets leaves ``index`` to ``value`` (one value per index, or a scalar) in every
@@ -616,7 +615,7 @@ class PriorityTree:
         if "sum" in kinds:
             sums = lv["sum"]
             leaves = sums[0]
-            old = leaves[idx]
+            old = leaves.take(idx)
             delta = val - old
             if keep is not None:
                 delta *= keep
@@ -637,11 +636,11 @@ class PriorityTree:
             if block is None:
                 block = idx >> _M_BITS
             if old is None:
-                old = leaves[idx]
+                old = leaves.take(idx)
             # (with the sum updated too, ``old`` holds the sum leaves: the same values, except
             # 0 instead of +-inf for unset leaves, which only makes the staleness test cautious)
             leaves[idx] = val
-            before = ext[block]
+            before = ext.take(block)
             if kind == "min":
                 np.minimum.at(ext, block, val)
                 stale = (old == before) & (val > old)  # the block's minimum may have gone up
