@@ -30,6 +30,7 @@ from steersman.data.replay_buffers import (
     PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
+    ReplayBuffer,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -578,3 +579,30 @@ def test_sampled_rows_equal_index_select_and_are_fresh(tmp_path, storage):
     again = rb.storage[index]
     for key in data.keys(include_nested=True, leaves_only=True):
         assert torch.equal(again.get(key), before.get(key).index_select(0, index)), key
+
+
+@pytest.mark.parametrize("storage", ["lazy", "memmap", "plain"])
+def test_writes_store_values_not_autograd_graph(tmp_path, storage):
+    # data that requires grad (a policy's outputs, not detached) is stored as values: the
+    # storage never joins the graph (it would keep every written batch's graph alive)
+    w = torch.randn(4, 2, requires_grad=True)
+    st = {"lazy": LazyTensorStorage(6), "memmap": LazyMemmapStorage(6, scratch_dir=tmp_path),
+          "plain": LazyTensorStorage(6)}[storage]
+    if storage == "plain":
+        rb = ReplayBuffer(storage=st)
+        rb.extend(w * 2)  # slice write
+        rb.extend(w * 3)  # wraps around: index write
+        rb.add(w[0] * 4)  # one item
+        leaves = [st._storage]
+    else:
+        rb = TensorDictReplayBuffer(storage=st)
+        rb.extend(TensorDict({"x": w * 2, ("n", "y"): w.sum(1)}, [4]))
+        rb.extend(TensorDict({"x": w * 3, ("n", "y"): w.sum(1)}, [4]))
+        rb.add(TensorDict({"x": w[0] * 4, ("n", "y"): w[0].sum()}, []))
+        leaves = [st._storage.get("x"), st._storage.get(("n", "y"))]
+    for leaf in leaves:
+        assert not leaf.requires_grad and leaf.grad_fn is None
+    assert not rb.sample(3).requires_grad if storage == "plain" else not rb.sample(3).get("x").requires_grad
+    expected = (w[0] * 4).detach()
+    got = rb.storage[rb.storage._last_cursor]
+    assert torch.equal(got if storage == "plain" else got.get("x"), expected)

@@ -359,41 +359,35 @@ class _Layout:
     """The storage TensorDict unrolled once: fast per-leaf reads/writes with no lookups.
 
     ``nodes`` mirrors the nesting: ``(key, leaf tensor or None, sub-layout or None,
-    per-item shape, dtype, device)``; ``tail`` is the node's batch shape after the storage
-    dims.
+    per-item shape, dtype, device, NumPy view of the leaf or None)``; ``tail`` is the node's
+    batch shape after the storage dims. CPU leaves are read (``take``) and written (slice
+    assignment) through their NumPy views: several times cheaper per call than torch's
+    ``index_select`` / ``__setitem__`` on a few hundred rows.
     """
 
-    __slots__ = ("nodes", "tail", "keys", "device", "sdims", "readers", "all_numpy")
+    __slots__ = ("nodes", "tail", "keys", "device", "sdims")
 
     def __init__(self, td: TensorDictBase, sdims: int) -> None:
         self.tail = td.batch_size[sdims:]
         self.device = td.device
         self.sdims = sdims
         self.nodes: list[tuple] = []
-        # ``readers``: (key, leaf, numpy view of the leaf or None, sub-layout or None)
-        self.readers: list[tuple] = []
         for key in td._keys_str():
             v = td._get_str(key, None)
             if isinstance(v, Tensor):
                 plain = v._as_plain() if isinstance(v, MemoryMappedTensor) else v
                 # items are compared from dim 1 on (dim 0 is the slot; for ndim=2 the row
                 # length is checked with the rest of the item)
-                self.nodes.append((key, plain, None, plain.shape[1:], plain.dtype, plain.device))
-                self.readers.append((key, plain, numpy_view(plain), None))
+                self.nodes.append((key, plain, None, plain.shape[1:], plain.dtype, plain.device, numpy_view(plain)))
             else:
-                sub = _Layout(v, sdims)
-                self.nodes.append((key, None, sub, None, None, None))
-                self.readers.append((key, None, None, sub))
+                self.nodes.append((key, None, _Layout(v, sdims), None, None, None, None))
         self.keys = {n[0] for n in self.nodes}
-        self.all_numpy = all(
-            arr is not None if sub is None else sub.all_numpy for _, _, arr, sub in self.readers
-        )
 
     def read(self, index: Tensor, bs0: torch.Size, index_np: Any = None) -> TensorDict:
         """Rows ``index`` of every leaf (fresh contiguous tensors). ``index_np``: the same
         indices as a NumPy array, for leaves gathered with ``ndarray.take``."""
         out: dict[str, Any] = {}
-        for key, leaf, arr, sub in self.readers:
+        for key, leaf, sub, _, _, _, arr in self.nodes:
             if sub is not None:
                 out[key] = sub.read(index, bs0, index_np)
             elif arr is not None and index_np is not None:
@@ -404,12 +398,14 @@ class _Layout:
 
     def read_nd(self, index: tuple, bs0: torch.Size) -> TensorDict:
         out: dict[str, Any] = {}
-        for key, leaf, sub, _, _, _ in self.nodes:
+        for key, leaf, sub, *_ in self.nodes:
             out[key] = leaf[index] if sub is None else sub.read_nd(index, bs0)
         return TensorDict._new_unsafe(out, bs0 + self.tail, self.device)
 
     def pairs(self, data: Any, nb: int, prefix: tuple, out: list) -> None:
-        """Appends ``(storage leaf, data leaf)`` for every leaf; raises on any mismatch.
+        """Appends ``(storage leaf, data leaf, NumPy view of the storage leaf or None)`` for
+        every leaf; raises on any mismatch. Data leaves come detached: the buffer stores
+        values, never a piece of the autograd graph.
 
         ``nb`` is the number of leading data dims that index slots (1 for a batch, 0 for
         one item). One pass over the keys; nothing is written here.
@@ -418,7 +414,7 @@ class _Layout:
         nodes = self.nodes
         if len(src) != len(nodes):
             self._key_error(src, prefix)
-        for key, leaf, sub, feat, dtype, device in nodes:
+        for key, leaf, sub, feat, dtype, device, arr in nodes:
             v = src.get(key)
             if sub is None:
                 if not isinstance(v, Tensor):
@@ -431,7 +427,7 @@ class _Layout:
                     )
                 if v.dtype is not dtype or v.device != device:
                     v = v.to(device=device, dtype=dtype)
-                out.append((leaf, v))
+                out.append((leaf, v.detach() if v.requires_grad else v, arr))
             else:
                 if type(v) is not TensorDict:
                     if isinstance(v, TensorDictBase) and not is_non_tensor(v):
@@ -551,7 +547,7 @@ class TensorStorage(Storage):
             self._is_td = True
             self._layout = _Layout(storage, self.ndim)
             self._dev = self._layout_first_leaf().device
-            self._take_ok = any(r[2] is not None or r[3] is not None for r in self._layout.readers)
+            self._take_ok = True
 
     def _row_shape_of(self, data: Any, nb: int) -> torch.Size:
         shape = data.shape if isinstance(data, Tensor) else data.batch_size
@@ -598,7 +594,7 @@ class TensorStorage(Storage):
                 )
             if data.dtype != leaf.dtype or data.device != leaf.device:
                 data = data.to(device=leaf.device, dtype=leaf.dtype)
-            return [(leaf, data)]
+            return [(leaf, data.detach() if data.requires_grad else data, self._leaf_np)]
         if isinstance(data, Tensor):
             raise TypeError("this storage holds TensorDicts; cannot write a tensor")
         out: list = []
@@ -612,13 +608,16 @@ class TensorStorage(Storage):
         nb = 0 if isinstance(index, int) else 1
         pairs = self._pairs(data, nb)
         if isinstance(index, slice):
-            for dst, src in pairs:
-                dst[index] = src  # one call (a view + copy_ in C++): cheaper than narrow().copy_()
+            for dst, src, arr in pairs:
+                if arr is not None:
+                    arr[index] = src.numpy()  # NumPy's slice assignment: ~1.5x cheaper than torch's
+                else:
+                    dst[index] = src
         elif isinstance(index, int):
-            for dst, src in pairs:
+            for dst, src, _ in pairs:
                 dst[index].copy_(src)
         else:
-            for dst, src in pairs:
+            for dst, src, _ in pairs:
                 dst.index_copy_(0, index, src)
         self._filled_rows = rows
         self._len = rows * self._T
