@@ -459,6 +459,70 @@ def gym_env_cartpole_categorical(n: int) -> Callable[[int], None]:
     return _gym_env_row(n, categorical_action_encoding=True)
 
 
+def _td_floor_row(n: int, fresh: bool) -> Callable[[int], None]:
+    """The least any TensorDict wrapper of a Gymnasium env does per step (n=1 only): read
+    the action from the input TensorDict, step, write observation and reward into a row
+    of preallocated tensors, build ``"next"`` and the next input (two TensorDicts). With
+    ``fresh``, every step hands out a new row (``unbind`` of 256-row blocks: what GymEnv
+    does, so no step's tensors are shared or rewritten); otherwise one row is reused."""
+    gym = _gym_or_unavailable()
+    from steersman.tensordict import TensorDict
+
+    if n != 1:
+        raise Unavailable("a floor for the single-env wrapper (n=1)")
+    import numpy as np
+
+    env = gym.make("CartPole-v1")
+    env.reset(seed=0)
+    new_td, bs, k = TensorDict._new_unsafe, torch.Size([]), 256 if fresh else 1
+    acts = [torch.as_tensor(d[0]) for d in _gym_draws(1)]
+    values = [np.int64(0), np.int64(1)]
+    st: dict = {"i": k}  # the first step allocates the first block
+
+    def refill() -> None:
+        blocks = [torch.zeros(k, 4), torch.zeros(k, 1)] + [torch.zeros(k, 1, dtype=torch.bool) for _ in range(3)]
+        st["np"] = [b.numpy() for b in blocks]
+        st["rows"] = list(zip(*[b.unbind(0) for b in blocks]))
+        st["i"] = 0
+
+    st["td"] = new_td({"observation": torch.zeros(4)}, bs, None)
+
+    def run(steps: int) -> None:
+        td = st["td"]
+        for j in range(steps):
+            root = td._tensordict
+            root["action"] = acts[j % ACTION_BANK]
+            obs, rew, term, trunc, _ = env.step(values[root["action"].item()])
+            i = st["i"]
+            if i == k:
+                refill()
+                i = 0
+            st["i"] = i + 1 if fresh else 0
+            npr = st["np"]
+            npr[0][i] = obs
+            npr[1][i] = rew
+            o, r, d, te, tr = st["rows"][i]
+            npr[2][i], npr[3][i], npr[4][i] = term or trunc, term, trunc
+            root["next"] = new_td({"observation": o, "reward": r, "done": d, "terminated": te, "truncated": tr}, bs, None)
+            if term or trunc:
+                env.reset()
+            td = new_td({"observation": o, "done": d, "terminated": te, "truncated": tr}, bs, None)
+        st["td"] = td
+
+    run(3)
+    return run
+
+
+@row("gym + TD floor", group="gym", note="raw loop + 5 newly allocated output tensors + 2 TensorDicts per step (n=1)")
+def gym_td_floor(n: int) -> Callable[[int], None]:
+    return _td_floor_row(n, fresh=True)
+
+
+@row("gym + TD floor, shared", group="gym", note="the same, one output row rewritten every step: unsafe, a bound (n=1)")
+def gym_td_floor_shared(n: int) -> Callable[[int], None]:
+    return _td_floor_row(n, fresh=False)
+
+
 @row("torchrl GymEnv", group="gym", note="torchrl.envs.GymEnv step_and_maybe_reset (anchor)")
 def torchrl_gym_env_cartpole(n: int) -> Callable[[int], None]:
     _gym_or_unavailable()
@@ -487,6 +551,9 @@ def torchrl_gym_env_cartpole(n: int) -> Callable[[int], None]:
 RATIOS = RATIOS + (
     ("GymEnv / gym raw", "GymEnv", "gym raw", "target >= 0.5 at n=1 (wrapper at most 2x)"),
     ("GymEnv categorical / gym raw", "GymEnv categorical", "gym raw", ""),
+    ("gym + TD floor / gym raw", "gym + TD floor", "gym raw", "a wrapper allocating its 5 outputs every step"),
+    ("gym + TD floor, shared / gym raw", "gym + TD floor, shared", "gym raw", "the same reusing one output row (unsafe)"),
+    ("GymEnv categorical / gym + TD floor", "GymEnv categorical", "gym + TD floor", "> 1: recycled rows beat allocating"),
     ("GymEnv / torchrl GymEnv", "GymEnv", "torchrl GymEnv", "> 1: steersman faster"),
 )
 

@@ -659,3 +659,69 @@ def test_device_output_path():
     if torch.cuda.is_available():  # pragma: no cover - no GPU in CI
         env = GymEnv("CartPole-v1", device="cuda")
         assert env.rollout(3)["next", "observation"].device.type == "cuda"
+
+
+@pytest.mark.parametrize("hold", ["tensor", "view", "numpy", "dlpack", "saved_for_backward", "weakref", "td"])
+def test_recycled_rows_never_rewrite_what_is_still_seen(hold):
+    """A streaming loop recycles the output memory (no allocation per step), but a row is
+    reused only when nothing can see it: a kept tensor, a view, a numpy array, a DLPack
+    export, a tensor saved by autograd or a weak reference all keep its values."""
+    import weakref
+
+    env = GymEnv("CartPole-v1", categorical_action_encoding=True)
+    td = env.reset(seed=0)
+    k = env._rows.k
+    w = torch.ones(4, requires_grad=True)
+    held = None
+    for t in range(6 * k):
+        td["action"] = torch.tensor(t % 2)
+        cur, td = env.step_and_maybe_reset(td)
+        if t == 3:
+            obs = cur["next", "observation"]
+            want = obs.clone()
+            if hold == "tensor":
+                held = obs
+            elif hold == "view":
+                held, want = obs[1:], want[1:]
+            elif hold == "numpy":
+                held = obs.numpy()
+            elif hold == "dlpack":
+                held = torch.utils.dlpack.to_dlpack(obs)
+            elif hold == "saved_for_backward":
+                held = (obs * w).sum()  # autograd keeps obs to compute w's gradient
+            elif hold == "weakref":
+                held = weakref.ref(obs)
+            else:
+                held = cur
+            del obs
+    assert env._rows.recycled >= 3  # the other blocks were reused
+    if hold in ("tensor", "view"):
+        assert torch.equal(held, want)
+    elif hold == "numpy":
+        assert np.array_equal(held, want.numpy())
+    elif hold == "dlpack":
+        assert torch.equal(torch.utils.dlpack.from_dlpack(held), want)
+    elif hold == "saved_for_backward":
+        held.backward()
+        assert torch.equal(w.grad, want)
+    elif hold == "weakref":
+        assert held() is None or torch.equal(held(), want)
+    else:
+        assert torch.equal(held["next", "observation"], want)
+
+
+def test_streaming_rollout_reuses_output_memory_and_keeps_values():
+    # steps kept by the caller are never recycled; steps dropped are
+    env = GymEnv("CartPole-v1", categorical_action_encoding=True)
+    td = env.reset(seed=0)
+    kept, copies = [], []
+    k = env._rows.k
+    for t in range(20 * k):
+        td["action"] = torch.tensor(t % 2)
+        cur, td = env.step_and_maybe_reset(td)
+        if t % (3 * k) == 5:  # a sparse subset, as a logger would keep
+            kept.append(cur)
+            copies.append(cur.clone())
+    assert env._rows.recycled >= 5  # the blocks holding no kept step
+    for a, b in zip(kept, copies):
+        assert (a == b).all()
