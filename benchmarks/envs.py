@@ -553,7 +553,7 @@ RATIOS = RATIOS + (
     ("GymEnv categorical / gym raw", "GymEnv categorical", "gym raw", ""),
     ("gym + TD floor / gym raw", "gym + TD floor", "gym raw", "a wrapper allocating its 5 outputs every step"),
     ("gym + TD floor, shared / gym raw", "gym + TD floor, shared", "gym raw", "the same reusing one output row (unsafe)"),
-    ("GymEnv categorical / gym + TD floor", "GymEnv categorical", "gym + TD floor", "> 1: recycled rows beat allocating"),
+    ("GymEnv categorical / gym + TD floor", "GymEnv categorical", "gym + TD floor", "GymEnv against that floor (1: at it)"),
     ("GymEnv / torchrl GymEnv", "GymEnv", "torchrl GymEnv", "> 1: steersman faster"),
 )
 

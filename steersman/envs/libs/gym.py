@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import sys
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -281,91 +279,66 @@ def _obs_leaves(space: Any, spec: TensorSpec, key: tuple, path: tuple, bs: tuple
 class _Rows:
     """Preallocated output memory, handed out one row per step.
 
-    Every leaf gets a block ``[k, *shape]`` (``k`` <= 32 rows); step ``i`` writes row ``i``
-    through a numpy view (one cheap assignment instead of a tensor construction) and
-    returns the row as its own tensor (from ``block.unbind(0)``, made once per block: the
-    cheapest way to make many tensors).
+    Every leaf gets a block ``[k, *shape]``; step ``i`` writes row ``i`` through a numpy
+    view (one cheap assignment instead of a tensor construction) and returns the row as
+    its own tensor (from ``block.unbind(0)``, made once per block: the cheapest way to
+    make many tensors). Rows are never reused: when a block is used up a new one is
+    allocated, so two steps never share a tensor or memory that is written again.
 
-    A row handed out is never written again while anything can still see it. When a block
-    is used up, the block used up one cycle earlier is recycled (zeroed and handed out
-    again, tensors included) only if nothing outside this object refers to any of its
-    tensors or its memory: no Python or weak reference to a row tensor, no other tensor on
-    its memory (a view, a tensor autograd saved, a DLPack export, a numpy array), no other
-    C++ reference to a row tensor (checked too, defensively). Otherwise a new block is
-    allocated; small blocks keep one kept step from pinning many others. A streaming loop (step, act, drop the step) thus allocates
-    nothing, while anything kept (a rollout, a replay buffer's not-yet-copied batch) keeps
-    its values. Allocating and freeing the five tensors of a step costs more than the
-    wrapper's other work together (``benchmarks/envs.py``, rows ``gym + TD floor``).
+    The blocks of all leaves are views of one byte buffer, so one pointer comparison per
+    row (:meth:`next_row`) notices when torch moved that buffer (``share_memory_()`` on any
+    handed-out row, which ``torch.multiprocessing`` does to a tensor put on a queue, moves
+    the whole storage): the numpy views are then made again over the new memory, and the
+    rows still to come are written where their tensors look.
 
     ``np[slot][i]``: the numpy view written into; ``t[slot][i]``: the tensor handed out;
-    ``by_row[i]``: the tensors of row ``i``, one per slot (a tuple); ``recycled``: how many
-    blocks were reused.
+    ``by_row[i]``: the tensors of row ``i``, one per slot (a tuple).
     """
 
-    __slots__ = ("k", "i", "np", "t", "by_row", "_specs", "_blocks", "_retired", "_baseline", "recycled")
+    __slots__ = ("k", "i", "np", "t", "by_row", "_specs", "_blocks", "_base", "_ptr")
 
     def __init__(self, specs: list[tuple[tuple, tuple, torch.dtype]], budget: int = 1 << 16) -> None:
         self._specs = specs
         row_bytes = sum(
             max(1, math.prod(ts)) * torch.empty((), dtype=dt).element_size() for ts, _, dt in specs
         )
-        self.k = max(1, min(32, budget // max(1, row_bytes)))
-        self._retired: list[tuple] = []
-        self._baseline: Any = None
-        self._blocks: list[Tensor] = []
-        self.recycled = 0
-        self._allocate()
-
-    def _allocate(self) -> None:
-        k = self.k
-        self._blocks = []
-        self.np: list[np.ndarray] = []
-        self.t: list[tuple[Tensor, ...]] = []
-        for tshape, nshape, dtype in self._specs:
-            block = torch.zeros((k, *tshape), dtype=dtype)  # zeros: False flags need no write
-            self._blocks.append(block)
-            self.t.append(block.unbind(0))
-            self.np.append(block.numpy().reshape((k, *nshape)))
-        self.by_row: list[tuple[Tensor, ...]] = list(zip(*self.t))
-        self.i = 0
-        if self._baseline is None and _CAN_RECYCLE:
-            self._baseline = _references(self._blocks, self.t)  # the counts of a block nobody else sees
+        self.k = max(1, min(256, budget // max(1, row_bytes)))
+        self._refill()
 
     def _refill(self) -> None:
-        self._retired.append((self._blocks, self.np, self.t, self.by_row))
-        if len(self._retired) > 1:  # the block used up one cycle ago
-            old = self._retired.pop(0)
-            if self._baseline is not None and _references(old[0], old[2]) == self._baseline:
-                self._blocks, self.np, self.t, self.by_row = old
-                for a in self.np:
-                    a.fill(0)
-                self.i = 0
-                self.recycled += 1
-                return
-        self._allocate()
+        k = self.k
+        sizes = [k * math.prod(ts) * torch.empty((), dtype=dt).element_size() for ts, _, dt in self._specs]
+        offsets = [0]
+        for n in sizes:
+            offsets.append(offsets[-1] + -(-n // 16) * 16)  # 16-byte aligned slots
+        base = torch.zeros(offsets[-1], dtype=torch.uint8)  # zeros: False flags need no write
+        self._blocks: list[Tensor] = []
+        self.t: list[tuple[Tensor, ...]] = []
+        for (tshape, _, dtype), lo, n in zip(self._specs, offsets, sizes):
+            block = base[lo : lo + n].view(dtype).view(k, *tshape)
+            self._blocks.append(block)
+            self.t.append(block.unbind(0))
+        self._base = base
+        self._views()
+        self.by_row: list[tuple[Tensor, ...]] = list(zip(*self.t))
+        self.i = 0
+
+    def _views(self) -> None:
+        """(Re)makes the numpy views over the blocks' current memory."""
+        self._ptr = self._base.data_ptr()
+        self.np: list[np.ndarray] = [
+            b.numpy().reshape((self.k, *nshape)) for b, (_, nshape, _) in zip(self._blocks, self._specs)
+        ]
 
     def next_row(self) -> int:
         i = self.i
         if i == self.k:
             self._refill()
             i = 0
+        elif self._base.data_ptr() != self._ptr:
+            self._views()
         self.i = i + 1
         return i
-
-
-_CAN_RECYCLE = hasattr(Tensor, "_use_count") and hasattr(torch._C, "_storage_Use_Count")
-
-
-def _references(blocks: list[Tensor], t: list[tuple[Tensor, ...]]) -> tuple:
-    """Reference counts of a block's memory and row tensors: tensors on each block's storage,
-    and per row tensor its Python references, C++ references and weak references. Equal to
-    the counts taken right after the block was made iff nothing else refers to any of it."""
-    return (
-        [torch._C._storage_Use_Count(b.untyped_storage()._cdata) for b in blocks],
-        [list(map(sys.getrefcount, col)) for col in t],
-        [list(map(Tensor._use_count, col)) for col in t],
-        [list(map(weakref.getweakrefcount, col)) for col in t],
-    )
 
 
 # ---------------------------------------------------------------------- actions
@@ -969,6 +942,8 @@ class GymWrapper(EnvBase):
         if i == rows.k:
             rows._refill()
             i = 0
+        elif rows._base.data_ptr() != rows._ptr:  # the memory was moved (see _Rows)
+            rows._views()
         rows.i = i + 1
         n = rows.np
         n[0][i] = obs
