@@ -606,3 +606,26 @@ def test_writes_store_values_not_autograd_graph(tmp_path, storage):
     expected = (w[0] * 4).detach()
     got = rb.storage[rb.storage._last_cursor]
     assert torch.equal(got if storage == "plain" else got.get("x"), expected)
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_storage_moved_to_shared_memory_keeps_reads_and_writes_right(plain):
+    # share_memory_() on a slice of the buffer (what torch.multiprocessing does to a tensor
+    # put on a queue) moves the storage leaf to new memory; the NumPy fast paths follow it
+    n = 40
+    data = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+    if plain:
+        rb = ReplayBuffer(storage=LazyTensorStorage(n))
+        rb.extend(data[:20])
+        rb[:5].share_memory_()  # a view of the storage leaf
+        rb.extend(data[20:])
+        got = rb.storage[torch.arange(n)]
+    else:
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(n))
+        rb.extend(TensorDict({"x": data[:20], ("n", "y"): data[:20, 0]}, [20]))
+        rb.storage[slice(0, 5)].get("x").share_memory_()
+        rb.extend(TensorDict({"x": data[20:], ("n", "y"): data[20:, 0]}, [20]))
+        td = rb.storage[torch.arange(n)]
+        assert torch.equal(td.get(("n", "y")), data[:, 0])
+        got = td.get("x")
+    assert torch.equal(got, data)

@@ -28,6 +28,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -344,15 +345,36 @@ class ListStorage(Storage):
 # --------------------------------------------------------------------------------------
 # Tensor storages
 # --------------------------------------------------------------------------------------
-def numpy_view(t: Tensor) -> Any:
-    """A NumPy array sharing ``t``'s memory, or None (not on the CPU, needs grad, or a dtype
-    NumPy lacks such as bfloat16): reads through it skip torch's per-call dispatch."""
-    if t.device.type != "cpu" or t.requires_grad:
-        return None
-    try:
-        return t.numpy()
-    except (TypeError, RuntimeError):
-        return None
+class NumpyView:
+    """A NumPy array over a CPU tensor's memory, remade when torch moved that memory.
+
+    ``share_memory_()`` on the tensor or on any view of it (which ``torch.multiprocessing``
+    does to a tensor put on a queue) gives its storage new memory; an array made before
+    would read stale data and write into freed memory. :meth:`get` compares the tensor's
+    address with the array's (one cheap call) and remakes the array when they differ.
+    """
+
+    __slots__ = ("tensor", "array", "ptr")
+
+    def __init__(self, tensor: Tensor, array: np.ndarray) -> None:
+        self.tensor, self.array, self.ptr = tensor, array, tensor.data_ptr()
+
+    @classmethod
+    def of(cls, t: Tensor) -> NumpyView | None:
+        """The view of ``t``, or None when NumPy cannot read it (not on the CPU, needs grad,
+        a dtype NumPy lacks such as bfloat16): reads then go through torch."""
+        if t.device.type != "cpu" or t.requires_grad:
+            return None
+        try:
+            return cls(t, t.numpy())
+        except (TypeError, RuntimeError):
+            return None
+
+    def get(self) -> np.ndarray:
+        t = self.tensor
+        if t.data_ptr() != self.ptr:
+            self.array, self.ptr = t.numpy(), t.data_ptr()
+        return self.array
 
 
 class _Layout:
@@ -378,7 +400,7 @@ class _Layout:
                 plain = v._as_plain() if isinstance(v, MemoryMappedTensor) else v
                 # items are compared from dim 1 on (dim 0 is the slot; for ndim=2 the row
                 # length is checked with the rest of the item)
-                self.nodes.append((key, plain, None, plain.shape[1:], plain.dtype, plain.device, numpy_view(plain)))
+                self.nodes.append((key, plain, None, plain.shape[1:], plain.dtype, plain.device, NumpyView.of(plain)))
             else:
                 self.nodes.append((key, None, _Layout(v, sdims), None, None, None, None))
         self.keys = {n[0] for n in self.nodes}
@@ -391,7 +413,7 @@ class _Layout:
             if sub is not None:
                 out[key] = sub.read(index, bs0, index_np)
             elif arr is not None and index_np is not None:
-                out[key] = torch.from_numpy(arr.take(index_np, 0))
+                out[key] = torch.from_numpy(arr.get().take(index_np, 0))
             else:
                 out[key] = leaf.index_select(0, index)
         return TensorDict._new_unsafe(out, bs0 + self.tail, self.device)
@@ -541,7 +563,7 @@ class TensorStorage(Storage):
             self._layout = None
             self._leaf = storage._as_plain() if isinstance(storage, MemoryMappedTensor) else storage
             self._tail = shape[self.ndim:]
-            self._leaf_np = numpy_view(self._leaf)
+            self._leaf_np = NumpyView.of(self._leaf)
             self._take_ok = self._leaf_np is not None
         else:
             self._is_td = True
@@ -610,7 +632,7 @@ class TensorStorage(Storage):
         if isinstance(index, slice):
             for dst, src, arr in pairs:
                 if arr is not None:
-                    arr[index] = src.numpy()  # NumPy's slice assignment: ~1.5x cheaper than torch's
+                    arr.get()[index] = src.numpy()  # NumPy's slice assignment: ~1.5x cheaper than torch's
                 else:
                     dst[index] = src
         elif isinstance(index, int):
@@ -687,7 +709,7 @@ class TensorStorage(Storage):
             if self._is_td:
                 out = self._layout.read(index, index.shape, index_np)
             elif index_np is not None:
-                out = torch.from_numpy(self._leaf_np.take(index_np, 0))
+                out = torch.from_numpy(self._leaf_np.get().take(index_np, 0))
             else:
                 out = self._leaf.index_select(0, index)
         else:
