@@ -629,3 +629,18 @@ def test_storage_moved_to_shared_memory_keeps_reads_and_writes_right(plain):
         assert torch.equal(td.get(("n", "y")), data[:, 0])
         got = td.get("x")
     assert torch.equal(got, data)
+
+
+def test_extend_with_inputs_numpy_cannot_read_directly(tmp_path):
+    # the NumPy write path falls back to torch for a source NumPy cannot read (a conjugate
+    # view) and reads memmapped and expanded sources as they are
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    x = torch.randn(3, 2, dtype=torch.complex64)
+    rb.extend(x.conj())
+    assert torch.equal(rb.storage[torch.arange(3)], x.conj().resolve_conj())
+    rb.extend(torch.ones(1, 2, dtype=torch.complex64).expand(4, 2))
+    assert torch.equal(rb.storage[torch.arange(3, 7)], torch.ones(4, 2, dtype=torch.complex64))
+    td = TensorDict({"a": torch.randn(4, 3)}, [4]).memmap_(tmp_path)
+    rb2 = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    rb2.extend(td)
+    assert torch.equal(rb2.storage[torch.arange(4)].get("a"), td.get("a").clone())

@@ -632,9 +632,12 @@ class TensorStorage(Storage):
         if isinstance(index, slice):
             for dst, src, arr in pairs:
                 if arr is not None:
-                    arr.get()[index] = src.numpy()  # NumPy's slice assignment: ~1.5x cheaper than torch's
-                else:
-                    dst[index] = src
+                    try:  # NumPy's slice assignment: ~1.5x cheaper than torch's
+                        arr.get()[index] = src.numpy()
+                        continue
+                    except (RuntimeError, TypeError):  # a src NumPy cannot read (conj/neg bit)
+                        pass
+                dst[index] = src
         elif isinstance(index, int):
             for dst, src, _ in pairs:
                 dst[index].copy_(src)
