@@ -602,10 +602,11 @@ def test_writes_store_values_not_autograd_graph(tmp_path, storage):
         leaves = [st._storage.get("x"), st._storage.get(("n", "y"))]
     for leaf in leaves:
         assert not leaf.requires_grad and leaf.grad_fn is None
-    assert not rb.sample(3).requires_grad if storage == "plain" else not rb.sample(3).get("x").requires_grad
-    expected = (w[0] * 4).detach()
-    got = rb.storage[rb.storage._last_cursor]
-    assert torch.equal(got if storage == "plain" else got.get("x"), expected)
+    sample, got = rb.sample(3), rb.storage[rb.storage._last_cursor]
+    if storage != "plain":
+        sample, got = sample.get("x"), got.get("x")
+    assert not sample.requires_grad
+    assert torch.equal(got, (w[0] * 4).detach())
 
 
 @pytest.mark.parametrize("plain", [False, True])

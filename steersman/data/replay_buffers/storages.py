@@ -564,12 +564,10 @@ class TensorStorage(Storage):
             self._leaf = storage._as_plain() if isinstance(storage, MemoryMappedTensor) else storage
             self._tail = shape[self.ndim:]
             self._leaf_np = NumpyView.of(self._leaf)
-            self._take_ok = self._leaf_np is not None
         else:
             self._is_td = True
             self._layout = _Layout(storage, self.ndim)
             self._dev = self._layout_first_leaf().device
-            self._take_ok = True
 
     def _row_shape_of(self, data: Any, nb: int) -> torch.Size:
         shape = data.shape if isinstance(data, Tensor) else data.batch_size
@@ -708,10 +706,10 @@ class TensorStorage(Storage):
         if self.ndim == 1:
             # CPU leaves are gathered with NumPy's ``take``: 3x faster than ``index_select``
             # for a few hundred random rows (benchmarks/README.md, replay buffers)
-            index_np = index.numpy() if self._take_ok and index.device.type == "cpu" else None
+            index_np = index.numpy() if index.device.type == "cpu" else None
             if self._is_td:
                 out = self._layout.read(index, index.shape, index_np)
-            elif index_np is not None:
+            elif index_np is not None and self._leaf_np is not None:
                 out = torch.from_numpy(self._leaf_np.get().take(index_np, 0))
             else:
                 out = self._leaf.index_select(0, index)

@@ -295,27 +295,30 @@ class _Rows:
     ``by_row[i]``: the tensors of row ``i``, one per slot (a tuple).
     """
 
-    __slots__ = ("k", "i", "np", "t", "by_row", "_specs", "_blocks", "_base", "_ptr")
+    __slots__ = ("k", "i", "np", "t", "by_row", "_specs", "_slots", "_nbytes", "_blocks", "_base", "_ptr")
 
     def __init__(self, specs: list[tuple[tuple, tuple, torch.dtype]], budget: int = 1 << 16) -> None:
         self._specs = specs
-        row_bytes = sum(
-            max(1, math.prod(ts)) * torch.empty((), dtype=dt).element_size() for ts, _, dt in specs
-        )
+        itemsizes = [torch.empty((), dtype=dt).element_size() for _, _, dt in specs]
+        row_bytes = sum(max(1, math.prod(ts)) * b for (ts, _, _), b in zip(specs, itemsizes))
         self.k = max(1, min(256, budget // max(1, row_bytes)))
+        # each slot's byte range in the buffer of a block (16-byte aligned)
+        self._slots: list[tuple[int, int]] = []
+        lo = 0
+        for (ts, _, _), b in zip(specs, itemsizes):
+            n = self.k * math.prod(ts) * b
+            self._slots.append((lo, lo + n))
+            lo += -(-n // 16) * 16
+        self._nbytes = lo
         self._refill()
 
     def _refill(self) -> None:
         k = self.k
-        sizes = [k * math.prod(ts) * torch.empty((), dtype=dt).element_size() for ts, _, dt in self._specs]
-        offsets = [0]
-        for n in sizes:
-            offsets.append(offsets[-1] + -(-n // 16) * 16)  # 16-byte aligned slots
-        base = torch.zeros(offsets[-1], dtype=torch.uint8)  # zeros: False flags need no write
+        base = torch.zeros(self._nbytes, dtype=torch.uint8)  # zeros: False flags need no write
         self._blocks: list[Tensor] = []
         self.t: list[tuple[Tensor, ...]] = []
-        for (tshape, _, dtype), lo, n in zip(self._specs, offsets, sizes):
-            block = base[lo : lo + n].view(dtype).view(k, *tshape)
+        for (tshape, _, dtype), (lo, hi) in zip(self._specs, self._slots):
+            block = base[lo:hi].view(dtype).view(k, *tshape)
             self._blocks.append(block)
             self.t.append(block.unbind(0))
         self._base = base
@@ -938,13 +941,7 @@ class GymWrapper(EnvBase):
             self._before_step()
         obs, rew, term, trunc, _ = self._env.step(action)
         rows = self._rows
-        i = rows.i
-        if i == rows.k:
-            rows._refill()
-            i = 0
-        elif rows._base.data_ptr() != rows._ptr:  # the memory was moved (see _Rows)
-            rows._views()
-        rows.i = i + 1
+        i = rows.next_row()
         n = rows.np
         n[0][i] = obs
         n[1][i] = rew
