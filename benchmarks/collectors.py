@@ -36,7 +36,7 @@ repeat, median of repeats, in frames (transitions) per second. Target (issue): C
 / bare loop >= 0.8 (overhead <= 20%) on the native case.
 
     python benchmarks/collectors.py [--quick] [--cases native,gym] [--json out.json]
-    /work/anchors-venv/bin/python benchmarks/collectors.py      # + TorchRL and SB3 rows
+    $ANCHORS/bin/python benchmarks/collectors.py      # + TorchRL and SB3 rows
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ threshold, final evaluation return, training frames per second.
     python benchmarks/learning.py --tasks sac-pendulum --frames 8000   # a shorter SAC run
 
 Interpreters: steersman runs with this script's Python (``--steersman-python``), SB3 with
-``--sb3-python`` (default ``/work/anchors-venv/bin/python``). A contestant that cannot
-start is reported as n/a with the reason. On a shared machine the seconds drift between
+``--sb3-python`` (default: ``bin/python`` of the anchor venv, ``$STEERSMAN_ANCHORS_VENV`` or
+``~/.cache/steersman/anchors-venv``; see ``setup_anchors.sh``). A contestant that cannot start is reported as n/a with the reason. On a shared machine the seconds drift between
 runs; compare contestants of the same run.
 """
 
@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+#: the anchor venv made by setup_anchors.sh (SB3 lives there)
+ANCHORS_VENV = Path(os.environ.get("STEERSMAN_ANCHORS_VENV", Path.home() / ".cache" / "steersman" / "anchors-venv"))
 
 TASKS = {
     "ppo-cartpole": {"env": "CartPole-v1", "frames": 100_000, "eval_every": 2_560, "threshold": 475.0,
@@ -196,7 +198,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the script)")
     p.add_argument("--frames", type=int, default=None, help="frames per run (overrides the task's and --quick)")
     p.add_argument("--steersman-python", default=sys.executable)
-    p.add_argument("--sb3-python", default="/work/anchors-venv/bin/python")
+    p.add_argument("--sb3-python", default=str(ANCHORS_VENV / "bin" / "python"))
     p.add_argument("--json", default=None, help="write all results here")
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
     p.add_argument("--worker", nargs=5, metavar=("CONTESTANT", "TASK", "SEED", "FRAMES", "EVAL_EVERY"),

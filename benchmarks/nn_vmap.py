@@ -17,7 +17,7 @@ N in {8, 64}. Ratios: ``loop/steersman`` > 1 means the vmap ensemble beats the l
 ``tensordict/steersman`` > 1 means steersman beats the anchor.
 
     python benchmarks/nn_vmap.py [--quick] [--n 8,64] [--json out.json]
-    /work/anchors-venv/bin/python benchmarks/nn_vmap.py     # with the tensordict column
+    $ANCHORS/bin/python benchmarks/nn_vmap.py     # with the tensordict column
 """
 
 from __future__ import annotations

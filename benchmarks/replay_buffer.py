@@ -9,7 +9,7 @@ Rows: ``extend`` of 1000 transitions and ``sample(256)`` for a uniform buffer
 (``PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(1M))``), and
 ``update_priority`` of 256 indices. The floor is what one would write by hand: a dict of
 preallocated tensors, ``copy_`` into slices to extend, ``randint`` + indexing to sample
-(uniform rows only). TorchRL runs when importable (``/work/anchors-venv``); its prioritized
+(uniform rows only). TorchRL runs when importable (the anchor venv, ``benchmarks/setup_anchors.sh``); its prioritized
 buffer needs its C++ extension, which fails to load against this torch build (then ``n/a``).
 
 Timing: calls are repeated so one measurement takes ~20 ms, 7 measurements per column,
@@ -23,7 +23,7 @@ reference run (a load correction): ``est = ref_prioritized * torchrl_uniform_now
 torchrl_uniform_ref`` (extend and update_priority scale with extend, sample with sample).
 
     python benchmarks/replay_buffer.py [--quick] [--json out.json]
-    /work/anchors-venv/bin/python benchmarks/replay_buffer.py   # with the TorchRL column
+    $ANCHORS/bin/python benchmarks/replay_buffer.py   # with the TorchRL column
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 # Create (or refresh) the anchor venv: the `tensordict` package beside torch 2.13.0, used
 # only as the comparison column of the benchmarks. It is never a dependency of steersman.
 #
-#   bash benchmarks/setup_anchors.sh [VENV_PATH]      # default /work/anchors-venv
+#   bash benchmarks/setup_anchors.sh [VENV_PATH]
+#
+# VENV_PATH defaults to $STEERSMAN_ANCHORS_VENV, else ~/.cache/steersman/anchors-venv.
 set -euo pipefail
 
-VENV=${1:-/work/anchors-venv}
+VENV=${1:-${STEERSMAN_ANCHORS_VENV:-$HOME/.cache/steersman/anchors-venv}}
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
