@@ -26,7 +26,6 @@ import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -1905,9 +1904,3 @@ def _fields_repr(td: TensorDictBase, indent: int) -> str:
                     f"batch_size={v.batch_size},\n{pad}    device={v.device})")
         lines.append(f"\n{pad}{key}: {desc}")
     return ",".join(lines) + (f"\n{' ' * (indent - 4)}" if lines else "")
-
-
-def _np_to_tensor(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value) if value.dtype != np.object_ else value
-    return value

@@ -11,11 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._utils import NO_DEFAULT, as_size, expand_right
+from ._utils import NO_DEFAULT, expand_right
 from .base import (
     HANDLED_FUNCTIONS,
     TensorDictBase,
-    _is_branch,
     _is_non_tensor,
     is_tensor_collection,
 )
@@ -421,15 +420,3 @@ def maybe_dense_stack(items: Sequence[TensorDictBase], dim: int = 0) -> TensorDi
         from .lazy import lazy_stack
 
         return lazy_stack(list(items), dim)
-
-
-def dense_stack_tds(items: Sequence[TensorDictBase], dim: int = 0) -> TensorDictBase:
-    return stack(items, dim)
-
-
-def from_dict(d: dict, batch_size: Any = None, **kw: Any) -> TensorDict:
-    return TensorDict.from_dict(d, batch_size=None if batch_size is None else as_size(batch_size), **kw)
-
-
-def _branch_ok(v: Any) -> bool:  # used by lazy stacks
-    return _is_branch(v)

@@ -121,21 +121,43 @@ class TensorDict(TensorDictBase):
                 self._set_str(key, self._prepare_value(key, value), False, False)
 
     @classmethod
-    def _new_unsafe(
-        cls, source: dict, batch_size: torch.Size, device: torch.device | None = None, names: Any = None
+    def from_trusted(
+        cls, entries: dict, batch_size: torch.Size, device: torch.device | None = None, names: Any = None
     ) -> TensorDict:
-        """Builds a TensorDict from already-valid entries (no checks, no copies).
+        """Wraps ``entries`` as a TensorDict with no checks and no copies: the fast path for
+        code that builds its entries itself (envs, storages, buffers).
 
-        Inside this module the hot paths call :func:`_td` (the same, without the
-        classmethod lookup).
+        The caller guarantees what the constructor would check: ``entries`` is a plain
+        ``dict`` from string keys to tensors, TensorDicts or non-tensor entries, each of
+        shape ``[*batch_size, ...]``; ``batch_size`` is a ``torch.Size``; if ``device`` is
+        given, every tensor is on it; ``names`` is ``None`` or one name per batch dim.
+        The dict is used as is (it becomes :attr:`entries`), not copied.
+
+        Example:
+            >>> import torch
+            >>> td = TensorDict.from_trusted({"obs": torch.zeros(4, 3)}, torch.Size([4]))
+            >>> td["obs"].shape, td.batch_size
+            (torch.Size([4, 3]), torch.Size([4]))
         """
         self = _new_object(cls)
-        self._tensordict = source
+        self._tensordict = entries
         self._batch_size = batch_size
         self._device = device
         self._names = names
         self._locked = False
         return self
+
+    _new_unsafe = from_trusted  # the older, private name (inside this module: :func:`_td`)
+
+    @property
+    def entries(self) -> dict:
+        """The live dict of this level's entries: key -> tensor, nested TensorDict or
+        non-tensor entry (nested keys are reached through the nested TensorDicts).
+
+        Reading it costs nothing. Writing to it bypasses every check (batch shape, device,
+        lock): only for code that guarantees them itself, as for :meth:`from_trusted`.
+        """
+        return self._tensordict
 
     @classmethod
     def from_dict(

@@ -460,3 +460,30 @@ def test_index_property(n, data):
             td[idx]
         return
     assert_same(td[idx], expected, ref["n"]["b"][idx].shape)
+
+
+# ----------------------------------------------------------------------------- trusted construction
+def test_from_trusted_wraps_the_dict_as_is():
+    ref = _ref()
+    nested = TensorDict.from_trusted(ref.pop("next"), torch.Size([B]))
+    entries = {**ref, "next": nested}
+    td = TensorDict.from_trusted(entries, torch.Size([B]), torch.device("cpu"))
+    assert td.entries is entries  # no copy: the dict becomes the container's storage
+    assert td["obs"] is ref["obs"] and td["next", "reward"] is nested["reward"]
+    assert td.batch_size == torch.Size([B]) and td.device == torch.device("cpu")
+    assert td.names_or_none() is None and not td.is_locked
+    # it behaves like a validated TensorDict built from the same entries
+    built = TensorDict({**ref, "next": dict(nested.entries)}, [B], "cpu")
+    for key in built.keys(True, True):
+        assert torch.equal(td[2:4][key], built[2:4][key])
+
+
+def test_entries_is_the_live_dict_and_writing_skips_checks():
+    td, _ = _plain()
+    td.entries["extra"] = torch.zeros(B + 1)  # no batch check: the caller's responsibility
+    assert td["extra"].shape == (B + 1,)
+    with pytest.raises(ValueError, match="'extra2'"):
+        td["extra2"] = torch.zeros(B + 1)  # the checked path still refuses it
+    assert "extra2" not in td.entries
+    td.entries.pop("extra")
+    assert "extra" not in td.keys()
