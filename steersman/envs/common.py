@@ -40,7 +40,7 @@ from steersman.data import Categorical, Composite, TensorSpec, Unbounded
 from steersman.tensordict import TensorDict, TensorDictBase, lazy_stack
 from steersman.tensordict._utils import NestedKey
 
-from .utils import _any_done, _step_mdp_fast, next_seed, step_mdp
+from ._mdp import _any_done, _step_mdp_fast, next_seed, step_mdp
 
 __all__ = ["EnvBase", "EnvClosedError"]
 

@@ -24,7 +24,7 @@ from steersman.data import (  # noqa: E402
     OneHot,
     Unbounded,
 )
-from steersman.envs import check_env_specs  # noqa: E402
+from steersman.envs import check_env_specs, native  # noqa: E402
 from steersman.envs.libs import (  # noqa: E402
     GymEnv,
     GymnasiumExport,
@@ -34,7 +34,6 @@ from steersman.envs.libs import (  # noqa: E402
     to_gymnasium,
 )
 
-native = pytest.importorskip("steersman.envs.native")
 spaces = gym.spaces
 
 # warnings Gymnasium's checker also gives for its own CartPole / Pendulum / MountainCar
@@ -80,9 +79,7 @@ def test_round_trip_spaces(env_id):
 @pytest.mark.parametrize("cls", ["CartPoleEnv", "PendulumEnv", "MountainCarEnv",
                                  "MountainCarContinuousEnv", "AcrobotEnv"])
 def test_check_env_native(cls):
-    env_cls = getattr(native, cls, None)
-    if env_cls is None:
-        pytest.skip(f"steersman.envs.native has no {cls} yet")
+    env_cls = getattr(native, cls)
     genv = to_gymnasium(env_cls())
     assert isinstance(genv, GymnasiumExport)
     _check(genv)

@@ -22,6 +22,7 @@ import torch
 
 from steersman.data import Unbounded
 from steersman.envs import check_env_specs
+from steersman.envs.batched import SerialEnv
 from steersman.envs.transforms import (
     ActionMask,
     BatchSizeTransform,
@@ -55,11 +56,6 @@ from steersman.envs.transforms import (
     VecNorm,
 )
 from tests.envs._transform_envs import make_env
-
-try:  # the batched envs are optional for this file
-    from steersman.envs.batched import SerialEnv
-except ImportError:  # pragma: no cover
-    SerialEnv = None
 
 
 @dataclasses.dataclass
@@ -196,7 +192,6 @@ def test_on_batched_env(case):
     check_env_specs(env, seed=0, max_steps=4, return_contiguous=False)
 
 
-@pytest.mark.skipif(SerialEnv is None, reason="steersman.envs.batched is not available")
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_on_serial_env(case):
     from functools import partial

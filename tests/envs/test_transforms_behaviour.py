@@ -564,9 +564,7 @@ class TestTransformedEnv:
 
 # ---------------------------------------------------------------------- batched envs
 def test_serial_env_of_transformed_envs():
-    batched = pytest.importorskip("steersman.envs.batched")
-    from functools import partial
-
+    from steersman.envs import batched
     from tests.envs._transform_envs import make_toy
 
     def make():
@@ -579,11 +577,10 @@ def test_serial_env_of_transformed_envs():
         assert td["next", "step_count"].max() == 3
     finally:
         env.close()
-    _ = partial
 
 
 def test_parallel_env_with_transforms():
-    batched = pytest.importorskip("steersman.envs.batched")
+    from steersman.envs import batched
     from tests.envs._transform_envs import make_cartpole
 
     base = batched.ParallelEnv(2, make_cartpole)

@@ -39,8 +39,8 @@ from torch import Tensor
 
 from steersman.tensordict import TensorDict, TensorDictBase
 
+from .._mdp import _splitmix64
 from ..common import EnvBase
-from ..utils import _splitmix64
 
 __all__ = ["NativeEnv", "draw_uniforms", "fused_step", "mix32", "make_offsets", "int_consts", "tensor_consts"]
 
