@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "steersman.distributed": 5,
     "steersman.recipes": 6,
     "steersman.cli": 6,
+    "steersman.api": 6,
     "steersman.__main__": 6,
     "steersman": 6,
 }
