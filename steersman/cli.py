@@ -2,13 +2,15 @@
 
 ::
 
-    steersman train [ALGO] [key=value ...] [-m]   train (default: ppo on CartPole-v1)
+    steersman train [-m] [ALGO] [key=value ...]   train (default: ppo on CartPole-v1)
     steersman train ALGO --help                   the config fields of ALGO, with docs
-    steersman eval RUN_DIR [--episodes N] [--video]
-    steersman resume RUN_DIR [key=value ...]      continue from the latest checkpoint
-    steersman export RUN_DIR --format {torch-export,onnx} [--out PATH]
+    steersman eval RUN_DIR [--episodes N] [--video] [--allow-import]
+    steersman resume RUN_DIR [key=value ...] [--allow-import]
+                                                  continue from the latest checkpoint
+    steersman export RUN_DIR --format {torch-export,onnx} [--out PATH] [--allow-import]
     steersman plot RUN_DIR [RUN_DIR ...] [--out PATH]
     steersman envs                                built-in envs and Gymnasium ids
+    steersman --version
 
 ``train`` composes its config with Hydra from the recipes' dataclasses: ``key=value``
 overrides any field (``optim.lr=3e-4``, ``env.num_envs=16``, ``quiet=true``); config
@@ -17,7 +19,14 @@ groups pick the algorithm (``algo=sac``, same as the positional ALGO), the env
 comma-separated values (``-m optim.lr=1e-3,3e-4 seed=0,1,2``), each job in its own run
 directory (a launcher plugin such as hydra-submitit-launcher sends them to Slurm:
 ``hydra/launcher=submitit_slurm``). Hydra's run directory is the run directory:
-``runs/<algo>_<date>_<time>`` unless ``hydra.run.dir=PATH`` says otherwise.
+``runs/<algo>_<date>_<time>`` unless ``hydra.run.dir=PATH`` says otherwise. The whole config
+is checked (types, ranges, and that the env and the policy can be built) before the run
+directory is made.
+
+A run directory may come from someone else: ``eval``, ``resume`` and ``export`` refuse an
+env id in its ``config.yaml`` that would import a Python module (Gymnasium's
+``gym:module:Env-v0``) unless ``--allow-import`` is given. Such an id typed on ``train``'s
+command line is the user's own choice.
 
 Exit status: 0 on success; 2 on bad input (one line on stderr naming what is wrong and
 the valid choices); 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, each once a final
@@ -27,8 +36,10 @@ checkpoint is saved (``steersman resume RUN_DIR`` continues).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import typing
 from pathlib import Path
@@ -58,6 +69,17 @@ DEFAULT_SWEEP_DIR = "runs/multirun_${now:%Y-%m-%d_%H-%M-%S}"
 
 class UsageError(ValueError):
     """Bad command-line input: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one-line :class:`UsageError` (not usage + message)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+_ALLOW_IMPORT_HELP = ("trust this run directory: let its env id import a Python module "
+                      "(gym:module:Env-v0), which runs that module's code")
 
 
 # ---------------------------------------------------------------- config keys
@@ -162,14 +184,18 @@ def _hydra_task(cfg: Any) -> None:
     from .recipes import get_recipe
     from .recipes.checkpoint import CheckpointError
     from .recipes.config import ConfigError
-    from .recipes.run import RunDirError
+    from .recipes.run import RUN_FILE, RunDirError
 
     hc = HydraConfig.get()
     algo = hc.runtime.choices["algo"]
-    config = OmegaConf.to_object(cfg)
+    out = Path(hc.runtime.output_dir)
     try:
-        summary = get_recipe(algo).train(config, hc.runtime.output_dir)
+        summary = get_recipe(algo).train(OmegaConf.to_object(cfg), out)
     except (RunDirError, ConfigError, CheckpointError) as err:
+        if not (out / RUN_FILE).exists():  # a run that did not start: no folder left behind
+            shutil.rmtree(out / ".hydra", ignore_errors=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
         print(f"error: {_one_line(err)}", file=sys.stderr)
         sys.exit(2)
     code = _exit_code(summary)
@@ -209,14 +235,58 @@ def _split_flags(args: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
+def _pick_algo(args: list[str]) -> tuple[str, list[str]]:
+    """``(ALGO, the other arguments)``: ALGO is the first argument that is neither a flag,
+    a flag's value nor a ``key=value`` override (default ppo), wherever it stands."""
+    from .recipes import ALGOS
+
+    skip = False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            skip = a in _VALUE_FLAGS and i + 1 < len(args) and "=" not in args[i + 1]
+        elif "=" not in a:
+            if a not in ALGOS:
+                raise UsageError(f"unknown algorithm {a!r}; valid: {', '.join(sorted(ALGOS))}")
+            return a, args[:i] + args[i + 1:]
+    return "ppo", args
+
+
+def _group_as_keys(key: str, value: str) -> str:
+    """A config-group choice as the override it stands for (``env=pendulum`` -> ``env.name=...``)."""
+    if key == "env":
+        return f"env.name={ENV_GROUP[value]}"
+    return f"logger.backends=[{','.join(LOGGER_GROUP[value])}]"
+
+
+def check_configs(algo: str, overrides: list[str], multirun: bool) -> None:
+    """Builds and checks every config the command would run (each value of a sweep once),
+    before Hydra makes a run directory: a one-line ConfigError/UsageError otherwise."""
+    from .recipes import check_config, make_config
+
+    alternatives = []  # per override: its values as key=value strings
+    for ov in overrides:
+        if ov.startswith(("hydra.", "hydra/", "+", "~")) or ov.startswith("algo="):
+            continue
+        key, value = ov.split("=", 1)
+        values = _sweep_values(value) or [value]
+        if len(values) > 1 and not multirun:
+            raise UsageError(f"{ov!r} gives several values: sweeps need -m (steersman train -m {algo} {ov}); "
+                             f"a list is written {key}=[{value}]")
+        if multirun and "(" in value:
+            continue  # range()/choice()...: expanded by Hydra, checked by the recipe
+        alternatives.append([_group_as_keys(key, v) if key in ("env", "logger") else f"{key}={v}" for v in values])
+    base = [alts[0] for alts in alternatives]
+    variants = [base] + [base[:i] + [alt] + base[i + 1:] for i, alts in enumerate(alternatives) for alt in alts[1:]]
+    for variant in variants:
+        check_config(algo, make_config(algo, variant))
+
+
 def cmd_train(args: list[str]) -> int:
     from .recipes import ALGOS
 
-    algo = "ppo"
-    if args and not args[0].startswith("-") and "=" not in args[0]:
-        algo, args = args[0], args[1:]
-        if algo not in ALGOS:
-            raise UsageError(f"unknown algorithm {algo!r}; valid: {', '.join(sorted(ALGOS))}")
+    algo, args = _pick_algo(args)
     algo_ov = [a for a in args if a.startswith("algo=")]
     algos = [algo]
     if algo_ov:
@@ -231,8 +301,12 @@ def cmd_train(args: list[str]) -> int:
         print(config_help(algo))
         return 0
     flags, overrides = _split_flags(args)
+    multirun = "-m" in flags or "--multirun" in flags
     for a in algos:
         check_overrides(a, overrides)
+    if not any(f in flags for f in ("--cfg", "-c", "--info", "-i")):  # those only print
+        for a in algos:
+            check_configs(a, overrides, multirun)
     hydra_args = flags + overrides  # Hydra's argparse wants its flags before the overrides
     if not algo_ov:
         hydra_args.insert(len(flags), f"algo={algo}")
@@ -286,46 +360,48 @@ def config_help(algo: str) -> str:
 
 
 # ---------------------------------------------------------------- run-dir commands
-def _load_run(run_dir: str) -> tuple[str, Any, Any, Any]:
-    """``(algo, cfg, recipe module, checkpoint)`` of a run directory."""
-    from .recipes import config_class, get_recipe
-    from .recipes.checkpoint import load_checkpoint
-    from .recipes.config import config_from_dict
-    from .recipes.run import RunDirError, read_run_config
+def _load_run(run_dir: str, allow_import: bool) -> tuple[str, Any, Any, Any]:
+    """``(algo, cfg, recipe module, checkpoint)`` of a run directory, each checked."""
+    from .recipes import get_recipe, load_run_config
+    from .recipes.checkpoint import latest_checkpoint, load_checkpoint
+    from .recipes.run import RunDirError, run_meta
 
-    algo, data = read_run_config(run_dir)
-    cfg = config_from_dict(config_class(algo), data)
+    algo, cfg = load_run_config(run_dir, allow_import=allow_import)
     ckpt_root = Path(run_dir) / "checkpoints"
-    from .recipes.checkpoint import latest_checkpoint
-
     if latest_checkpoint(ckpt_root) is None:
         raise RunDirError(f"{run_dir} has no checkpoint yet (nothing under {ckpt_root})")
-    return algo, cfg, get_recipe(algo), load_checkpoint(ckpt_root)
+    ckpt = load_checkpoint(ckpt_root)
+    run_meta(ckpt)
+    return algo, cfg, get_recipe(algo), ckpt
 
 
 def _policy_and_env(cfg: Any, recipe: Any, ckpt: Any, num_envs: int) -> tuple[Any, Any]:
     import torch
 
+    from .recipes.checkpoint import load_entry
     from .recipes.envs import make_env
+    from .recipes.run import EVAL_SEED_OFFSET
 
     if cfg.num_threads > 0:  # small networks: one thread avoids thread-pool overhead
         torch.set_num_threads(cfg.num_threads)
-    env = make_env(cfg.env.name, num_envs, seed=cfg.seed + 10_000, max_episode_steps=cfg.env.max_episode_steps)
+    env = make_env(cfg.env.name, num_envs, seed=cfg.seed + EVAL_SEED_OFFSET,
+                   max_episode_steps=cfg.env.max_episode_steps)
     policy = recipe.make_policy(cfg, env)
-    policy.load_state_dict(ckpt.state["policy"])
+    load_entry(policy, ckpt, "policy")
     return policy, env
 
 
 def cmd_eval(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="steersman eval", description="Deterministic evaluation of a run's policy.")
+    p = _Parser(prog="steersman eval", description="Deterministic evaluation of a run's policy.")
     p.add_argument("run_dir")
     p.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
     p.add_argument("--video", action="store_true", help="also record one episode to <run_dir>/videos/eval.mp4")
     p.add_argument("--video-format", choices=["mp4", "gif"], default="mp4")
+    p.add_argument("--allow-import", action="store_true", help=_ALLOW_IMPORT_HELP)
     ns = p.parse_args(args)
     if ns.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {ns.episodes}")
-    algo, cfg, recipe, ckpt = _load_run(ns.run_dir)
+    algo, cfg, recipe, ckpt = _load_run(ns.run_dir, ns.allow_import)
     from .recipes.evaluation import evaluate
 
     policy, env = _policy_and_env(cfg, recipe, ckpt, ns.episodes)
@@ -336,8 +412,10 @@ def cmd_eval(args: list[str]) -> int:
     if ns.video:
         from . import record
         from .recipes.envs import make_render_env
+        from .recipes.run import EVAL_SEED_OFFSET
 
-        venv = make_render_env(cfg.env.name, seed=cfg.seed + 10_000, max_episode_steps=cfg.env.max_episode_steps)
+        venv = make_render_env(cfg.env.name, seed=cfg.seed + EVAL_SEED_OFFSET,
+                               max_episode_steps=cfg.env.max_episode_steps)
         out = record.RunDir(ns.run_dir).videos_dir / f"eval.{ns.video_format}"
         video = record.record_episode(venv, policy, out)
         print(f"video: {video.path} ({video.steps} steps, return {video.episode_return:.1f})")
@@ -345,38 +423,37 @@ def cmd_eval(args: list[str]) -> int:
 
 
 def cmd_resume(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="steersman resume", description="Continue a run from its latest checkpoint.")
+    p = _Parser(prog="steersman resume", description="Continue a run from its latest checkpoint.")
     p.add_argument("run_dir")
     p.add_argument("overrides", nargs="*", help="key=value changes (total_frames, quiet, logger.*, eval.*, checkpoint.*)")
+    p.add_argument("--allow-import", action="store_true", help=_ALLOW_IMPORT_HELP)
     ns = p.parse_args(args)
-    from omegaconf import OmegaConf
+    from .recipes import run_recipe
+    from .recipes.run import RunFinished, read_run_config
 
-    from .recipes import config_class, get_recipe
-    from .recipes.config import config_from_dict
-    from .recipes.run import read_run_config
-
-    algo, data = read_run_config(ns.run_dir)
+    algo, _ = read_run_config(ns.run_dir)
     check_overrides(algo, ns.overrides)
-    cfg = config_from_dict(config_class(algo), data)
-    if ns.overrides:
-        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(ns.overrides))
-        cfg = OmegaConf.to_object(merged)
-    summary = get_recipe(algo).train(cfg, ns.run_dir, resume=True)
-    return _exit_code(summary)
+    try:
+        result = run_recipe(algo, ns.overrides, ns.run_dir, resume=True, allow_import=ns.allow_import)
+    except RunFinished as done:  # nothing to do, nothing written
+        print(done)
+        return 0
+    return _exit_code(result.summary)
 
 
 def cmd_export(args: list[str]) -> int:
     import torch
 
-    p = argparse.ArgumentParser(prog="steersman export", description="Export a run's policy as a standalone file.")
+    p = _Parser(prog="steersman export", description="Export a run's policy as a standalone file.")
     p.add_argument("run_dir")
     p.add_argument("--format", choices=["torch-export", "onnx"], default="torch-export")
     p.add_argument("--out", default=None, help="output file (default: <run_dir>/export/policy.pt2 or policy.onnx)")
+    p.add_argument("--allow-import", action="store_true", help=_ALLOW_IMPORT_HELP)
     ns = p.parse_args(args)
     from . import record
     from .recipes.run import export_filename
 
-    algo, cfg, recipe, ckpt = _load_run(ns.run_dir)
+    algo, cfg, recipe, ckpt = _load_run(ns.run_dir, ns.allow_import)
     policy, env = _policy_and_env(cfg, recipe, ckpt, 8)
     observations = torch.cat([env.reset()["observation"], env.observation_spec["observation"].rand()])
     out = Path(ns.out) if ns.out else record.RunDir(ns.run_dir).export_dir / export_filename(ns.format)
@@ -387,10 +464,10 @@ def cmd_export(args: list[str]) -> int:
 
 
 def cmd_plot(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="steersman plot", description="Overlay learning curves of runs.")
+    p = _Parser(prog="steersman plot", description="Overlay learning curves of runs.")
     p.add_argument("run_dirs", nargs="+")
-    p.add_argument("--out", default=None, help="PNG path (default: <run_dir>/learning_curve.png for one run, "
-                   "else learning_curves.png)")
+    p.add_argument("--out", default=None, help="PNG path (default: <run_dir>/plots/learning_curve.png for one "
+                   "run, where training writes it; else learning_curves.png)")
     ns = p.parse_args(args)
     from . import record
     from .recipes.run import RunDirError
@@ -398,7 +475,7 @@ def cmd_plot(args: list[str]) -> int:
     for d in ns.run_dirs:
         if not (Path(d) / "metrics.csv").is_file() and not any(Path(d).glob("*/metrics.csv")):
             raise RunDirError(f"{d} is not a run directory (no metrics.csv in it or its sub-folders)")
-    out = Path(ns.out) if ns.out else (Path(ns.run_dirs[0]) / "learning_curve.png" if len(ns.run_dirs) == 1
+    out = Path(ns.out) if ns.out else (record.RunDir(ns.run_dirs[0]).learning_curve_png if len(ns.run_dirs) == 1
                                        else Path("learning_curves.png"))
     record.plot_learning_curves([Path(d) for d in ns.run_dirs], out)
     print(f"plot: {out}")
@@ -436,11 +513,27 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """The installed package's version (the source tree's ``__version__`` when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("steersman")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``steersman`` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print("usage:" + USAGE)
+        return 0
+    if argv[0] in ("--version", "-V"):
+        print(f"steersman {version()}")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:

@@ -9,6 +9,8 @@ config dataclass (``PPOConfig``...) whose fields carry a one-line docstring, and
   (``steersman eval`` / ``export`` rebuild it and load ``checkpoint.state["policy"]``).
 
 ``steersman train ALGO key=value ...`` runs the same functions through Hydra.
+:func:`run_recipe` (``name``, ``key=value`` strings or a dict) is the entry point the CLI
+and the Python API share (see :mod:`steersman.recipes.launch`).
 
 Example:
     >>> sorted(ALGOS)
@@ -22,7 +24,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["ALGOS", "config_class", "get_recipe"]
+__all__ = ["ALGOS", "RunResult", "config_class", "get_recipe", "load_run_config", "make_config", "run_recipe"]
+_LAUNCH = ("RunResult", "check_config", "load_run_config", "make_config", "run_recipe")
 
 #: algorithm name -> (config class name, one-line description)
 ALGOS: dict[str, tuple[str, str]] = {
@@ -51,3 +54,11 @@ def config_class(name: str) -> type:
     """The config dataclass of algorithm ``name``."""
     _check(name)
     return getattr(get_recipe(name), ALGOS[name][0])
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAUNCH:  # imported on first use: they pull in torch and the envs
+        from . import launch
+
+        return getattr(launch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

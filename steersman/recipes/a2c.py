@@ -16,7 +16,6 @@ evaluate, checkpoint, log. The networks are PPO's (:func:`steersman.recipes.ppo.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,9 @@ from steersman.objectives import A2CLoss, ValueEstimators
 from steersman.tensordict.nn import shared_copy
 
 from . import ppo
-from .checkpoint import seed_everything, set_rng_state
 from .config import CheckpointConfig, ClippedOptimConfig, EnvConfig, EvalConfig, LoggerConfig
-from .envs import check_env_id, make_env
 from .evaluation import EpisodeReturns, evaluate
-from .run import Run, default_run_dir
+from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["A2CConfig", "make_policy", "train"]
 
@@ -87,15 +84,8 @@ def make_policy(cfg: A2CConfig, env: EnvBase) -> nn.Module:
 def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains A2C as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else A2CConfig()
-    check_env_id(cfg.env.name)
-    seed_everything(cfg.seed)
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-
-    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
-                   max_episode_steps=cfg.env.max_episode_steps)
-    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
-                        max_episode_steps=cfg.env.max_episode_steps)
+    env, eval_env = setup(cfg)
+    frames_per_batch = cfg.env.num_envs * cfg.n_steps
     actor, critic = ppo.make_policy(cfg, env), ppo.make_critic(cfg, env)
     loss_fn = A2CLoss(actor, critic, entropy_coeff=cfg.entropy_coef, critic_coeff=cfg.critic_coef,
                       loss_critic_type="l2")
@@ -103,25 +93,12 @@ def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, re
     params = [p for p in loss_fn.parameters() if p.requires_grad]
     optim = torch.optim.RMSprop(params, lr=cfg.optim.lr, alpha=0.99, eps=1e-5, foreach=True)
     policy = shared_copy(actor)
-    collector = SyncDataCollector(env, policy, frames_per_batch=cfg.env.num_envs * cfg.n_steps,
-                                  total_frames=cfg.total_frames)
+    run = Run("a2c", cfg, run_dir, resume=resume, frames_per_batch=frames_per_batch)
+    collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
     episodes = EpisodeReturns()
-
-    run = Run("a2c", cfg, run_dir if run_dir is not None else default_run_dir("a2c"), resume=resume)
-
-    def state() -> dict[str, Any]:
-        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict(),
-                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
-
-    if (ckpt := run.restore()) is not None:
-        loss_fn.load_state_dict(ckpt.state["loss"])
-        optim.load_state_dict(ckpt.state["optim"])
-        collector.load_state_dict(ckpt.state["collector"])
-        episodes.load_state_dict(ckpt.state["episodes"])
-        set_rng_state(ckpt.state["rng"])
+    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes)
 
     frames = run.frames
-    eval_return = math.nan
     for batch in collector:
         frames += batch.numel()
         episodes.update(batch)
@@ -139,19 +116,13 @@ def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, re
                          "train/loss_critic": losses["loss_critic"], "train/entropy": losses["entropy"],
                          "train/grad_norm": grad_norm})
         if run.eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
-        if run.checkpoint_due(frames) or run.stop_requested:
-            run.save(state())
+            run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + EVAL_SEED_OFFSET))
+        if run.checkpoint_due(frames):
+            run.save()
         if run.stop_requested:
             break
     collector.shutdown()
-
-    if not run.stop_requested:
-        if run.final_eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
-        if run.final_save_due():
-            run.save(state())
-    return run.finish(policy, eval_env.reset()["observation"], eval_return)
+    return run.wrap_up(policy, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -52,8 +52,10 @@ from steersman.tensordict.files import fsync_dir, fsync_file, temp_writer_alive,
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "clean_dead_temps",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_entry",
     "rng_state",
     "save_checkpoint",
     "seed_everything",
@@ -230,10 +232,22 @@ def save_checkpoint(
         raise
     for old in _checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for p in root.iterdir():  # leftovers of writers killed mid-write (not ours, not running)
-        if p.name.startswith(".ckpt-") and p.name.endswith(".tmp") and not temp_writer_alive(p.name):
-            shutil.rmtree(p, ignore_errors=True)
+    clean_dead_temps(root)
     return root / name
+
+
+def clean_dead_temps(root: str | os.PathLike) -> None:
+    """Removes what writers killed mid-write left under ``root``: ``.ckpt-*.<pid>.<id>.tmp``
+    folders and ``.LATEST.<pid>.<id>.tmp`` files whose process no longer runs."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith((".ckpt-", f".{POINTER}.")) and p.name.endswith(".tmp") and not temp_writer_alive(p.name):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
@@ -248,11 +262,42 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
         ptr = _read_json(pointer)
         current = ptr.get("current") if isinstance(ptr, dict) else None
         if not isinstance(current, str) or not _NAME.match(current):
-            raise CheckpointError(f"{pointer} is not a checkpoint pointer: {ptr!r}")
+            raise CheckpointError(f"{pointer} is not a checkpoint pointer: {ptr!r} (expected a ckpt-NNNNNN "
+                                  "folder name inside it)")
         if (root / current / "meta.json").exists():
-            return root / current
+            return _inside(root / current, root)
     complete = [p for p in _checkpoints(root) if (p / "meta.json").exists()]
-    return complete[-1] if complete else None
+    return _inside(complete[-1], root) if complete else None
+
+
+def _inside(path: Path, root: Path) -> Path:
+    """``path``, if it resolves (symlinks followed) inside ``root``; else a CheckpointError."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"{path} leads outside {root} (a symlink?); checkpoints are read only from "
+                              "inside their folder")
+    return path
+
+
+def load_entry(obj: Any, ckpt: Checkpoint, key: str) -> None:
+    """Loads ``ckpt.state[key]`` into ``obj`` (``load_state_dict``; a 0-dim tensor is copied;
+    ``obj=None`` with ``key="rng"`` sets the RNG states). Raises a one-line
+    :class:`CheckpointError` naming the file and the entry if it is missing or does not fit."""
+    where = ckpt.path / "state.pt"
+    if not isinstance(ckpt.state, dict) or key not in ckpt.state:
+        raise CheckpointError(f"{where} has no entry {key!r} (written by another recipe or config?)")
+    value = ckpt.state[key]
+    try:
+        if key == "rng" and obj is None:
+            set_rng_state(value)
+        elif isinstance(obj, torch.Tensor):
+            if not isinstance(value, torch.Tensor) or value.shape != obj.shape or value.dtype != obj.dtype:
+                raise ValueError(f"expected a {obj.dtype} tensor of shape {list(obj.shape)}, got {value!r}")
+            obj.copy_(value)
+        else:
+            obj.load_state_dict(value)
+    except Exception as err:  # shape mismatches, missing keys, wrong types: a tampered or foreign file
+        detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+        raise CheckpointError(f"{where}: entry {key!r} does not fit this run ({detail[:300]})") from None
 
 
 def load_checkpoint(root: str | os.PathLike, path: str | os.PathLike | None = None) -> Checkpoint:
@@ -266,6 +311,9 @@ def load_checkpoint(root: str | os.PathLike, path: str | os.PathLike | None = No
     folder = Path(path) if path is not None else latest_checkpoint(root)
     if folder is None:
         raise CheckpointError(f"{root} holds no checkpoint (no {POINTER} and no ckpt-* folder)")
+    for name in ("meta.json", "state.pt", "replay_buffer"):
+        if (folder / name).exists():
+            _inside(folder / name, folder)
     meta = _read_json(folder / "meta.json")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{folder / 'meta.json'} is not steersman checkpoint metadata")

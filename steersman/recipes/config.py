@@ -21,7 +21,9 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import textwrap
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "config_to_dict",
     "diff_configs",
     "field_docs",
+    "validate_config",
 ]
 
 
@@ -193,3 +196,112 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
         elif a != b:
             out.append((name, a, b))
     return out
+
+
+# ---------------------------------------------------------------- validation
+#: Range rules by field name (any recipe, any nesting): (lowest allowed, lowest is allowed).
+_AT_LEAST = {
+    **dict.fromkeys(["total_frames", "num_updates", "num_envs", "n_steps", "epochs", "minibatch_size",
+                     "frames_per_batch", "gradient_steps", "batch_size", "buffer_size", "dataset_frames",
+                     "episodes", "keep", "log_interval", "policy_delay", "target_update_interval",
+                     "max_episode_steps"], 1),
+    **dict.fromkeys(["interval", "learning_starts", "num_threads", "alpha_init", "entropy_coef",
+                     "critic_coef", "exploration_noise", "policy_noise", "noise_clip", "temperature"], 0),
+}
+_POSITIVE = {"lr", "max_grad_norm", "eps", "utd_ratio"}
+_UNIT = {"gamma", "gae_lambda", "tau", "exploration_fraction", "eps_init", "eps_end", "expectile", "clip_epsilon"}
+_CHOICES = {"export_format": ("torch-export", "onnx", "none"), "loss_function": ("l2", "smooth_l1", "l1")}
+
+
+def validate_config(cfg: Any, prefix: str = "") -> None:
+    """Checks every field of a (nested) config dataclass: its type, and its range for the
+    counts and rates every recipe shares (``total_frames >= 1``, ``0 <= gamma <= 1``...).
+
+    Raises a one-line :class:`ConfigError` naming the dotted key, what it must be and
+    what it is. Values from YAML or the command line are checked the same way.
+
+    Example:
+        >>> validate_config(EvalConfig(episodes=0))
+        Traceback (most recent call last):
+        ...
+        steersman.recipes.config.ConfigError: eval.episodes must be an integer >= 1, got 0
+    """
+    hints = _type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        key, value, want = prefix + f.name, getattr(cfg, f.name), hints[f.name]
+        if isinstance(want, type) and dataclasses.is_dataclass(want):
+            if not isinstance(value, want):
+                raise ConfigError(f"{key} must be a group of settings ({want.__name__}), got {value!r}")
+            validate_config(value, key + ".")
+            continue
+        _check_value(key, f.name, value, want)
+    if not prefix:
+        _check_sizes(cfg)
+
+
+def _check_value(key: str, name: str, value: Any, want: Any) -> None:
+    import typing
+
+    args = typing.get_args(want)
+    if value is None and type(None) in args:
+        return
+    base = typing.get_origin(want) or want
+    if base in (typing.Union, types.UnionType):
+        base = next(a for a in args if a is not type(None))
+    if base is list:
+        item = typing.get_args(want)[0] if typing.get_args(want) else Any
+        if not isinstance(value, list) or not all(_is(v, item) for v in value):
+            raise ConfigError(f"{key} must be a list of {_type_name(item)}, got {value!r}")
+        if name == "backends":
+            from steersman.record import LOGGER_TYPES
+
+            bad = [v for v in value if v not in LOGGER_TYPES]
+            if bad:
+                raise ConfigError(f"{key}: unknown logger {bad[0]!r}; valid: {', '.join(LOGGER_TYPES)}")
+        elif name == "hidden_sizes" and any(v < 1 for v in value):
+            raise ConfigError(f"{key} must be layer widths >= 1, got {value!r}")
+        return
+    if not _is(value, base):
+        raise ConfigError(f"{key} must be {_type_name(base, article=True)}, got {value!r}")
+    if name in _AT_LEAST and value < _AT_LEAST[name]:
+        raise ConfigError(f"{key} must be {_type_name(base, article=True)} >= {_AT_LEAST[name]}, got {value!r}")
+    if name in _POSITIVE and not value > 0:
+        raise ConfigError(f"{key} must be a number > 0, got {value!r}")
+    if name in _UNIT and not 0 <= value <= 1:
+        raise ConfigError(f"{key} must be a number in [0, 1], got {value!r}")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise ConfigError(f"{key} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
+    if name == "target_entropy" and value != "auto":
+        try:
+            float(value)
+        except ValueError:
+            raise ConfigError(f"{key} must be 'auto' or a number, got {value!r}") from None
+
+
+def _is(value: Any, t: Any) -> bool:
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return t is Any or isinstance(value, t)
+
+
+def _type_name(t: Any, article: bool = False) -> str:
+    names = {int: ("integers", "an integer"), float: ("numbers", "a number"), str: ("strings", "a string"),
+             bool: ("booleans", "true or false")}
+    plural, single = names.get(t, (getattr(t, "__name__", str(t)), getattr(t, "__name__", str(t))))
+    return single if article else plural
+
+
+def _check_sizes(cfg: Any) -> None:
+    """Sizes that must fit each other (whole steps per sub-env, whole minibatches)."""
+    num_envs = cfg.env.num_envs
+    per_batch = getattr(cfg, "frames_per_batch", None)
+    if per_batch is not None and per_batch % num_envs:
+        raise ConfigError(f"frames_per_batch ({per_batch}) must be a multiple of env.num_envs ({num_envs}): "
+                          "each batch holds the same number of steps of every sub-env")
+    if hasattr(cfg, "n_steps") and hasattr(cfg, "minibatch_size"):
+        per_batch = num_envs * cfg.n_steps
+        if per_batch % cfg.minibatch_size:
+            raise ConfigError(f"minibatch_size ({cfg.minibatch_size}) must divide env.num_envs x n_steps "
+                              f"({num_envs} x {cfg.n_steps} = {per_batch})")

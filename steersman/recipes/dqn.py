@@ -17,7 +17,6 @@ replay buffer; then ``gradient_steps`` updates of the TD loss
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,6 @@ from steersman.modules import MLP, EGreedyModule, QValueActor
 from steersman.objectives import DQNLoss, HardUpdate
 from steersman.tensordict.nn import TensorDictSequential
 
-from .checkpoint import seed_everything, set_rng_state
 from .config import (
     CheckpointConfig,
     ClippedOptimConfig,
@@ -41,9 +39,9 @@ from .config import (
     EvalConfig,
     LoggerConfig,
 )
-from .envs import TRANSITION_KEYS, action_spec_unbatched, check_env_id, make_env
+from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
-from .run import Run, default_run_dir
+from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["DQNConfig", "make_policy", "train"]
 
@@ -113,15 +111,7 @@ def make_policy(cfg: DQNConfig, env: EnvBase) -> QValueActor:
 def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains DQN as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else DQNConfig()
-    check_env_id(cfg.env.name)
-    seed_everything(cfg.seed)
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-
-    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
-                   max_episode_steps=cfg.env.max_episode_steps)
-    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
-                        max_episode_steps=cfg.env.max_episode_steps)
+    env, eval_env = setup(cfg)
     qnet = make_policy(cfg, env)
     explore = EGreedyModule(env.action_spec, eps_init=cfg.eps_init, eps_end=cfg.eps_end,
                             annealing_num_steps=max(int(cfg.exploration_fraction * cfg.total_frames), 1))
@@ -133,30 +123,14 @@ def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, re
     params = [p for p in loss_fn.parameters() if p.requires_grad]  # not the target network
     optim = torch.optim.Adam(params, lr=cfg.optim.lr, fused=True)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
+    run = Run("dqn", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
     collector = SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch,
-                                  total_frames=cfg.total_frames, init_random_frames=cfg.learning_starts)
+                                  total_frames=run.total_frames, init_random_frames=cfg.learning_starts)
     episodes = EpisodeReturns()
-
-    run = Run("dqn", cfg, run_dir if run_dir is not None else default_run_dir("dqn"), resume=resume)
-
-    def state() -> dict[str, Any]:
-        return {"policy": qnet.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict(),
-                "explore": explore.state_dict(), "target_updater": target_updater.state_dict(),
-                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
-
-    if (ckpt := run.restore()) is not None:
-        loss_fn.load_state_dict(ckpt.state["loss"])
-        optim.load_state_dict(ckpt.state["optim"])
-        explore.load_state_dict(ckpt.state["explore"])
-        target_updater.load_state_dict(ckpt.state["target_updater"])
-        collector.load_state_dict(ckpt.state["collector"])
-        episodes.load_state_dict(ckpt.state["episodes"])
-        if ckpt.replay_buffer_path is not None:
-            rb.loads(ckpt.replay_buffer_path)
-        set_rng_state(ckpt.state["rng"])
+    run.track(policy=qnet, loss=loss_fn, optim=optim, explore=explore, target_updater=target_updater,
+              collector=collector, episodes=episodes, buffer=rb)
 
     frames = run.frames
-    eval_return = math.nan
     metrics: dict[str, Any] = {}
     for batch in collector:
         frames += batch.numel()
@@ -176,19 +150,13 @@ def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, re
 
         run.log(frames, {"train/return": episodes.last_mean, "train/epsilon": explore.eps, **metrics})
         if run.eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, qnet, seed=cfg.seed + 10_000))
-        if run.checkpoint_due(frames) or run.stop_requested:
-            run.save(state(), replay_buffer=rb)
+            run.log_eval(frames, evaluate(eval_env, qnet, seed=cfg.seed + EVAL_SEED_OFFSET))
+        if run.checkpoint_due(frames):
+            run.save()
         if run.stop_requested:
             break
     collector.shutdown()
-
-    if not run.stop_requested:
-        if run.final_eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, qnet, seed=cfg.seed + 10_000))
-        if run.final_save_due():
-            run.save(state(), replay_buffer=rb)
-    return run.finish(qnet, eval_env.reset()["observation"], eval_return)
+    return run.wrap_up(qnet, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover

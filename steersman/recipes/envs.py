@@ -63,10 +63,30 @@ def action_spec_unbatched(env: EnvBase) -> Any:
     return env.action_spec[(0,) * len(env.batch_size)] if len(env.batch_size) else env.action_spec
 
 
-def check_env_id(name: str) -> None:
+def check_env_id(name: str, *, allow_import: bool = True) -> None:
     """Raises a one-line :class:`~steersman.recipes.config.ConfigError` listing the valid ids if
-    ``name`` is not one."""
-    if name in NATIVE_ENVS or (name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX)):
+    ``name`` is not one.
+
+    Gymnasium imports the Python module ``mod`` to make an id ``mod:Env-v0``. An id the
+    user typed may do that; ids read from a run folder (``allow_import=False``: a shared
+    folder is untrusted) may only name registered envs.
+
+    Example:
+        >>> check_env_id("gym:evilmod:X-v0", allow_import=False)
+        Traceback (most recent call last):
+        ...
+        steersman.recipes.config.ConfigError: env.name 'gym:evilmod:X-v0' would import the Python module 'evilmod' (Gymnasium's 'module:Env' ids); env ids read from a run folder may only name registered envs: pass --allow-import (Python: allow_import=True) if you trust the folder's code
+    """
+    if name in NATIVE_ENVS:
+        return
+    if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
+        module, sep, _ = name[len(GYM_PREFIX):].rpartition(":")
+        if sep and not allow_import:
+            raise ConfigError(
+                f"env.name {name!r} would import the Python module {module!r} (Gymnasium's 'module:Env' ids); "
+                "env ids read from a run folder may only name registered envs: pass --allow-import "
+                "(Python: allow_import=True) if you trust the folder's code"
+            )
         return
     raise ConfigError(
         f"unknown env id {name!r}; built-in ids: {sorted(NATIVE_ENVS)}, or any Gymnasium id as "
@@ -103,14 +123,28 @@ def make_env(
         if max_episode_steps is not None:
             kwargs["max_episode_steps"] = max_episode_steps
         return NATIVE_ENVS[name](batch_size=[num_envs], device=device, **kwargs)
-    from steersman.envs import GymEnv
-
-    kwargs = {"categorical_action_encoding": True, "device": device}
+    kwargs = {"categorical_action_encoding": True, "device": device, "num_envs": num_envs}
     if max_episode_steps is not None:
         kwargs["max_episode_steps"] = max_episode_steps
     if render:
         kwargs["render_mode"] = "rgb_array"
-    env = GymEnv(name[len(GYM_PREFIX):], num_envs=num_envs, **kwargs)
+    return _gym_env(name, name[len(GYM_PREFIX):], seed, kwargs)
+
+
+def _gym_env(name: str, gym_id: str, seed: int | None, kwargs: dict[str, Any]) -> EnvBase:
+    """``GymEnv(gym_id, **kwargs)``, seeded; an id Gymnasium does not know, or an env whose
+    optional dependency is missing, is a one-line ConfigError naming what to install."""
+    from steersman.envs import GymEnv
+
+    try:
+        from gymnasium.error import Error as GymError
+    except ImportError:  # GymEnv names the extra to install
+        GymError = ImportError  # noqa: N806
+    try:
+        env = GymEnv(gym_id, **kwargs)
+    except (ImportError, ValueError, GymError) as err:
+        detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise ConfigError(f"env.name={name}: {detail}") from None
     if seed is not None:
         env.set_seed(seed)
     return env
@@ -126,15 +160,10 @@ def make_render_env(name: str, *, seed: int | None = None, max_episode_steps: in
     gym_id = name[len(GYM_PREFIX):] if name.startswith(GYM_PREFIX) else name
     if name in NATIVE_ENVS and name == "GridWorld-v0":
         raise ConfigError("GridWorld-v0 is steersman's own env and cannot render; videos need a Gymnasium id")
-    from steersman.envs import GymEnv
-
     if not os.environ.get("DISPLAY"):  # off-screen rendering (pygame) on headless machines
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     kwargs: dict[str, Any] = {"categorical_action_encoding": True, "render_mode": "rgb_array"}
     if max_episode_steps is not None:
         kwargs["max_episode_steps"] = max_episode_steps
-    env = GymEnv(gym_id, **kwargs)
-    if seed is not None:
-        env.set_seed(seed)
-    return env
+    return _gym_env(name, gym_id, seed, kwargs)

@@ -21,7 +21,6 @@ soft update of the target critics; evaluate, checkpoint, log.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,11 @@ from steersman.objectives import SoftUpdate
 from steersman.objectives.iql import IQLLoss
 
 from . import sac
-from .checkpoint import latest_checkpoint, seed_everything, set_rng_state
+from .checkpoint import latest_checkpoint
 from .config import CheckpointConfig, ConfigError, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
-from .envs import TRANSITION_KEYS, check_env_id, make_env
+from .envs import TRANSITION_KEYS
 from .evaluation import evaluate
-from .run import RUN_FILE, Run, default_run_dir
+from .run import EVAL_SEED_OFFSET, RUN_FILE, Run, setup
 
 __all__ = ["IQLConfig", "dataset_path", "make_policy", "train"]
 
@@ -123,22 +122,8 @@ def collect_random_dataset(cfg: IQLConfig, env: EnvBase, path: Path) -> None:
 def train(cfg: IQLConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains IQL as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else IQLConfig()
-    check_env_id(cfg.env.name)
-    seed_everything(cfg.seed)
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-
-    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
-    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
-                        max_episode_steps=cfg.env.max_episode_steps)
-    run = Run("iql", cfg, run_dir if run_dir is not None else default_run_dir("iql"), resume=resume,
-              total=cfg.num_updates)
-    data = dataset_path(cfg.dataset) if cfg.dataset else run.dir / "dataset"
-    if not cfg.dataset and not data.exists():
-        collect_random_dataset(cfg, env, data)
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
-    rb.loads(data)
-
+    env, eval_env = setup(cfg)
+    data = dataset_path(cfg.dataset) if cfg.dataset else None
     actor, qvalue = sac.make_policy(cfg, env), sac.make_qvalue(cfg, env)
     obs_dim = env.observation_spec["observation"].shape[-1]
     value = ValueOperator(MLP(in_features=obs_dim, out_features=1, num_cells=cfg.hidden_sizes,
@@ -148,16 +133,15 @@ def train(cfg: IQLConfig | None = None, run_dir: str | Path | None = None, *, re
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
     optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
+    run = Run("iql", cfg, run_dir, resume=resume, total=cfg.num_updates)
+    run.track(policy=actor, loss=loss_fn, optim=optim)
+    if data is None:
+        data = run.dir / "dataset"
+        if not data.exists():
+            collect_random_dataset(cfg, env, data)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
+    rb.loads(data)
 
-    def state() -> dict[str, Any]:
-        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict()}
-
-    if (ckpt := run.restore()) is not None:
-        loss_fn.load_state_dict(ckpt.state["loss"])
-        optim.load_state_dict(ckpt.state["optim"])
-        set_rng_state(ckpt.state["rng"])
-
-    eval_return = math.nan
     for step in range(run.frames + 1, cfg.num_updates + 1):  # the run's "frames" count updates here
         losses = loss_fn(rb.sample())
         optim.zero_grad(set_to_none=True)
@@ -168,18 +152,12 @@ def train(cfg: IQLConfig | None = None, run_dir: str | Path | None = None, *, re
         run.log(step, {"train/loss_actor": losses["loss_actor"], "train/loss_qvalue": losses["loss_qvalue"],
                        "train/loss_value": losses["loss_value"]})
         if run.eval_due(step):
-            eval_return = run.log_eval(step, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        if run.checkpoint_due(step) or run.stop_requested:
-            run.save(state())
+            run.log_eval(step, evaluate(eval_env, actor, seed=cfg.seed + EVAL_SEED_OFFSET))
+        if run.checkpoint_due(step):
+            run.save()
         if run.stop_requested:
             break
-
-    if not run.stop_requested:
-        if run.final_eval_due(run.frames):
-            eval_return = run.log_eval(run.frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        if run.final_save_due():
-            run.save(state())
-    return run.finish(actor, eval_env.reset()["observation"], eval_return)
+    return run.wrap_up(actor, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover

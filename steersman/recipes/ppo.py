@@ -33,11 +33,10 @@ from steersman.modules import MLP, ProbabilisticActor, ValueOperator
 from steersman.objectives import ClipPPOLoss, ValueEstimators
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule, shared_copy
 
-from .checkpoint import seed_everything, set_rng_state
-from .config import CheckpointConfig, ConfigError, EnvConfig, EvalConfig, LoggerConfig
-from .envs import action_spec_unbatched, check_env_id, make_env
+from .config import CheckpointConfig, EnvConfig, EvalConfig, LoggerConfig
+from .envs import action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
-from .run import Run, default_run_dir
+from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["PPOConfig", "PPOLossConfig", "PPOOptimConfig", "make_critic", "make_policy", "train"]
 
@@ -166,21 +165,8 @@ def set_clip_epsilon(loss_fn: ClipPPOLoss, eps: float) -> None:
 def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains PPO as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else PPOConfig()
-    check_env_id(cfg.env.name)
-    seed_everything(cfg.seed)
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-    for name in ("n_steps", "epochs", "minibatch_size"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    env, eval_env = setup(cfg)
     frames_per_batch = cfg.env.num_envs * cfg.n_steps
-    if frames_per_batch % cfg.minibatch_size:
-        raise ConfigError(f"minibatch_size ({cfg.minibatch_size}) must divide num_envs x n_steps ({frames_per_batch})")
-
-    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
-                   max_episode_steps=cfg.env.max_episode_steps)
-    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
-                        max_episode_steps=cfg.env.max_episode_steps)
     actor, critic = make_policy(cfg, env), make_critic(cfg, env)
     loss_fn = ClipPPOLoss(actor, critic, clip_epsilon=cfg.loss.clip_epsilon, entropy_coeff=cfg.loss.entropy_coef,
                           critic_coeff=cfg.loss.critic_coef, loss_critic_type="l2",
@@ -193,8 +179,10 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     keys = loss_fn.tensor_keys  # what the loss reads (GAE writes the last two)
     minibatch_keys = ("observation", keys.action, keys.sample_log_prob, keys.advantage, keys.value_target)
     policy = shared_copy(actor)  # collection/eval twin: same parameters, never toggled
-    collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=cfg.total_frames)
+    run = Run("ppo", cfg, run_dir, resume=resume, frames_per_batch=frames_per_batch)
+    collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
     episodes = EpisodeReturns()
+    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes)
 
     compute_loss = torch.compile(loss_fn, fullgraph=True) if cfg.compile else loss_fn
 
@@ -207,22 +195,7 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
         optim.step()
         return grad_norm
 
-    run = Run("ppo", cfg, run_dir if run_dir is not None else default_run_dir("ppo"), resume=resume)
-
-    def state() -> dict[str, Any]:
-        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict(),
-                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
-
-    if (ckpt := run.restore()) is not None:
-        loss_fn.load_state_dict(ckpt.state["loss"])
-        optim.load_state_dict(ckpt.state["optim"])
-        collector.load_state_dict(ckpt.state["collector"])
-        episodes.load_state_dict(ckpt.state["episodes"])
-        set_rng_state(ckpt.state["rng"])
-
     frames = run.frames
-    eval_return = math.nan
-    grad_norm = math.nan
     for batch in collector:
         frames += batch.numel()
         episodes.update(batch)
@@ -246,19 +219,13 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
                          "train/kl_approx": losses["kl_approx"], "train/clip_fraction": losses["clip_fraction"],
                          "train/grad_norm": grad_norm, "train/lr": optim.param_groups[0]["lr"]})
         if run.eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
-        if run.checkpoint_due(frames) or run.stop_requested:
-            run.save(state())
+            run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + EVAL_SEED_OFFSET))
+        if run.checkpoint_due(frames):
+            run.save()
         if run.stop_requested:
             break
     collector.shutdown()
-
-    if not run.stop_requested:
-        if run.final_eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, policy, seed=cfg.seed + 10_000))
-        if run.final_save_due():
-            run.save(state())
-    return run.finish(policy, eval_env.reset()["observation"], eval_return)
+    return run.wrap_up(policy, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover

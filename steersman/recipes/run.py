@@ -11,26 +11,28 @@ A :class:`Run` owns one run directory (the layout of :class:`steersman.record.Ru
       export/policy.pt2          the exported policy (`export_format` chooses the format)
       summary.json               final evaluation return, wall time, frames/s, paths
 
-and provides: metrics logging and the progress bar (:meth:`log`, :meth:`log_eval`), the
-schedule of evaluations and checkpoints (:meth:`eval_due`, :meth:`checkpoint_due`),
-checkpoint save/restore (:meth:`save`, :meth:`restore`), stop requests from SIGINT
-(Ctrl-C) and SIGTERM (:attr:`stop_requested`: the recipe breaks out of its loop at the
-end of the iteration and saves a final checkpoint), and the end of the run
-(:meth:`finish`: export, plot, summary).
+and provides: checkpoint save/restore of the objects it tracks (:meth:`track`,
+:meth:`save`), metrics logging and the progress bar (:meth:`log`, :meth:`log_eval`), the
+schedule of evaluations and checkpoints (:meth:`eval_due`, :meth:`checkpoint_due`), stop
+requests from SIGINT (Ctrl-C) and SIGTERM (:attr:`stop_requested`: the recipe saves and
+leaves its loop at the end of the iteration), and the end of the run (:meth:`wrap_up`:
+final evaluation and checkpoint, export, plot, summary).
 
 A recipe uses it like this (the whole protocol)::
 
-    run = Run("ppo", cfg, run_dir, resume=resume)
-    ...build env, networks, loss, optimizer, collector...
-    if (ckpt := run.restore()) is not None:
-        ...load ckpt.state into them...
+    run = Run("ppo", cfg, run_dir, resume=resume, frames_per_batch=n)  # checks; writes nothing yet
+    ...build networks, loss, optimizer...
+    collector = SyncDataCollector(env, policy, frames_per_batch=n, total_frames=run.total_frames)
+    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector)  # restores, then starts
+    frames = run.frames
     for batch in collector:
+        frames += batch.numel()
         ...learn...
         run.log(frames, {"train/loss": ...})
         if run.eval_due(frames): run.log_eval(frames, evaluate(eval_env, policy))
-        if run.checkpoint_due(frames) or run.stop_requested: run.save(state())
+        if run.checkpoint_due(frames): run.save()      # also due once a stop is requested
         if run.stop_requested: break
-    return run.finish(policy, example_obs, final_eval_return)
+    return run.wrap_up(policy, eval_env)
 """
 
 from __future__ import annotations
@@ -50,13 +52,26 @@ import torch
 from steersman import record
 from steersman.tensordict.files import write_json_atomic
 
-from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
-from .config import config_to_dict, diff_configs
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    clean_dead_temps,
+    latest_checkpoint,
+    load_checkpoint,
+    load_entry,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+)
+from .config import config_to_dict, diff_configs, validate_config
 
-__all__ = ["Run", "RunDirError", "RUN_FILE", "RESUMABLE_KEYS", "default_run_dir", "read_run_config"]
+__all__ = ["Run", "RunDirError", "RunFinished", "RUN_FILE", "RESUMABLE_KEYS", "default_run_dir", "read_run_config",
+           "run_meta", "setup"]
 
 RUN_FILE = "config.yaml"
 
+#: The evaluation env's seed is the run's seed plus this.
+EVAL_SEED_OFFSET = 10_000
 #: Config keys (dotted prefixes) that may change between a run and its resume.
 RESUMABLE_KEYS = ("total_frames", "num_updates", "quiet", "logger", "eval", "checkpoint", "export_format")
 
@@ -91,6 +106,23 @@ def read_run_config(run_dir: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     return data.pop("algo"), data
 
 
+def setup(cfg: Any) -> tuple[Any, Any]:
+    """The start of every recipe: checks ``cfg`` (one-line ConfigError), seeds torch, numpy
+    and random, sets torch's CPU threads, and builds the training env (``env.num_envs``
+    sub-envs, seed ``cfg.seed``) and the evaluation env (``eval.episodes`` sub-envs)."""
+    from .envs import make_env
+
+    validate_config(cfg)
+    seed_everything(cfg.seed)
+    if cfg.num_threads > 0:  # small networks: one thread avoids thread-pool overhead
+        torch.set_num_threads(cfg.num_threads)
+    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
+                   max_episode_steps=cfg.env.max_episode_steps)
+    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + EVAL_SEED_OFFSET,
+                        max_episode_steps=cfg.env.max_episode_steps)
+    return env, eval_env
+
+
 def default_run_dir(algo: str) -> Path:
     """``runs/<algo>_<date>_<time>`` (what ``steersman train`` uses too)."""
     return Path("runs") / f"{algo}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
@@ -100,58 +132,123 @@ def _resumable(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)
 
 
+class RunFinished(RunDirError):
+    """``resume`` of a run that already reached its length: nothing to do (not an error)."""
+
+
 class Run:
     """The run directory of one training run, and the bookkeeping around the loop.
+
+    Creating it checks the folder (and, to resume, loads and checks the latest
+    checkpoint) but writes nothing: :meth:`track` starts the run.
 
     Args:
         algo: the recipe's name (``"ppo"``...), stored so that ``steersman resume`` and
             ``steersman eval`` know which recipe to rebuild.
-        cfg: the recipe's config dataclass; needs ``total_frames``, ``quiet``, ``logger``,
-            ``eval`` and ``checkpoint`` fields (see :mod:`steersman.recipes.config`).
-        run_dir: the folder (created if needed).
-        resume: continue the run in ``run_dir`` from its latest checkpoint. Its config
-            must match ``cfg`` except for :data:`RESUMABLE_KEYS` (``total_frames``...).
+        cfg: the recipe's config dataclass; needs ``total_frames`` (or ``num_updates``),
+            ``quiet``, ``logger``, ``eval``, ``checkpoint`` and ``export_format`` fields.
+        run_dir: the folder (created by :meth:`track` if needed; None: :func:`default_run_dir`).
+        resume: continue the run in ``run_dir`` from its latest checkpoint (from scratch,
+            saying so, if it was stopped before its first one). Its config must match
+            ``cfg`` except for :data:`RESUMABLE_KEYS` (``total_frames``...).
         handle_signals: turn SIGINT/SIGTERM into :attr:`stop_requested` while the run
             lives (main thread only; a second SIGINT interrupts at once).
-        total: the length of the run for the progress bar (default ``cfg.total_frames``;
-            offline recipes count gradient steps instead of frames).
+        frames_per_batch: frames per collected batch: the run stops at the first whole
+            batch at or after ``cfg.total_frames`` (:attr:`total_frames`; the summary says so).
+        total: the length of the run in other units (offline recipes count gradient
+            steps: ``cfg.num_updates``).
     """
 
-    def __init__(self, algo: str, cfg: Any, run_dir: str | os.PathLike, *, resume: bool = False,
-                 handle_signals: bool = True, total: int | None = None) -> None:
+    def __init__(self, algo: str, cfg: Any, run_dir: str | os.PathLike | None, *, resume: bool = False,
+                 handle_signals: bool = True, frames_per_batch: int | None = None,
+                 total: int | None = None) -> None:
         self.algo = algo
         self.cfg = cfg
-        self.paths = record.RunDir(run_dir)
+        self.paths = record.RunDir(run_dir if run_dir is not None else default_run_dir(algo))
         self.dir = self.paths.path
         self.checkpoint_dir = self.paths.checkpoints_dir
         self.config = config_to_dict(cfg)
-        self._check_dir(resume)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
+        self.requested = total if total is not None else cfg.total_frames
+        self.total_frames = self.requested if not frames_per_batch else -(-self.requested // frames_per_batch) * frames_per_batch
+        self.frames_per_batch = frames_per_batch
         self.frames = 0
         self.iteration = 0
         self.train_time = 0.0  # seconds of training over every session of this run
         self.evals: list[tuple[int, float]] = []
-        self._saved_frames = -1  # frames of the last checkpoint this process wrote
         self._ckpt: Checkpoint | None = None
-        if resume:
-            self._ckpt = load_checkpoint(self.checkpoint_dir)
-            m = self._ckpt.meta
-            self.frames, self.iteration, self.train_time = m["frames"], m["iteration"], m["train_time"]
-            self.evals = [(int(f), float(r)) for f, r in m.get("evals", [])]
-        self._session_frames0 = self._shown = self.frames
-        self._next_eval = self._next_multiple(cfg.eval.interval)
-        self._next_ckpt = self._next_multiple(cfg.checkpoint.interval)
-        self._session_start = time.perf_counter()
+        self._resume = resume
+        self._handle_signals = handle_signals
+        self._tracked: dict[str, Any] = {}
+        self._buffer: Any = None
+        self._saved_frames = -1  # frames of the last checkpoint this process wrote
         self._last_return = math.nan
         self.stop_signal: int | None = None
         self._old_handlers: dict[int, Any] = {}
-        self.logger = self._make_logger(cfg.logger.backends, start_step=self.frames if resume else None)
-        self.progress = record.ProgressBar(total if total is not None else cfg.total_frames, quiet=cfg.quiet,
-                                           initial=self.frames, description=algo)
-        if resume:
+        if self._check_dir(resume):
+            self._ckpt = load_checkpoint(self.checkpoint_dir)
+            self.frames, self.iteration, self.train_time, self.evals = run_meta(self._ckpt)
+            if self.frames >= self.total_frames:
+                key = "num_updates" if total is not None else "total_frames"
+                raise RunFinished(f"{self.dir} already finished at {self.frames} frames; pass "
+                                  f"{key}={2 * self.requested} (or any value above {self.frames}) to extend")
+
+    def _check_dir(self, resume: bool) -> bool:
+        """Whether there is a checkpoint to resume from (errors for a folder that cannot be used)."""
+        if not resume:
+            if (self.dir / RUN_FILE).exists():
+                raise RunDirError(
+                    f"{self.dir} already holds a run; continue it with `steersman resume {self.dir}` "
+                    "or choose another directory"
+                )
+            return False
+        algo, old = read_run_config(self.dir)
+        if algo != self.algo:
+            raise RunDirError(f"{self.dir} is a {algo} run; it cannot be resumed as {self.algo}")
+        changed = [(k, a, b) for k, a, b in diff_configs(old, self.config) if not _resumable(k)]
+        if changed:
+            desc = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
+            raise RunDirError(
+                f"cannot resume {self.dir}: its config changed incompatibly ({desc}); only "
+                f"{', '.join(RESUMABLE_KEYS)} may change on resume"
+            )
+        return latest_checkpoint(self.checkpoint_dir) is not None
+
+    # ------------------------------------------------------------------ start
+    def track(self, *, buffer: Any = None, **objects: Any) -> None:
+        """Names what a checkpoint holds, restores it when resuming, and starts the run.
+
+        ``objects``: modules, optimizers, collectors... (anything with ``state_dict`` /
+        ``load_state_dict``) and 0-dim tensors (counters), saved under their keyword; the
+        policy goes under ``policy`` (``steersman eval``/``export`` load it). ``buffer``:
+        a replay buffer, saved with the checkpoint when ``checkpoint.replay_buffer``.
+        The RNG states are restored last. Then the run starts: the folder, its
+        ``config.yaml``, the loggers, the progress bar and the signal handlers.
+        """
+        self._tracked, self._buffer = objects, buffer
+        if self._ckpt is not None:
+            for name, obj in objects.items():
+                load_entry(obj, self._ckpt, name)
+            if buffer is not None and self._ckpt.replay_buffer_path is not None:
+                buffer.loads(self._ckpt.replay_buffer_path)
+            load_entry(None, self._ckpt, "rng")
+        self._start()
+
+    def _start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        clean_dead_temps(self.checkpoint_dir)
+        self._session_frames0 = self._shown = self.frames
+        self._next_eval = self._next_multiple(self.cfg.eval.interval)
+        self._next_ckpt = self._next_multiple(self.cfg.checkpoint.interval)
+        self._session_start = time.perf_counter()
+        self.logger = self._make_logger(self.cfg.logger.backends, start_step=self.frames if self._resume else None)
+        self.progress = record.ProgressBar(self.total_frames, quiet=self.cfg.quiet, initial=self.frames,
+                                           description=self.algo)
+        if self._ckpt is not None:
             self.message(f"resuming {self.dir} at {self.frames} frames from {self._ckpt.path.name}")
-        if handle_signals and threading.current_thread() is threading.main_thread():
+        elif self._resume:
+            self.message(f"{self.dir} has no checkpoint yet (stopped before its first one): starting it from scratch")
+        if self._handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
@@ -163,29 +260,6 @@ class Run:
         """Prints a line (above the progress bar) unless the run is quiet."""
         if not self.cfg.quiet:
             print(text, file=sys.stderr, flush=True)
-
-    # ------------------------------------------------------------------ setup
-    def _check_dir(self, resume: bool) -> None:
-        has_ckpt = latest_checkpoint(self.checkpoint_dir) is not None
-        if not resume:
-            if (self.dir / RUN_FILE).exists():
-                raise RunDirError(
-                    f"{self.dir} already holds a run; continue it with `steersman resume {self.dir}` "
-                    "or choose another directory"
-                )
-            return
-        algo, old = read_run_config(self.dir)
-        if algo != self.algo:
-            raise RunDirError(f"{self.dir} is a {algo} run; it cannot be resumed as {self.algo}")
-        if not has_ckpt:
-            raise RunDirError(f"{self.dir} has no checkpoint to resume from (under {self.checkpoint_dir})")
-        changed = [(k, a, b) for k, a, b in diff_configs(old, self.config) if not _resumable(k)]
-        if changed:
-            desc = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
-            raise RunDirError(
-                f"cannot resume {self.dir}: its config changed incompatibly ({desc}); only "
-                f"{', '.join(RESUMABLE_KEYS)} may change on resume"
-            )
 
     def _make_logger(self, backends: list[str], start_step: int | None) -> Any:
         backends = list(backends) if "csv" in backends else ["csv", *backends]  # metrics.csv always
@@ -220,15 +294,6 @@ class Run:
         """True once SIGINT or SIGTERM arrived: save a checkpoint and leave the loop."""
         return self.stop_signal is not None
 
-    def restore(self) -> Checkpoint | None:
-        """The checkpoint being resumed (None for a fresh run).
-
-        The run's own counters (frames, iteration, training time, evaluations) are
-        already restored; the recipe loads ``checkpoint.state`` into its objects and
-        calls :func:`~steersman.recipes.checkpoint.set_rng_state` last.
-        """
-        return self._ckpt
-
     def log(self, frames: int, metrics: Mapping[str, float | torch.Tensor]) -> None:
         """Records training metrics at ``frames`` (every ``logger.log_interval`` calls) and
         moves the progress bar. Values may be 0-dim tensors (NaNs are left out)."""
@@ -261,18 +326,9 @@ class Run:
         self._advance(frames, eval=mean)
         return mean
 
-    def final_eval_due(self, frames: int) -> bool:
-        """Whether the run still needs its final evaluation at ``frames`` (no evaluation was
-        logged there yet, e.g. by the periodic schedule on the last batch)."""
-        return not self.evals or self.evals[-1][0] != frames
-
-    def final_save_due(self) -> bool:
-        """Whether the run still needs its final checkpoint (none saved at these frames)."""
-        return self._saved_frames != self.frames
-
     def checkpoint_due(self, frames: int) -> bool:
-        """Whether a periodic checkpoint is due at ``frames``."""
-        return frames >= self._next_ckpt
+        """Whether a checkpoint is due at ``frames``: periodic, or a stop was requested."""
+        return self.stop_requested or frames >= self._next_ckpt
 
     @property
     def fps(self) -> float:
@@ -284,17 +340,18 @@ class Run:
         """Wall-clock seconds of training over every session of this run."""
         return self.train_time + time.perf_counter() - self._session_start
 
-    def save(self, state: dict[str, Any], replay_buffer: Any = None) -> Path:
-        """Saves a checkpoint of ``state`` (plus the RNG states, counters and config).
-
-        The RNG states are taken here, so call it where the loop would continue from.
-        """
-        state = {**state, "rng": rng_state()}
+    def save(self) -> Path:
+        """Saves a checkpoint of the tracked objects (plus the RNG states, counters, config
+        and the replay buffer). The RNG states are taken here, so call it where the loop
+        would continue from."""
+        state = {name: obj.clone() if isinstance(obj, torch.Tensor) else obj.state_dict()
+                 for name, obj in self._tracked.items()}
+        state["rng"] = rng_state()
         meta = {
             "algo": self.algo, "frames": self.frames, "iteration": self.iteration,
             "train_time": self.elapsed(), "evals": self.evals, "config": self.config,
         }
-        keep_rb = replay_buffer if self.cfg.checkpoint.replay_buffer else None
+        keep_rb = self._buffer if self.cfg.checkpoint.replay_buffer else None
         path = save_checkpoint(self.checkpoint_dir, state, meta=meta, replay_buffer=keep_rb,
                                keep=self.cfg.checkpoint.keep)
         self._next_ckpt = self._next_multiple(self.cfg.checkpoint.interval)
@@ -302,8 +359,20 @@ class Run:
         return path
 
     # ------------------------------------------------------------------ the end
-    def finish(self, policy: Callable | None = None, example_obs: torch.Tensor | None = None,
-               final_return: float | None = None) -> dict[str, Any]:
+    def wrap_up(self, policy: Callable, eval_env: Any) -> dict[str, Any]:
+        """Ends the loop: unless a stop was requested, a final evaluation of ``policy`` on
+        ``eval_env`` and a final checkpoint (each only if none was made at these frames);
+        then :meth:`finish`. Returns the summary dict."""
+        from .evaluation import evaluate
+
+        if not self.stop_requested:
+            if not self.evals or self.evals[-1][0] != self.frames:
+                self.log_eval(self.frames, evaluate(eval_env, policy, seed=self.cfg.seed + EVAL_SEED_OFFSET))
+            if self._saved_frames != self.frames:
+                self.save()
+        return self.finish(policy, eval_env.reset()["observation"])
+
+    def finish(self, policy: Callable | None = None, example_obs: torch.Tensor | None = None) -> dict[str, Any]:
         """Ends the run: exports the policy, plots the curve, writes and prints the summary.
 
         After a stop request only the summary is written (the run is to be resumed).
@@ -332,8 +401,7 @@ class Run:
                 written["plot"] = str(curve)
             except Exception as err:  # a missing plot must not lose the run
                 print(f"warning: could not plot the learning curve: {err}", file=sys.stderr)
-        if (final_return is None or math.isnan(final_return)) and self.evals and not self.stop_requested:
-            final_return = self.evals[-1][1]  # e.g. a finished run resumed: its last evaluation
+        final_return = self.evals[-1][1] if self.evals else None
         summary = {
             "algo": self.algo, "env": self.cfg.env.name, "frames": self.frames,
             "final_eval_return": None if final_return is None or math.isnan(final_return) else final_return,
@@ -342,9 +410,30 @@ class Run:
             "stop_signal": self.stop_signal,
             "train_return": None if math.isnan(self._last_return) else self._last_return, "written": written,
         }
+        if self.total_frames != self.requested:
+            summary["note"] = (f"total_frames={self.requested} rounded up to {self.total_frames}: whole batches "
+                               f"of {self.frames_per_batch} frames")
         self._write_json("summary.json", summary)
         print(format_summary(summary), flush=True)
         return summary
+
+
+def run_meta(ckpt: Checkpoint) -> tuple[int, int, float, list[tuple[int, float]]]:
+    """``(frames, iteration, train_time, evals)`` of a run's checkpoint, checked: a one-line
+    :class:`CheckpointError` naming the file and the field otherwise."""
+    m, where = ckpt.meta, ckpt.path / "meta.json"
+    for key, kind in (("frames", int), ("iteration", int), ("train_time", float)):
+        value = m.get(key)
+        ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value < 0:
+            what = "an integer" if kind is int else "a number"
+            raise CheckpointError(f"{where}: {key!r} must be {what} >= 0, got {value!r}"
+                                  if key in m else f"{where}: {key!r} is missing")
+    evals = m.get("evals", [])
+    if not isinstance(evals, list) or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int)
+                                              and isinstance(e[1], (int, float)) for e in evals):
+        raise CheckpointError(f"{where}: 'evals' must be a list of [frames, return] pairs")
+    return m["frames"], m["iteration"], float(m["train_time"]), [(int(f), float(r)) for f, r in evals]
 
 
 def _float(v: float | torch.Tensor) -> float:
@@ -381,6 +470,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
         f"{head}: {s['algo']} on {s['env']}: {s['frames']} frames in {s['wall_time_s']:.1f} s "
         f"({s['frames_per_s']:.0f} frames/s), final eval return {ret_s}",
     ]
+    if s.get("note"):
+        lines.append(f"  ({s['note']})")
     for what, path in s["written"].items():
         lines.append(f"  {what:<11} {path}")
     if s.get("interrupted"):

@@ -20,7 +20,6 @@ update of the target critics; evaluate, checkpoint, log.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,10 @@ from steersman.objectives import SoftUpdate
 from steersman.objectives.sac import DiscreteSACLoss, SACLoss
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule
 
-from .checkpoint import seed_everything, set_rng_state
 from .config import CheckpointConfig, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
-from .envs import TRANSITION_KEYS, action_spec_unbatched, check_env_id, make_env
+from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
-from .run import Run, default_run_dir
+from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["SACConfig", "make_policy", "make_qvalue", "train"]
 
@@ -127,15 +125,7 @@ def make_qvalue(cfg: SACConfig, env: EnvBase) -> nn.Module:
 def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains SAC as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else SACConfig()
-    check_env_id(cfg.env.name)
-    seed_everything(cfg.seed)
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-
-    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
-                   max_episode_steps=cfg.env.max_episode_steps)
-    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
-                        max_episode_steps=cfg.env.max_episode_steps)
+    env, eval_env = setup(cfg)
     actor, qvalue = make_policy(cfg, env), make_qvalue(cfg, env)
     target_entropy = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
     if _discrete(env):
@@ -148,28 +138,14 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
     optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
-    collector = SyncDataCollector(env, actor, frames_per_batch=cfg.frames_per_batch,
-                                  total_frames=cfg.total_frames, init_random_frames=cfg.learning_starts)
-    episodes = EpisodeReturns()
     updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
-
-    run = Run("sac", cfg, run_dir if run_dir is not None else default_run_dir("sac"), resume=resume)
-
-    def state() -> dict[str, Any]:
-        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim": optim.state_dict(),
-                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
-
-    if (ckpt := run.restore()) is not None:
-        loss_fn.load_state_dict(ckpt.state["loss"])
-        optim.load_state_dict(ckpt.state["optim"])
-        collector.load_state_dict(ckpt.state["collector"])
-        episodes.load_state_dict(ckpt.state["episodes"])
-        if ckpt.replay_buffer_path is not None:
-            rb.loads(ckpt.replay_buffer_path)
-        set_rng_state(ckpt.state["rng"])
+    run = Run("sac", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
+    collector = SyncDataCollector(env, actor, frames_per_batch=cfg.frames_per_batch,
+                                  total_frames=run.total_frames, init_random_frames=cfg.learning_starts)
+    episodes = EpisodeReturns()
+    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes, buffer=rb)
 
     frames = run.frames
-    eval_return = math.nan
     metrics: dict[str, Any] = {}
     for batch in collector:
         frames += batch.numel()
@@ -189,19 +165,13 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
 
         run.log(frames, {"train/return": episodes.last_mean, **metrics})
         if run.eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        if run.checkpoint_due(frames) or run.stop_requested:
-            run.save(state(), replay_buffer=rb)
+            run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + EVAL_SEED_OFFSET))
+        if run.checkpoint_due(frames):
+            run.save()
         if run.stop_requested:
             break
     collector.shutdown()
-
-    if not run.stop_requested:
-        if run.final_eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        if run.final_save_due():
-            run.save(state(), replay_buffer=rb)
-    return run.finish(actor, eval_env.reset()["observation"], eval_return)
+    return run.wrap_up(actor, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,7 +17,6 @@ step and a soft update of the targets; evaluate, checkpoint, log.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,10 @@ from steersman.modules import MLP, Actor, AdditiveGaussianModule, ValueOperator
 from steersman.objectives import SoftUpdate, TD3Loss
 from steersman.tensordict.nn import TensorDictSequential
 
-from .checkpoint import seed_everything, set_rng_state
 from .config import CheckpointConfig, ConfigError, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
-from .envs import TRANSITION_KEYS, action_spec_unbatched, check_env_id, make_env
+from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
-from .run import Run, default_run_dir
+from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["TD3Config", "TanhBox", "action_box", "make_policy", "make_qvalue", "train"]
 
@@ -138,15 +136,7 @@ def make_qvalue(cfg: Any, env: EnvBase) -> ValueOperator:
 def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains TD3 as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else TD3Config()
-    check_env_id(cfg.env.name)
-    seed_everything(cfg.seed)
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-
-    env = make_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, compile=cfg.env.compile,
-                   max_episode_steps=cfg.env.max_episode_steps)
-    eval_env = make_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + 10_000,
-                        max_episode_steps=cfg.env.max_episode_steps)
+    env, eval_env = setup(cfg)
     actor, qvalue = make_policy(cfg, env), make_qvalue(cfg, env)
     box = action_box(env)
     sigma = cfg.exploration_noise * float((box.high - box.low).max()) / 2  # SB3: noise on the [-1, 1] scale
@@ -159,32 +149,16 @@ def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, re
     optim_actor = torch.optim.Adam(loss_fn.actor_network.parameters(), lr=cfg.optim.lr, fused=True)
     optim_critic = torch.optim.Adam(loss_fn.qvalue_network_params.parameters(), lr=cfg.optim.lr, fused=True)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
-    collector = SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch,
-                                  total_frames=cfg.total_frames, init_random_frames=cfg.learning_starts)
-    episodes = EpisodeReturns()
     updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
-    num_updates = 0
-
-    run = Run("td3", cfg, run_dir if run_dir is not None else default_run_dir("td3"), resume=resume)
-
-    def state() -> dict[str, Any]:
-        return {"policy": actor.state_dict(), "loss": loss_fn.state_dict(), "optim_actor": optim_actor.state_dict(),
-                "optim_critic": optim_critic.state_dict(), "num_updates": num_updates,
-                "collector": collector.state_dict(), "episodes": episodes.state_dict()}
-
-    if (ckpt := run.restore()) is not None:
-        loss_fn.load_state_dict(ckpt.state["loss"])
-        optim_actor.load_state_dict(ckpt.state["optim_actor"])
-        optim_critic.load_state_dict(ckpt.state["optim_critic"])
-        num_updates = ckpt.state["num_updates"]
-        collector.load_state_dict(ckpt.state["collector"])
-        episodes.load_state_dict(ckpt.state["episodes"])
-        if ckpt.replay_buffer_path is not None:
-            rb.loads(ckpt.replay_buffer_path)
-        set_rng_state(ckpt.state["rng"])
+    num_updates = torch.zeros((), dtype=torch.long)  # a tensor: checkpointed with the rest
+    run = Run("td3", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
+    collector = SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch,
+                                  total_frames=run.total_frames, init_random_frames=cfg.learning_starts)
+    episodes = EpisodeReturns()
+    run.track(policy=actor, loss=loss_fn, optim_actor=optim_actor, optim_critic=optim_critic,
+              num_updates=num_updates, collector=collector, episodes=episodes, buffer=rb)
 
     frames = run.frames
-    eval_return = math.nan
     metrics: dict[str, Any] = {}
     for batch in collector:
         frames += batch.numel()
@@ -210,19 +184,13 @@ def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, re
 
         run.log(frames, {"train/return": episodes.last_mean, **metrics})
         if run.eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        if run.checkpoint_due(frames) or run.stop_requested:
-            run.save(state(), replay_buffer=rb)
+            run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + EVAL_SEED_OFFSET))
+        if run.checkpoint_due(frames):
+            run.save()
         if run.stop_requested:
             break
     collector.shutdown()
-
-    if not run.stop_requested:
-        if run.final_eval_due(frames):
-            eval_return = run.log_eval(frames, evaluate(eval_env, actor, seed=cfg.seed + 10_000))
-        if run.final_save_due():
-            run.save(state(), replay_buffer=rb)
-    return run.finish(actor, eval_env.reset()["observation"], eval_return)
+    return run.wrap_up(actor, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -137,6 +137,7 @@ def test_stop_signals_become_a_stop_request(tmp_path, sig):
     SIGINT interrupts at once; ``finish`` restores the previous handlers."""
     before = signal.getsignal(sig)
     run = Run("ppo", tiny_config("ppo"), tmp_path / "run")
+    run.track()
     assert not run.stop_requested
     os.kill(os.getpid(), sig)
     assert run.stop_requested and run.stop_signal == sig
@@ -163,6 +164,6 @@ def test_ppo_compile_matches_eager(tmp_path):
 
 @pytest.mark.parametrize("field", ["epochs", "n_steps", "minibatch_size"])
 def test_ppo_counts_below_one_are_a_config_error(field, tmp_path):
-    with pytest.raises(ConfigError, match=f"{field} must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match=f"{field} must be an integer >= 1, got 0"):
         get_recipe("ppo").train(tiny_config("ppo", **{field: 0}), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing written
