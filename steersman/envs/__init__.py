@@ -5,7 +5,7 @@ from typing import Any
 
 from . import libs as _libs
 from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
-from .common import EnvBase, EnvClosedError
+from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
 from .libs import GymEnv, GymWrapper, space_to_spec
 from .native import (
     AcrobotEnv,
@@ -23,6 +23,8 @@ from .utils import check_env_specs, next_seed, step_mdp
 __all__ = [
     "EnvBase",
     "EnvClosedError",
+    "InvalidActionError",
+    "action_problem",
     "step_mdp",
     "check_env_specs",
     "next_seed",

@@ -24,8 +24,22 @@ Helpers for subclasses and wrappers (stable names): ``_reset_mask(td)`` (the val
 (hook called once by ``close``), ``_step_mdp(td)`` (``step_mdp`` with the env's keys,
 precomputed), ``_hot_plan()`` (the keys used on every step: ``action_keys``,
 ``reward_keys``, ``done_keys``, ``reset_from`` = the ``done`` entries whose OR is the
-auto-reset mask), ``_check_action(td)`` (what ``step(check=True)`` runs), and the
+auto-reset mask), ``_check_action(td)`` (what ``step(check=True)`` runs),
+``_action_guard(td)`` (the default-on check of the ``check`` flag, see below), and the
 spec Composites ``_full_{observation,action,reward,done,state}_spec``.
+
+Out-of-spec actions: every env refuses them by default (``env.check = True``, a
+constructor argument of the built-in envs) with an :class:`InvalidActionError` (a
+``ValueError``) naming the env, the action key, the spec and the offending values, and
+leaves the env unchanged (state, step counters, RNG). The check costs one reduction per
+step and batch (:func:`action_problem`): discrete actions (``Categorical``, ``OneHot``,
+``MultiCategorical``, ``MultiOneHot``, ``Binary``, integer ``Bounded``) must be in the
+spec; continuous actions must not be NaN, and values outside a ``Bounded`` spec's bounds
+are passed on (TorchRL's and Gymnasium's semantics: the env clips or applies them, e.g.
+Pendulum clips the torque), use ``step(td, check=True)`` (every spec property, bounds
+included) or ``spec.project`` for strict bounds. ``env.check = False`` skips it; it is also
+skipped inside ``torch.compile``-traced code. Envs that check inside ``_step`` themselves
+(the native and Gymnasium envs) override ``_action_guard`` with a no-op.
 """
 
 from __future__ import annotations
@@ -36,13 +50,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from steersman.data import Categorical, Composite, TensorSpec, Unbounded
+from steersman.data import Categorical, Composite, NonTensor, TensorSpec, Unbounded
+from steersman.data.specs.base import first_index
 from steersman.tensordict import TensorDict, TensorDictBase, lazy_stack
 from steersman.tensordict._utils import NestedKey
 
 from ._mdp import _any_done, _step_mdp_fast, next_seed, step_mdp
 
-__all__ = ["EnvBase", "EnvClosedError"]
+__all__ = ["EnvBase", "EnvClosedError", "InvalidActionError", "action_problem"]
 
 
 class EnvClosedError(RuntimeError):
@@ -58,6 +73,88 @@ class EnvClosedError(RuntimeError):
         ...     print(str(err).split(":")[0])
         CartPoleEnv is closed
     """
+
+
+class InvalidActionError(ValueError):
+    """Raised by ``step`` for an action outside the env's action spec; the env is unchanged.
+
+    Example:
+        >>> import torch
+        >>> from steersman.envs import CartPoleEnv, InvalidActionError
+        >>> env = CartPoleEnv(seed=0)
+        >>> td = env.reset()
+        >>> td["action"] = torch.tensor(5)
+        >>> try:
+        ...     env.step(td)
+        ... except InvalidActionError as err:
+        ...     print(str(err).split(" is outside")[0])
+        CartPoleEnv.step: action 'action' = 5
+    """
+
+
+def action_problem(spec: TensorSpec, val: Any) -> str | None:
+    """Why ``val`` is not an action ``spec`` allows, or None; one reduction when it is.
+
+    Discrete specs (``Categorical``, ``OneHot``, ``MultiCategorical``, ``MultiOneHot``,
+    ``Binary``, integer ``Bounded``/``Unbounded``): the values must be in the spec (range,
+    one-hot, mask), and floating values must be whole numbers. Floating specs: no NaN;
+    values outside the bounds are allowed (the env clips or applies them, as Gymnasium's
+    and TorchRL's envs do). Non-tensor values and shapes are left to the env's ``_step``.
+
+    Example:
+        >>> import torch
+        >>> from steersman.data import Bounded, Categorical
+        >>> from steersman.envs import action_problem
+        >>> action_problem(Categorical(2), torch.tensor(1)) is None
+        True
+        >>> action_problem(Categorical(2), torch.tensor(5))
+        '1 of 1 value(s) out of range [0, 2); first at index (): 5'
+        >>> action_problem(Bounded(-2.0, 2.0, shape=(1,)), torch.tensor([3.0])) is None
+        True
+        >>> action_problem(Bounded(-2.0, 2.0, shape=(1,)), torch.tensor([float("nan")]))
+        '1 of 1 value(s) are NaN; first at index (0,)'
+    """
+    if not isinstance(val, Tensor) or isinstance(spec, NonTensor) or spec.dtype is None:
+        return None
+    floating = val.is_floating_point()
+    if spec.dtype.is_floating_point or spec.dtype.is_complex:
+        if floating and bool(torch.isnan(val).any()):
+            nan = torch.isnan(val)
+            return f"{int(nan.sum())} of {nan.numel()} value(s) are NaN; first at index {first_index(nan)}"
+        return None
+    if val.is_complex():
+        return f"complex values (dtype {val.dtype}) for a discrete spec"
+    if floating:
+        whole = val == torch.trunc(val)
+        if not bool(whole.all()):
+            i = first_index(~whole)
+            return f"value {val[i].item()} at index {i} is not a whole number (the spec is discrete)"
+    try:
+        spec = spec._on(val.device)
+        if spec._values_in(val):
+            return None
+        return spec._values_report(val) or "invalid values"
+    except RuntimeError:  # a shape the spec cannot compare with: the env's _step reports it
+        return None
+
+
+def _show(val: Tensor) -> str:
+    """A short rendering of an action's values for error messages."""
+    if val.numel() == 1:
+        return repr(val.item())
+    if val.numel() <= 8:
+        return str(val.tolist())
+    return f"<tensor of shape {list(val.shape)}>"
+
+
+def invalid_action(env: EnvBase, key: NestedKey, spec: TensorSpec, val: Tensor, reason: str
+                   ) -> InvalidActionError:
+    """The :class:`InvalidActionError` of ``env`` for the action ``val`` at ``key``."""
+    return InvalidActionError(
+        f"{env._label()}.step: action {key!r} = {_show(val)} is outside the action spec {spec!r}: "
+        f"{reason}. The env was not stepped (its state is unchanged); spec.project(action) "
+        "maps an action into the spec, env.check = False skips this check"
+    )
 
 
 def _as_device(device: Any) -> torch.device:
@@ -104,6 +201,8 @@ class EnvBase:
         device: where the env's tensors live (default CPU).
         batch_size: the env's batch shape (``[]`` for a single env, ``[n]`` for ``n``
             sub-envs, any number of dims).
+        check: refuse actions outside the action spec (default True; the attribute
+            ``env.check`` can be changed later): see the module docstring.
 
     Specs (set in the subclass's ``__init__``; every spec's shape starts with
     ``batch_size``): ``observation_spec`` (a :class:`Composite`), ``action_spec`` (a leaf
@@ -160,7 +259,8 @@ class EnvBase:
     #: sub-envs that a partial reset leaves alone (skips the merge in ``reset``).
     _handles_partial_reset: bool = False
 
-    def __init__(self, *, device: Any = None, batch_size: Any = None) -> None:
+    def __init__(self, *, device: Any = None, batch_size: Any = None, check: bool = True) -> None:
+        self.check = bool(check)
         self._device = _as_device(device)
         self._batch_size = _as_batch_size(batch_size)
         self._is_closed = False
@@ -412,8 +512,11 @@ class EnvBase:
         done_only = [k for k in done_keys if (k if type(k) is str else k[-1]) == "done"] or done_keys
         excl_root = ["next", "_reset", *action_keys, *reward_keys]
         simple = all(type(k) is str for k in excl_root)
+        checked = [(k, s) for k, s in self._full_action_spec.items(include_nested=True, leaves_only=True)
+                   if not isinstance(s, NonTensor)]
         plan = {
             "action_keys": action_keys,
+            "checked_actions": checked,
             "reward_keys": reward_keys,
             "done_keys": done_keys,
             "reset_from": done_only,
@@ -565,18 +668,36 @@ class EnvBase:
                 )
             reason = spec._check(val)
             if reason is not None:
-                raise ValueError(
-                    f"{type(self).__name__}.step: action {key!r} is not in the action spec {spec!r}: "
-                    f"{reason} (spec.project(action) maps it into the spec)"
-                )
+                raise invalid_action(self, key, spec, val, reason)
+
+    def _label(self) -> str:
+        """How error messages name this env."""
+        return type(self).__name__
+
+    def _action_guard(self, tensordict: TensorDictBase) -> None:
+        """Raises :class:`InvalidActionError` if an action entry is outside its spec
+        (:func:`action_problem`), when ``self.check`` is on; called by ``step`` before
+        ``_step``. Envs that check in ``_step`` themselves override it with a no-op."""
+        if not self.check or torch.compiler.is_compiling():
+            return
+        for key, spec in self._hot_plan()["checked_actions"]:
+            val = tensordict.get(key, None)
+            reason = action_problem(spec, val)
+            if reason is not None:
+                raise invalid_action(self, key, spec, val, reason)
 
     def step(self, tensordict: TensorDictBase, check: bool = False) -> TensorDictBase:
         """Takes one step with the action(s) in ``tensordict``; writes ``tensordict["next"]``.
 
         Args:
             tensordict: holds the action(s) (and state entries, for stateless envs).
-            check: validate the action against ``action_spec`` first (shape, dtype,
-                bounds); off by default: the step does no validation.
+            check: validate the action against every property of ``action_spec`` first
+                (shape, dtype kind, continuous bounds too). Independently, with
+                ``env.check`` on (the default) out-of-spec actions are refused (see the
+                module docstring).
+
+        Raises:
+            InvalidActionError: an action outside the action spec (the env is unchanged).
 
         Returns: ``tensordict`` itself, with a new ``"next"`` entry.
         """
@@ -584,6 +705,7 @@ class EnvBase:
             self._assert_open()
         if check:
             self._check_action(tensordict)
+        self._action_guard(tensordict)
         next_td = self._step(tensordict)
         if type(tensordict) is TensorDict:
             root = tensordict._tensordict

@@ -7,7 +7,7 @@ import torch
 
 from steersman import TensorDict
 from steersman.data import Bounded, Categorical, Composite, OneHot, Unbounded
-from steersman.envs import EnvBase, EnvClosedError, check_env_specs, step_mdp
+from steersman.envs import EnvBase, EnvClosedError, InvalidActionError, check_env_specs, step_mdp
 from steersman.envs.utils import next_seed
 
 
@@ -241,8 +241,9 @@ def test_step_check_flag():
     env = CountEnv(batch_size=[2])
     td = env.reset()
     td["action"] = torch.tensor([[1.0], [5.0]])
-    env.step(td)  # unchecked by default
-    with pytest.raises(ValueError, match=r"action 'action' is not in the action spec Bounded.*5\.0"):
+    env.step(td)  # continuous bounds: not checked by default
+    with pytest.raises(InvalidActionError, match=r"CountEnv.step: action 'action' = \[\[1\.0\], \[5\.0\]\] is outside"
+                       r" the action spec Bounded.*5\.0 is not in \[0\.0, 2\.0\]"):
         env.step(td, check=True)
     td["action"] = torch.ones(2, 2)
     with pytest.raises(ValueError, match=r"has shape \[2, 2\]"):

@@ -24,7 +24,7 @@ from steersman.data import (  # noqa: E402
     OneHot,
     Unbounded,
 )
-from steersman.envs import EnvBase, check_env_specs, step_mdp  # noqa: E402
+from steersman.envs import EnvBase, InvalidActionError, check_env_specs, step_mdp  # noqa: E402
 from steersman.envs.common import EnvClosedError  # noqa: E402
 from steersman.envs.libs import GymEnv, GymWrapper, space_to_spec  # noqa: E402
 from steersman.envs.libs.gym import _import_gymnasium  # noqa: E402
@@ -537,7 +537,8 @@ class DiscreteRecorder(gym.Env):
 def test_discrete_actions_reach_gymnasium_as_space_elements(cae, start):
     """Index ``j`` of a ``Discrete(n, start)`` action arrives as ``start + j``, of the type
     Gymnasium's ``space.sample()`` gives (a numpy integer of ``space.dtype``); a categorical
-    index out of range is not wrapped around (Gymnasium rejects it)."""
+    index out of range is refused (``check``) or, unchecked, not wrapped around (Gymnasium
+    rejects it)."""
     env = GymWrapper(DiscreteRecorder(start), categorical_action_encoding=cae)
     td = env.reset(seed=0)
     for j in (2, 0, 1):
@@ -547,14 +548,21 @@ def test_discrete_actions_reach_gymnasium_as_space_elements(cae, start):
     assert got == [start + 2, start, start + 1]
     assert all(type(a) is type(env.env.action_space.sample()) for a in got)
     if cae:
-        for j in (-1, 3, 1.0):
+        for j in (-1, 3, 1.0, 1.5):
             td["action"] = torch.tensor(j)
-            if j == 1.0:  # a float index is truncated to int, as int(x) does
+            if j == 1.0:  # a whole float index is the int index
                 env.step(td)
                 assert got[-1] == start + 1
             else:
-                with pytest.raises(AssertionError):
+                n = len(got)
+                with pytest.raises(InvalidActionError, match=rf"action 'action' = {j} is outside .*Categorical"):
                     env.step(td)
+                assert len(got) == n  # nothing reached Gymnasium
+                if j != 1.5:
+                    env.check = False
+                    with pytest.raises(AssertionError):
+                        env.step(td)
+                    env.check = True
 
 
 def test_wrong_action_shape_continuous():
@@ -569,8 +577,14 @@ def test_action_out_of_spec_with_check():
     env = GymEnv("CartPole-v1", categorical_action_encoding=True)
     td = env.reset()
     td["action"] = torch.tensor(5)
-    with pytest.raises(ValueError, match="not in the action spec"):
+    with pytest.raises(InvalidActionError, match=r"GymEnv\('CartPole-v1'\).step: action 'action' = 5 is outside"):
         env.step(td, check=True)
+    pend = GymEnv("Pendulum-v1")
+    td = pend.reset(seed=0)
+    td["action"] = torch.tensor([3.0])
+    pend.step(td)  # out of the bounds: passed on, Gymnasium's Pendulum clips it
+    with pytest.raises(InvalidActionError, match=r"out of bounds.*3\.0 is not in \[-2\.0, 2\.0\]"):
+        pend.step(td, check=True)  # the strict check enforces the bounds
 
 
 def test_closed_env():

@@ -19,6 +19,7 @@ from steersman.envs import (
     CartPoleEnv,
     EnvClosedError,
     GridWorldEnv,
+    InvalidActionError,
     MountainCarContinuousEnv,
     MountainCarEnv,
     NativeEnv,
@@ -579,8 +580,8 @@ def test_check_flag_validates_action_values():
     env = PendulumEnv(batch_size=[3], seed=0)
     td = env.reset()
     td["action"] = torch.tensor([[0.5], [3.0], [-1.0]])
-    env.step(td)  # off by default: out-of-range torques are clipped by the dynamics
-    with pytest.raises(ValueError, match=r"not in the action spec Bounded.*3\.0"):
+    env.step(td)  # out-of-range torques pass the default check: the dynamics clip them
+    with pytest.raises(InvalidActionError, match=r"outside the action spec Bounded.*3\.0 is not in"):
         env.step(td, check=True)
     td["action"] = env.action_spec.project(td["action"])
     env.step(td, check=True)

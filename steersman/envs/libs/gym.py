@@ -72,7 +72,7 @@ from steersman.data import (
 )
 from steersman.tensordict import TensorDict, TensorDictBase
 
-from ..common import EnvBase
+from ..common import EnvBase, action_problem, invalid_action
 
 if TYPE_CHECKING:  # pragma: no cover
     import gymnasium
@@ -360,16 +360,20 @@ def _discrete_values(space: Any) -> list[np.integer]:
 
 
 def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
-                      to_numpy: bool) -> Callable[[Any], Any]:
+                      to_numpy: bool, owner: Any = None) -> Callable[[Any], Any]:
     """A function: the action entry (a tensor, or a TensorDict for Dict/Tuple spaces)
-    -> what ``gym_env.step`` takes. Checks the shape only (cheap); values are not checked."""
+    -> what ``gym_env.step`` takes. Checks the shape; with ``owner`` (the env, for the
+    error message) also the values (:func:`~steersman.envs.common.action_problem`: a
+    discrete value outside the spec, a NaN; continuous values outside the bounds go to
+    Gymnasium). The checks run before anything is sent to Gymnasium."""
     gym = _import_gymnasium()
     spaces = gym.spaces
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
         is_dict = isinstance(space, spaces.Dict)
         items = list(space.spaces.items()) if is_dict else list(enumerate(space.spaces))
         subs = [
-            (k, str(k), _action_converter(sub, spec[str(k)], (*_as_tuple(key), str(k)), vector, to_numpy))
+            (k, str(k), _action_converter(sub, spec[str(k)], (*_as_tuple(key), str(k)), vector, to_numpy,
+                                          owner))
             for k, sub in items
         ]
         if is_dict:
@@ -381,6 +385,7 @@ def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
         )
     shape = spec.shape
     dtype = spec.dtype
+    check = owner is not None
 
     def bad(a: Any) -> ValueError:
         return ValueError(
@@ -389,18 +394,29 @@ def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
             f"{list(shape)}"
         )
 
+    def refuse(a: Tensor) -> None:
+        """Raises the InvalidActionError of ``a`` if its values are not in the spec."""
+        reason = action_problem(spec, a)
+        if reason is not None:
+            raise invalid_action(owner, key, spec, a, reason)
+
     if not to_numpy:
         def conv_raw(a: Tensor) -> Tensor:
             if a.shape != shape:
                 raise bad(a)
+            if check:
+                refuse(a)
             return a
         return conv_raw
     start = _start_of(space)
+    unmasked = getattr(spec, "mask", None) is None
     if isinstance(spec, OneHot):
-        if vector:
+        if vector or not unmasked:
             def conv_oh_vec(a: Tensor) -> np.ndarray:
                 if a.shape != shape:
                     raise bad(a)
+                if check:
+                    refuse(a)
                 return _to_numpy(a).argmax(-1) + start
             return conv_oh_vec
 
@@ -411,9 +427,11 @@ def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
             v = a.tolist()  # cheaper than .numpy().argmax() for one small vector
             if type(v) is not list or len(v) != n or type(v[0]) is list:  # shape != [n]
                 raise bad(a)
+            if check and (v.count(1) != 1 or v.count(0) != n - 1):  # True == 1, 1.0 == 1
+                refuse(a)
             return values[v.index(max(v))]
         return conv_oh
-    if isinstance(spec, Categorical) and not vector and not shape:
+    if isinstance(spec, Categorical) and not vector and not shape and unmasked:
         by_index = dict(enumerate(_discrete_values(space)))
 
         def conv_cat(a: Tensor) -> Any:
@@ -421,12 +439,18 @@ def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
                 raise bad(a)
             x = a.item()
             v = by_index.get(x)  # hash(1.0) == hash(True) == hash(1): same as int(x)
-            return v if v is not None else int(x) + start  # out of range: Gymnasium raises
+            if v is not None:
+                return v
+            if check:
+                refuse(a)
+            return int(x) + start  # out of range, unchecked: Gymnasium raises
         return conv_cat
     if isinstance(spec, MultiOneHot):
         def conv_moh(a: Tensor) -> np.ndarray:
             if a.shape != shape:
                 raise bad(a)
+            if check:
+                refuse(a)
             return spec.to_numpy(a) + start
         return conv_moh
     has_start = isinstance(start, np.ndarray) or start != 0
@@ -435,6 +459,8 @@ def _action_converter(space: Any, spec: TensorSpec, key: Any, vector: bool,
     def conv(a: Tensor) -> np.ndarray:
         if a.shape != shape:
             raise bad(a)
+        if check:
+            refuse(a)
         if a.dtype is not dtype:
             a = a.to(dtype)
         out = _to_numpy(a)
@@ -476,15 +502,25 @@ class GymWrapper(EnvBase):
             (the step that ignores its action) is never sent, except by a vector env
             without partial resets, whose finished sub-envs are then reset by
             Gymnasium within that step.
+        check: refuse actions outside the action spec (default True; ``env.check``)
+            with an :class:`~steersman.envs.InvalidActionError` naming the env, the key,
+            the spec and the values, before anything reaches Gymnasium: a ``Discrete``
+            index outside ``[0, n)`` (or a vector that is not one-hot), ``MultiDiscrete``
+            / ``MultiBinary`` values outside the space, NaN in a ``Box`` action. ``Box``
+            values outside the bounds are passed on, as in TorchRL: Gymnasium's envs
+            clip them (Pendulum, MountainCarContinuous, Box2D) or apply them (MuJoCo);
+            ``step(td, check=True)`` or ``spec.project`` enforce the bounds. The checks
+            cost a few list operations per step (a single one-hot or index action) or
+            one reduction.
 
     Observation keys: ``"observation"`` (``Dict`` spaces: their keys), plus ``"pixels"``.
     Seeding: ``set_seed(s)`` seeds the next reset: ``env.reset(seed=s)`` for a single
     env, ``seed=[s, s+1, ...]`` for the sub-envs of a vector env (Gymnasium's
     convention); ``reset(seed=s)`` does the same at once.
 
-    The step does no spec validation (use ``env.step(td, check=True)``); only the action
-    shape is checked. Outputs are fresh tensors at every step (written into
-    preallocated memory, never reused). Gymnasium's ``info`` dicts are not read.
+    The step checks the action's shape and values (``check``); ``env.step(td,
+    check=True)`` also checks dtypes and bounds. Outputs are fresh tensors at every step
+    (written into preallocated memory, never reused). Gymnasium's ``info`` dicts are not read.
     ``env.env`` is the wrapped Gymnasium env, ``env.render()`` its ``render()``,
     ``env.autoreset_mode`` the vector env's autoreset mode.
 
@@ -523,6 +559,7 @@ class GymWrapper(EnvBase):
         batch_size: Any = None,
         convert_actions_to_numpy: bool = True,
         auto_reset: bool = True,
+        check: bool = True,
     ) -> None:
         gym = _import_gymnasium()
         is_vec = isinstance(env, gym.vector.VectorEnv)
@@ -542,7 +579,7 @@ class GymWrapper(EnvBase):
                     f"GymWrapper: batch_size={list(given)} does not match the wrapped env "
                     f"({what}: batch size {list(inferred)})"
                 )
-        super().__init__(device=device, batch_size=inferred)
+        super().__init__(device=device, batch_size=inferred, check=check)
         self.categorical_action_encoding = bool(categorical_action_encoding)
         self.from_pixels = bool(from_pixels)
         self.pixels_only = bool(pixels_only)
@@ -648,8 +685,10 @@ class GymWrapper(EnvBase):
         self.action_spec = aspec if not isinstance(aspec, Composite) else Composite(
             action=aspec, shape=bs, device=dev
         )
-        self._act_conv = _action_converter(act_space, aspec, "action", self._is_vec,
-                                           self.convert_actions_to_numpy)
+        self._act_conv_checked = _action_converter(act_space, aspec, "action", self._is_vec,
+                                                   self.convert_actions_to_numpy, self)
+        self._act_conv_unchecked = _action_converter(act_space, aspec, "action", self._is_vec,
+                                                     self.convert_actions_to_numpy)
         self._act_composite = isinstance(aspec, Composite)
         self.reward_spec = Unbounded(shape=(*bs, 1), device=dev, dtype=torch.float32)
         # preallocated rows: obs leaves (not "encode"), then reward, done, terminated, truncated
@@ -694,6 +733,14 @@ class GymWrapper(EnvBase):
         return self
 
     # ------------------------------------------------------------------ helpers
+    def _label(self) -> str:
+        spec = getattr(self._env, "spec", None)
+        env_id = getattr(spec, "id", None)
+        return f"{type(self).__name__}({env_id!r})" if env_id else type(self).__name__
+
+    def _action_guard(self, tensordict: TensorDictBase) -> None:
+        """No-op: ``_step`` checks the action while converting it for Gymnasium."""
+
     def _render_frames(self, reset: bool = False) -> np.ndarray:
         env = self._env
         if reset:
@@ -896,7 +943,7 @@ class GymWrapper(EnvBase):
                 {self._obs_name: o, "reward": r, "done": d, "terminated": te, "truncated": tr},
                 self._batch_size, self._device,
             )
-        action = self._act_conv(a)
+        action = (self._act_conv_checked if self.check else self._act_conv_unchecked)(a)
         if self._pending_any:
             self._before_step()
         env = self._env
@@ -936,7 +983,8 @@ class GymWrapper(EnvBase):
     def _fast_step(self, a: Tensor) -> tuple[Tensor, ...]:
         """Steps with the action tensor ``a``; returns the row of fresh output tensors
         ``(observation, reward, done, terminated, truncated)``."""
-        action = self._act_conv(a)  # first: a bad action raises before anything changes
+        # first: a bad action raises before anything changes
+        action = (self._act_conv_checked if self.check else self._act_conv_unchecked)(a)
         if self._pending_any:
             self._before_step()
         obs, rew, term, trunc, _ = self._env.step(action)
@@ -1125,7 +1173,7 @@ class GymEnv(GymWrapper):
             is wrapped to do so).
         **kwargs: :class:`GymWrapper` arguments (``categorical_action_encoding``,
             ``from_pixels``, ``pixels_only``, ``device``, ``batch_size``,
-            ``convert_actions_to_numpy``, ``auto_reset``); the others go to
+            ``convert_actions_to_numpy``, ``auto_reset``, ``check``); the others go to
             ``gymnasium.make`` / ``make_vec`` (``max_episode_steps``, ``render_mode``,
             env arguments). ``from_pixels=True`` sets ``render_mode="rgb_array"``.
 
@@ -1149,7 +1197,7 @@ class GymEnv(GymWrapper):
 
     _WRAPPER_KEYS = (
         "categorical_action_encoding", "from_pixels", "pixels_only", "device", "batch_size",
-        "convert_actions_to_numpy", "auto_reset",
+        "convert_actions_to_numpy", "auto_reset", "check",
     )
 
     def __init__(

@@ -37,10 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from steersman.data import Categorical
 from steersman.tensordict import TensorDict, TensorDictBase
 
 from .._mdp import _splitmix64
-from ..common import EnvBase
+from ..common import EnvBase, action_problem, invalid_action
 
 __all__ = ["NativeEnv", "draw_uniforms", "fused_step", "mix32", "make_offsets", "int_consts", "tensor_consts"]
 
@@ -280,6 +281,11 @@ class NativeEnv(EnvBase):
             happen inside the compiled graph. Alternatively compile the methods
             themselves: ``torch.compile(env.step_and_maybe_reset, fullgraph=True)``
             traces TensorDicts in and out as one graph.
+        check: refuse actions outside the action spec (default True; ``env.check``):
+            a discrete action outside ``[0, n)`` (or not one-hot), or a NaN torque,
+            raises :class:`~steersman.envs.InvalidActionError` before anything changes.
+            One reduction per step (``aminmax``); skipped inside ``torch.compile``-traced
+            code. Torques outside their bounds are clipped, as in Gymnasium.
 
     State: ``get_state()`` returns the named state components (``[*batch]`` each) and
     ``"step_count"``; ``set_state(...)`` overwrites them (e.g. to replay a Gymnasium
@@ -324,8 +330,9 @@ class NativeEnv(EnvBase):
         seed: int | None = None,
         compile: bool | dict = False,
         params: Any = None,
+        check: bool = True,
     ) -> None:
-        super().__init__(device=device, batch_size=batch_size)
+        super().__init__(device=device, batch_size=batch_size, check=check)
         if not dtype.is_floating_point:
             raise TypeError(f"{type(self).__name__}: dtype must be a floating dtype, got {dtype}")
         self._dtype = dtype
@@ -372,7 +379,10 @@ class NativeEnv(EnvBase):
         self._eager_consts()
         self._categorical = True
         self._make_specs()
-        self._action_shape = self.action_spec.shape
+        spec = self.action_spec
+        # the action check's fast path: an unmasked Categorical is a range check
+        self._check_n = spec.n if isinstance(spec, Categorical) and spec.mask is None else None
+        self._action_shape = spec.shape
         self._action_dtypes = self._allowed_action_dtypes()
         self._excl_root = frozenset(("next", "_reset", "action", "reward"))
         self._set_seed(seed)
@@ -562,9 +572,34 @@ class NativeEnv(EnvBase):
             )
         if action.shape != self._action_shape or action.dtype not in self._action_dtypes:
             self._bad_action(action)
+        if self.check and not torch.compiler.is_compiling():
+            self._refuse_out_of_spec(action)
         if not self._categorical:
             action = action.to(torch.int32).argmax(-1)
         return action
+
+    def _action_guard(self, tensordict: TensorDictBase) -> None:
+        """No-op: ``_step`` checks the action itself (see ``_refuse_out_of_spec``)."""
+
+    def _refuse_out_of_spec(self, action: Tensor) -> None:
+        """Raises :class:`InvalidActionError` if ``action`` (of valid shape and dtype) is
+        outside the action spec; one reduction."""
+        n = self._check_n
+        if n is not None:
+            if action.ndim == 0:
+                x = action.item()
+                if 0 <= x < n:
+                    return
+            elif not action.numel():
+                return
+            else:
+                lo, hi = torch.aminmax(action)
+                if lo.item() >= 0 and hi.item() < n:
+                    return
+        spec = self.action_spec
+        reason = action_problem(spec, action)
+        if reason is not None:
+            raise invalid_action(self, "action", spec, action, reason)
 
     def _bad_action(self, action: Any) -> None:
         allowed = sorted(str(d).replace("torch.", "") for d in self._action_dtypes)

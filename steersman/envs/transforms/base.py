@@ -771,7 +771,7 @@ class TransformedEnv(EnvBase):
         d["_spec_src"] = None
         d["_structure_version"] = 0
         d["_initialized"] = False
-        super().__init__(device=env.device, batch_size=env.batch_size)
+        super().__init__(device=env.device, batch_size=env.batch_size, check=env.check)
         t = Compose() if transform is None else transform
         t._set_container(self)
         d["_transform"] = t
@@ -783,6 +783,23 @@ class TransformedEnv(EnvBase):
             raise
 
     # ------------------------------------------------------------------ structure
+    @property
+    def check(self) -> bool:
+        """The base env's ``check`` flag (out-of-spec actions refused); setting it sets
+        the base env's."""
+        return self._base_env.check
+
+    @check.setter
+    def check(self, value: bool) -> None:
+        self._base_env.check = bool(value)
+
+    def _action_guard(self, tensordict: TensorDictBase) -> None:
+        """Checks the actions against the transformed action spec when an inverse
+        transform maps them (a bad value could fail inside it); otherwise they reach the
+        base env unchanged and its own check (in ``_step``) names it."""
+        if self.__dict__["_has_inv"]:
+            EnvBase._action_guard(self, tensordict)
+
     @property
     def base_env(self) -> EnvBase:
         """The wrapped env."""
@@ -924,8 +941,10 @@ class TransformedEnv(EnvBase):
         if d["_specs_dirty"]:
             self._compute_specs()
         chain = d["_chain"]
+        base = self._base_env
         if not d["_has_inv"]:
-            next_td = self._base_env._step(tensordict)
+            base._action_guard(tensordict)
+            next_td = base._step(tensordict)
             preset = tensordict.get("next", None)
             if preset is not None:  # entries the policy wrote under "next": transforms see them
                 keep_preset_next(preset, next_td)
@@ -940,7 +959,8 @@ class TransformedEnv(EnvBase):
             levels[i] = cur
             if flags[i]:
                 cur = chain[i]._inv_call(cur.copy())
-        next_td = self._base_env._step(cur)
+        base._action_guard(cur)
+        next_td = base._step(cur)
         preset = tensordict.get("next", None)
         if preset is not None:
             keep_preset_next(preset, next_td)
