@@ -6,7 +6,7 @@ from typing import Any
 from . import libs as _libs
 from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
 from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
-from .libs import GymEnv, GymWrapper, space_to_spec
+from .libs import GymDependencyError, GymEnv, GymWrapper, space_to_spec
 from .native import (
     AcrobotEnv,
     CartPoleEnv,
@@ -37,6 +37,7 @@ __all__ = [
     "GridWorldEnv",
     "GymEnv",
     "GymWrapper",
+    "GymDependencyError",
     "space_to_spec",
     "SerialEnv",
     "ParallelEnv",

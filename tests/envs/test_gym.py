@@ -26,7 +26,7 @@ from steersman.data import (  # noqa: E402
 )
 from steersman.envs import EnvBase, InvalidActionError, check_env_specs, step_mdp  # noqa: E402
 from steersman.envs.common import EnvClosedError  # noqa: E402
-from steersman.envs.libs import GymEnv, GymWrapper, space_to_spec  # noqa: E402
+from steersman.envs.libs import GymDependencyError, GymEnv, GymWrapper, space_to_spec  # noqa: E402
 from steersman.envs.libs.gym import _import_gymnasium  # noqa: E402
 from steersman.tensordict import TensorDict  # noqa: E402
 
@@ -478,6 +478,20 @@ def test_from_pixels_needs_rgb_array(headless):
 
 
 # ---------------------------------------------------------------------- bad input
+def test_missing_optional_dependency_names_the_extra(monkeypatch):
+    """LunarLander needs Box2D: one ImportError naming the extra, not Gymnasium's own error."""
+    import importlib.util
+
+    if importlib.util.find_spec("Box2D") is not None:  # installed here: fail as Gymnasium does without it
+        def make(*args, **kwargs):
+            raise gym.error.DependencyNotInstalled("Box2D is not installed")
+        monkeypatch.setattr(gym, "make", make)
+    with pytest.raises(GymDependencyError, match=r"GymEnv\('LunarLander-v3'\).*pip install \"gymnasium\[box2d\]\"") as info:
+        GymEnv("LunarLander-v3")
+    assert isinstance(info.value, ImportError)
+    assert isinstance(info.value.__cause__, gym.error.DependencyNotInstalled)
+
+
 def test_unknown_id():
     with pytest.raises(ValueError) as info:
         GymEnv("CartPol-v1")

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gym import GYM_EXTRA_HINT, GymEnv, GymWrapper, gymnasium_available, space_to_spec
+from .gym import (
+    GYM_EXTRA_HINT,
+    GymDependencyError,
+    GymEnv,
+    GymWrapper,
+    gymnasium_available,
+    space_to_spec,
+)
 
 __all__ = [
     "GymEnv",
     "GymWrapper",
+    "GymDependencyError",
     "space_to_spec",
     "gymnasium_available",
     "GYM_EXTRA_HINT",

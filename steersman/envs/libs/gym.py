@@ -77,7 +77,10 @@ from ..common import EnvBase, action_problem, invalid_action
 if TYPE_CHECKING:  # pragma: no cover
     import gymnasium
 
-__all__ = ["GymWrapper", "GymEnv", "space_to_spec", "gymnasium_available", "GYM_EXTRA_HINT"]
+__all__ = [
+    "GymWrapper", "GymEnv", "space_to_spec", "gymnasium_available", "GYM_EXTRA_HINT",
+    "GymDependencyError",
+]
 
 #: how to install the optional Gymnasium dependency.
 GYM_EXTRA_HINT = "pip install 'steersman[gym]'"
@@ -1154,13 +1157,38 @@ def _unknown_id(env_name: str, err: Exception) -> ValueError:
     )
 
 
+class GymDependencyError(ImportError):
+    """A Gymnasium env needs an optional dependency that is not installed (Gymnasium's
+    ``DependencyNotInstalled``, e.g. Box2D for ``LunarLander-v3``); the message names the
+    extra to install. An ``ImportError``: ``except ImportError`` catches it."""
+
+
+def _missing_dependency(env_name: str, err: Exception) -> GymDependencyError:
+    gym = _import_gymnasium()
+    try:
+        entry = str(gym.spec(env_name).entry_point)
+    except Exception:  # noqa: BLE001 - the id resolved in make: only the hint is lost
+        entry = ""
+    # "gymnasium.envs.box2d.lunar_lander:LunarLander" -> the "box2d" extra
+    parts = entry.split(":")[0].split(".")
+    family = parts[2] if len(parts) > 2 and parts[:2] == ["gymnasium", "envs"] else None
+    hint = f'pip install "gymnasium[{family}]"' if family else ""
+    tail = f" (install it with: {hint})" if hint and hint not in str(err) else ""
+    return GymDependencyError(
+        f"GymEnv({env_name!r}): the env needs an optional dependency that is not installed: {err}{tail}"
+    )
+
+
 class GymEnv(GymWrapper):
     """A Gymnasium env created by id (``gymnasium.make``), or ``num_envs`` of them as one
     batched env (``gymnasium.make_vec``).
 
     Args:
         env_name: a registered Gymnasium id (``"CartPole-v1"``). Unknown ids raise a
-            ``ValueError`` saying how to list the ids.
+            ``ValueError`` saying how to list the ids; an env whose optional dependency
+            is missing (``"LunarLander-v3"`` without Box2D) raises a
+            :class:`GymDependencyError` (an ``ImportError``) naming the extra to install
+            (``pip install "gymnasium[box2d]"``).
         num_envs: 0 (default): one env, batch size ``[]``. ``n > 0``: a Gymnasium vector
             env of ``n`` sub-envs, batch size ``[n]``.
         vectorization_mode: ``"sync"`` (default: partial resets work in every autoreset
@@ -1242,6 +1270,8 @@ class GymEnv(GymWrapper):
                 env = gym.make(env_name, **kwargs)
         except gym.error.UnregisteredEnv as err:
             raise _unknown_id(env_name, err) from err
+        except gym.error.DependencyNotInstalled as err:
+            raise _missing_dependency(env_name, err) from err
         try:
             super().__init__(env, frame_skip=frame_skip, **wrapper_kwargs)
         except BaseException:
