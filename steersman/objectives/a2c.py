@@ -26,83 +26,22 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from torch import nn
-
 from ..tensordict import TensorDictBase
-from .common import LossModule
-from .ppo import UNSET, _ActorCriticTerms, actor_distribution, pick_coeff
-from .utils import ValueEstimators
+from .actor_critic import ActorCriticLoss, actor_distribution
 
 __all__ = ["A2CLoss"]
 
-NestedKey = str | tuple
 
-
-class A2CLoss(_ActorCriticTerms, LossModule):
+class A2CLoss(ActorCriticLoss):
     """Advantage actor-critic loss (TorchRL's ``A2CLoss``).
 
-    Args:
-        actor_network: a probabilistic actor (``get_dist(td)``).
-        critic_network: a module writing ``"state_value"`` (``[*B, 1]``).
-
-    Keyword Args:
-        entropy_bonus, samples_mc_entropy, entropy_coeff (or entropy_coef, default 0.01),
-        critic_coeff (or critic_coef, default 1.0; ``None`` drops the critic loss),
-        loss_critic_type (``"smooth_l1"``), gamma, separate_losses, reduction (``"mean"``),
-        clip_value, functional: as for :class:`~steersman.objectives.PPOLoss`.
+    Args: ``actor_network``, ``critic_network`` and the keywords of
+    :class:`~steersman.objectives.actor_critic.ActorCriticLoss` (``entropy_coeff``,
+    ``critic_coeff``, ``loss_critic_type``, ``gamma``, ``separate_losses``, ``reduction``,
+    ``clip_value``, ``functional``...); A2C adds none.
 
     Outputs: ``loss_objective``, ``loss_entropy``, ``loss_critic`` and ``entropy``.
     """
-
-    @dataclass
-    class _AcceptedKeys:
-        """Batch keys; reward/done/terminated are read under ``"next"`` by the estimator."""
-
-        advantage: NestedKey = "advantage"
-        value_target: NestedKey = "value_target"
-        value: NestedKey = "state_value"
-        action: NestedKey = "action"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
-        sample_log_prob: NestedKey = "action_log_prob"
-
-    default_value_estimator = ValueEstimators.GAE
-
-    def __init__(
-        self,
-        actor_network: nn.Module,
-        critic_network: nn.Module | None = None,
-        *,
-        entropy_bonus: bool = True,
-        samples_mc_entropy: int = 1,
-        entropy_coeff: float = UNSET,
-        entropy_coef: float = UNSET,
-        critic_coeff: float | None = UNSET,
-        critic_coef: float | None = UNSET,
-        loss_critic_type: str = "smooth_l1",
-        gamma: float | None = None,
-        separate_losses: bool = False,
-        reduction: str = "mean",
-        clip_value: float | None = None,
-        functional: bool = True,
-    ) -> None:
-        super().__init__()
-        self._init_terms(
-            actor_network,
-            critic_network,
-            entropy_bonus=entropy_bonus,
-            samples_mc_entropy=samples_mc_entropy,
-            entropy_coeff=pick_coeff("entropy_coeff", entropy_coeff, entropy_coef, 0.01),
-            critic_coeff=pick_coeff("critic_coeff", critic_coeff, critic_coef, 1.0),
-            loss_critic_type=loss_critic_type,
-            separate_losses=separate_losses,
-            reduction=reduction,
-            clip_value=clip_value,
-            gamma=gamma,
-        )
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         td = td.copy()  # what the loss writes stays out of the caller's batch

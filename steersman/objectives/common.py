@@ -9,7 +9,22 @@ diagnostic (already detached). What a subclass brings:
 * its networks as plain submodules (``self.actor_network``, ``self.value_network``...);
   target networks are frozen copies made by :meth:`LossModule.make_target` (initialised
   equal to the online network; updated by ``SoftUpdate``/``HardUpdate``);
+* TorchRL's parameter attributes (``value_network_params``, ``target_value_network_params``
+  ...), declared with :func:`network_params`: TensorDicts whose leaves *are* the networks'
+  tensors, so an in-place update through them changes what the loss computes;
 * ``forward(td) -> TensorDict``, written top to bottom with the math visible.
+
+A subclass ``__init__`` that ends in ``**common`` (passed on to its base) gets the base's
+keyword-only parameters added to its signature, so ``inspect.signature`` and the docs
+show every keyword it takes.
+
+Lazy networks (``LazyLinear``, TorchRL's ``MLP`` without ``in_features``) are accepted:
+building the loss touches no uninitialized parameter. What needs the parameters (target
+copies, the stacked critic ensembles) is set up on the loss's first call, after a no-grad
+pass of each lazy network over that batch (``get_dist_params`` for probabilistic actors:
+no random draw). Build the optimizer from ``loss.parameters()`` after that first call;
+or, as TorchRL's examples do, run the networks once on a reset TensorDict
+(``policy(env.reset())``) before building the loss.
 
 Example:
     >>> import torch
@@ -36,6 +51,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import inspect
+import itertools
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -43,10 +62,95 @@ import torch
 from torch import nn
 
 from ..tensordict import TensorDictBase
-from ..tensordict.module_params import from_module
+from ..tensordict.module_params import from_module, from_modules
 from .utils import ValueEstimators, default_value_kwargs
 
 NestedKey = str | tuple
+
+
+#: Keywords TorchRL's losses take that change nothing here, with the reason. Passing them
+#: works (they are accepted and ignored); the losses that take each one list it in their
+#: signature.
+TORCHRL_COMPAT_IGNORED: dict[str, str] = {
+    "functional": "TorchRL's switch between functional and stateful calls of the networks "
+    "(PPO, A2C); both compute the same loss, and networks are called directly here.",
+    "separate_losses": "(SAC, DiscreteSAC, IQL, REDQ) the terms are always separated here, as "
+    "with TorchRL's separate_losses=True: the critic ensemble holds its own copies of the "
+    "critic's parameters, so no term reaches another's parameters. (PPO and A2C do use it.)",
+    "deactivate_vmap": "TorchRL's Python loop over the critic ensemble instead of vmap; the "
+    "values are the same, and the ensemble is always vmapped here.",
+}
+
+
+def torchrl_compat(loss: nn.Module, **given: Any) -> None:
+    """Accepts the :data:`TORCHRL_COMPAT_IGNORED` keywords a loss was given (a programming
+    error names any other)."""
+    unknown = sorted(set(given) - set(TORCHRL_COMPAT_IGNORED))
+    if unknown:
+        raise TypeError(f"{type(loss).__name__}: {unknown} are not TorchRL-compatibility keywords")
+
+
+def check_options(
+    loss: nn.Module,
+    *,
+    loss_function: str | None = None,
+    reduction: str | None = None,
+    num_qvalue_nets: int | None = None,
+    option: str = "loss_function",
+) -> None:
+    """The constructor checks every loss shares: the distance name (given as ``option``),
+    the reduction and the ensemble size; a ValueError names the loss and the value."""
+    name = type(loss).__name__
+    if loss_function is not None and loss_function not in ("l2", "l1", "smooth_l1"):
+        raise ValueError(f"{name}: {option} must be 'l2', 'l1' or 'smooth_l1', got {loss_function!r}")
+    if reduction is not None and reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if num_qvalue_nets is not None and int(num_qvalue_nets) < 1:
+        raise ValueError(f"{name}: num_qvalue_nets must be >= 1, got {num_qvalue_nets}")
+
+
+def network_params(network: str, target: bool = False) -> property:
+    """A class attribute ``<network>_params`` (``target=True``: ``target_<network>_params``),
+    TorchRL's name for the parameters and buffers of ``self.<network>``.
+
+    Reading it gives a :class:`~steersman.tensordict.TensorDictParams` whose leaves are the
+    network's own tensors (for a stacked ensemble, the stacked ``TensorDictParams``
+    itself). Without a target network the target attribute is the online parameters,
+    detached (same storage), as in TorchRL.
+    """
+    kind = "target " if target else ""
+    return property(lambda loss: loss._params_of(network, target), doc=f"The {kind}parameters of {network}.")
+
+
+def _is_lazy(module: nn.Module) -> bool:
+    return any(nn.parameter.is_lazy(t) for t in itertools.chain(module.parameters(), module.buffers()))
+
+
+def _dry_run(module: nn.Module, td: TensorDictBase) -> None:
+    """One no-grad pass of ``module`` over a shallow copy of ``td`` (materializes lazy layers);
+    probabilistic modules only build their distribution parameters (no random draw)."""
+    with torch.no_grad():
+        if hasattr(module, "get_dist_params"):
+            module.get_dist_params(td.copy())
+        else:
+            module(td.copy())
+
+
+def _merged_signature(cls: type) -> inspect.Signature | None:
+    """``cls.__init__``'s signature with its ``**common`` replaced by the base's keyword-only
+    parameters; ``None`` when it has no ``**``."""
+    init = cls.__dict__.get("__init__")
+    if init is None:
+        return None
+    sig = inspect.signature(init)
+    own = list(sig.parameters.values())
+    if not own or own[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        return None
+    own = own[:-1]
+    names = {p.name for p in own}
+    base = inspect.signature(super(cls, cls).__init__)
+    inherited = [p for p in base.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in names]
+    return sig.replace(parameters=own + inherited)
 
 
 def _norm_key(key: Any) -> NestedKey:
@@ -69,11 +173,63 @@ class LossModule(nn.Module):
     #: The estimators :meth:`make_value_estimator` accepts (``None``: all of them).
     supported_value_estimators: tuple[ValueEstimators, ...] | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        sig = _merged_signature(cls)
+        if sig is not None:
+            cls.__init__.__signature__ = sig
+
     def __init__(self) -> None:
         super().__init__()
         self.tensor_keys = self._AcceptedKeys()
         self._value_estimator: nn.Module | None = None
-        self._target_names: list[str] = []
+        #: the networks given a target by :meth:`make_target` (made or awaiting lazy parameters)
+        self.target_names: list[str] = []
+        self._deferred: list[tuple[nn.Module, Callable[[], Any]]] = []
+        self._lazy_hook: Any = None
+
+    # ------------------------------------------------------------ lazy networks
+    def when_initialized(self, module: nn.Module, setup: Callable[[], Any]) -> None:
+        """Runs ``setup()`` now, or, when ``module`` has uninitialized (lazy) parameters, on
+        the loss's first call, after a no-grad pass of ``module`` over that batch."""
+        if not _is_lazy(module):
+            setup()
+            return
+        self._deferred.append((module, setup))
+        if self._lazy_hook is None:
+            self._lazy_hook = self.register_forward_pre_hook(self._initialize_lazy, with_kwargs=True)
+
+    def _initialize_lazy(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        td = args[0] if args else next(iter(kwargs.values()))
+        deferred, self._deferred = self._deferred, []
+        for module, _ in deferred:
+            if _is_lazy(module):
+                _dry_run(module, td)
+        for _, setup in deferred:
+            setup()
+        self._lazy_hook.remove()
+        self._lazy_hook = None
+
+    def _params_of(self, network: str, target: bool = False) -> TensorDictBase:
+        """What :func:`network_params` attributes return (see there)."""
+        prefix = "target_" if target else ""
+        stacked = self._modules.get(f"{prefix}{network}_params")  # a stacked ensemble
+        if stacked is not None:
+            return stacked
+        module = self._modules.get(prefix + network)
+        if module is not None:
+            return from_module(module, as_module=True)
+        online = self._modules.get(network)
+        pending = any(name in (network, f"{network}_params") for name in self.target_names)
+        if self._deferred and (pending or not target) or (target and online is not None and _is_lazy(online)):
+            raise RuntimeError(
+                f"{type(self).__name__}.{prefix}{network}_params does not exist yet: the network has "
+                "uninitialized (lazy) parameters; it is set up on the loss's first call (or run the "
+                "network once on a batch before building the loss)"
+            )
+        if target and (online is not None or f"{network}_params" in self._modules):
+            return self._params_of(network).detach()  # no target network: the online parameters (TorchRL)
+        raise AttributeError(f"{type(self).__name__} has no network {network!r}")
 
     # ------------------------------------------------------------------ keys
     def set_keys(self, **kwargs: NestedKey) -> LossModule:
@@ -120,8 +276,9 @@ class LossModule(nn.Module):
         )
 
     # --------------------------------------------------------------- targets
-    def make_target(self, name: str) -> nn.Module:
-        """Registers ``target_<name>``: a frozen copy of ``self.<name>``, equal to it now.
+    def make_target(self, name: str) -> nn.Module | None:
+        """Registers ``target_<name>``: a frozen copy of ``self.<name>``, equal to it now
+        (for a lazy network: on the loss's first call, see :meth:`when_initialized`).
 
         The copy's parameters have ``requires_grad=False``; it never receives gradients and
         changes only through ``SoftUpdate``/``HardUpdate``. For stacked ensemble parameters
@@ -129,6 +286,11 @@ class LossModule(nn.Module):
         target is ``target_<name>_params``, a detached clone.
         """
         online = getattr(self, name)
+        if name not in self.target_names:
+            self.target_names.append(name)
+        if not isinstance(online, TensorDictBase) and _is_lazy(online):
+            self.when_initialized(online, lambda: self.make_target(name))
+            return None
         if isinstance(online, TensorDictBase):
             target = online.detach().clone()
             from ..tensordict import TensorDictParams
@@ -139,14 +301,14 @@ class LossModule(nn.Module):
             for p in target.parameters():
                 p.requires_grad_(False)
         setattr(self, "target_" + name, target)
-        if name not in self._target_names:
-            self._target_names.append(name)
         return target
 
     def target_pairs(self) -> list[tuple[TensorDictBase, TensorDictBase]]:
         """``(online, target)`` parameter TensorDicts for every target made by :meth:`make_target`."""
         pairs = []
-        for name in self._target_names:
+        for name in self.target_names:
+            if not hasattr(self, "target_" + name):
+                continue  # a lazy network's target, made on the first call
             online, target = getattr(self, name), getattr(self, "target_" + name)
             if not isinstance(online, TensorDictBase):
                 online, target = from_module(online), from_module(target)
@@ -154,6 +316,16 @@ class LossModule(nn.Module):
         return pairs
 
     # -------------------------------------------------------- value estimator
+    def _deprecated_gamma(self, gamma: float | None) -> None:
+        """Builds the default value estimator; ``gamma=`` (deprecated here, as in TorchRL) warns."""
+        if gamma is not None:
+            warnings.warn(
+                f"{type(self).__name__}(gamma=...) is deprecated; use loss.make_value_estimator(gamma=...)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        self.make_value_estimator(**({} if gamma is None else {"gamma": gamma}))
+
     def _estimator_value_network(self) -> nn.Module | None:
         """The network the value estimator calls (override where it is not the critic)."""
         for name in ("critic_network", "value_network", "critic"):
@@ -209,6 +381,35 @@ class LossModule(nn.Module):
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__}.forward")
+
+
+def _reset_parameters(module: nn.Module) -> nn.Module:
+    for sub in module.modules():
+        if sub._parameters and callable(getattr(sub, "reset_parameters", None)):
+            sub.reset_parameters()
+    return module
+
+
+def register_critics(loss: LossModule, qvalue_network: nn.Module, num: int, delay: bool) -> None:
+    """``loss.qvalue_network_params``: ``num`` stacked critics (batch ``[num]``); the first
+    holds ``qvalue_network``'s weights, the others are copies re-initialised with each
+    submodule's ``reset_parameters``. ``loss.qvalue_network`` becomes a parameter-free
+    template (meta tensors, not a registered submodule) that the stacked parameters are
+    swapped into by ``ensemble_call``. With ``delay``: ``loss.target_qvalue_network_params``.
+    A lazy critic is stacked on the loss's first call (:meth:`LossModule.when_initialized`).
+    """
+    if delay and "qvalue_network_params" not in loss.target_names:
+        loss.target_names.append("qvalue_network_params")
+    object.__setattr__(loss, "qvalue_network", qvalue_network)  # the template until stacked
+
+    def stack() -> None:
+        members = [qvalue_network] + [_reset_parameters(copy.deepcopy(qvalue_network)) for _ in range(num - 1)]
+        loss.qvalue_network_params = from_modules(*members, as_module=True)
+        object.__setattr__(loss, "qvalue_network", copy.deepcopy(qvalue_network).to("meta"))
+        if delay:
+            loss.make_target("qvalue_network_params")
+
+    loss.when_initialized(qvalue_network, stack)
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:

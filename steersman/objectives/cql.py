@@ -41,17 +41,16 @@ from torch import Tensor, nn
 
 from ..tensordict import TensorDictBase
 from ..tensordict.nn import ExplorationType, set_exploration_type
-from .common import LossModule, NestedKey
+from .common import LossModule, NestedKey, network_params, torchrl_compat
 from .sac import (
+    _actor_and_critics,
     _alpha,
     _auto_target_entropy,
     _call_critics,
     _check_next,
-    _check_options,
     _clamp_log_alpha,
     _output,
     _register_alpha,
-    _register_critics,
     _sample,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
@@ -84,6 +83,8 @@ class CQLLoss(LossModule):
         with_lagrange: tune the conservative weight ``alpha'`` so that the gap stays near
             ``lagrange_thresh`` (adds ``log_alpha_prime`` and ``loss_alpha_prime``).
         lagrange_thresh: the target gap.
+        deactivate_vmap: accepted for TorchRL compatibility and ignored (see
+            :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
 
     Returns ``loss_actor``, ``loss_actor_bc``, ``loss_qvalue``, ``loss_cql``, ``loss_alpha``
     (and ``loss_alpha_prime``), and the detached ``alpha`` and ``entropy``; writes ``td_error``
@@ -131,6 +132,10 @@ class CQLLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    qvalue_network_params = network_params("qvalue_network")
+    target_qvalue_network_params = network_params("qvalue_network", target=True)
 
     def __init__(
         self,
@@ -154,25 +159,20 @@ class CQLLoss(LossModule):
         with_lagrange: bool = False,
         lagrange_thresh: float = 0.0,
         reduction: str = "mean",
+        deactivate_vmap: bool = False,
     ) -> None:
         super().__init__()
-        _check_options(type(self).__name__, loss_function, reduction, 2)
+        torchrl_compat(self, deactivate_vmap=deactivate_vmap)
         if num_random < 1:
             raise ValueError(f"CQLLoss: num_random must be >= 1, got {num_random}")
         if not temperature > 0:
             raise ValueError(f"CQLLoss: temperature must be > 0, got {temperature}")
-        self.actor_network = actor_network
+        _actor_and_critics(self, actor_network, qvalue_network, 2, delay_qvalue, loss_function, reduction)
         self.delay_actor = delay_actor
         if delay_actor:
             self.make_target("actor_network")
-        self.num_qvalue_nets = 2
-        self.delay_qvalue = delay_qvalue
-        _register_critics(self, qvalue_network, self.num_qvalue_nets, delay_qvalue)
-        self.loss_function = loss_function
-        self.reduction = reduction
-        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha)
         entropy = _auto_target_entropy(self, target_entropy, action_spec, actor_network)
-        self.register_buffer("target_entropy", torch.tensor(entropy))
+        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha, entropy)
         low, high = _action_bounds(action_spec if action_spec is not None else getattr(actor_network, "spec", None))
         self.register_buffer("action_low", low, persistent=False)
         self.register_buffer("action_high", high, persistent=False)

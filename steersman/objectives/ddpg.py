@@ -12,14 +12,13 @@ the critic only. A truncated (not terminated) step bootstraps.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..tensordict import TensorDict, TensorDictBase
-from .common import LossModule, NestedKey
+from .common import LossModule, NestedKey, check_options, network_params
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["DDPGLoss"]
@@ -85,6 +84,10 @@ class DDPGLoss(LossModule):
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss_actor", "loss_value", "pred_value", "target_value", "pred_value_max", "target_value_max"]
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    value_network_params = network_params("value_network")
+    target_value_network_params = network_params("value_network", target=True)
 
     def __init__(
         self,
@@ -98,8 +101,7 @@ class DDPGLoss(LossModule):
         reduction: str = "mean",
     ) -> None:
         super().__init__()
-        distance_loss(torch.zeros(1), torch.zeros(1), loss_function)  # validates the names now
-        reduce_loss(torch.zeros(1), reduction)
+        check_options(self, loss_function=loss_function, reduction=reduction)
         self.actor_network = actor_network
         self.value_network = value_network
         self.delay_actor = bool(delay_actor)
@@ -110,13 +112,7 @@ class DDPGLoss(LossModule):
             self.make_target("value_network")
         self.loss_function = loss_function
         self.reduction = reduction
-        if gamma is not None:
-            warnings.warn(
-                "DDPGLoss(gamma=...) is deprecated; use loss.make_value_estimator(gamma=...)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        self.make_value_estimator(**({} if gamma is None else {"gamma": gamma}))
+        self._deprecated_gamma(gamma)
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes Q_target(s', mu_target(s')) itself

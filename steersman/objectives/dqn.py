@@ -20,7 +20,6 @@ C51 learns a distribution over ``n_atoms`` fixed returns (the ``support`` z) ins
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ from torch import Tensor, nn
 
 from ..data import Categorical, Composite, OneHot
 from ..tensordict import TensorDict, TensorDictBase
-from .common import LossModule, NestedKey
+from .common import LossModule, NestedKey, check_options, network_params
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["DQNLoss", "DistributionalDQNLoss"]
@@ -126,6 +125,8 @@ class DQNLoss(LossModule):
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss"]
+    value_network_params = network_params("value_network")
+    target_value_network_params = network_params("value_network", target=True)
 
     def __init__(
         self,
@@ -139,8 +140,7 @@ class DQNLoss(LossModule):
         reduction: str = "mean",
     ) -> None:
         super().__init__()
-        distance_loss(torch.zeros(1), torch.zeros(1), loss_function)  # validates the name now
-        reduce_loss(torch.zeros(1), reduction)
+        check_options(self, loss_function=loss_function, reduction=reduction)
         self.value_network = value_network
         self.delay_value = bool(delay_value)
         if self.delay_value:
@@ -149,13 +149,7 @@ class DQNLoss(LossModule):
         self.loss_function = loss_function
         self.reduction = reduction
         self.action_space, self.n_actions = _action_space(action_space, value_network, self.tensor_keys.action)
-        if gamma is not None:
-            warnings.warn(
-                "DQNLoss(gamma=...) is deprecated; use loss.make_value_estimator(gamma=...)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        self.make_value_estimator(**({} if gamma is None else {"gamma": gamma}))
+        self._deprecated_gamma(gamma)
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes the next value itself and passes it to the estimator
@@ -285,6 +279,8 @@ class DistributionalDQNLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     out_keys = ["loss"]
+    value_network_params = network_params("value_network")
+    target_value_network_params = network_params("value_network", target=True)
 
     def __init__(
         self,
@@ -297,7 +293,7 @@ class DistributionalDQNLoss(LossModule):
         reduction: str = "mean",
     ) -> None:
         super().__init__()
-        reduce_loss(torch.zeros(1), reduction)  # validates the name now
+        check_options(self, reduction=reduction)
         support = support if support is not None else getattr(value_network, "support", None)
         if support is None or support.ndim != 1 or support.numel() < 2:
             raise ValueError("DistributionalDQNLoss needs a 1-d support of >= 2 atoms (support=... or value_network.support)")

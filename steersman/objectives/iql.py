@@ -22,14 +22,13 @@ from torch import nn
 
 from ..tensordict import TensorDictBase
 from ..tensordict.nn import ExplorationType, set_exploration_type
-from .common import LossModule, NestedKey
+from .common import LossModule, NestedKey, network_params, torchrl_compat
 from .sac import (
+    _actor_and_critics,
     _call,
     _call_critics,
     _check_next,
-    _check_options,
     _output,
-    _register_critics,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
 
@@ -56,8 +55,9 @@ class IQLLoss(LossModule):
             to behaviour cloning; large: greedier).
         expectile: ``tau`` in ``(0, 1)``; 0.5 is a mean regression, larger values approach
             the max of ``Q`` over the dataset's actions.
-        separate_losses: accepted for TorchRL compatibility (terms are always separated).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        separate_losses, deactivate_vmap: accepted for TorchRL compatibility and ignored
+            (see :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
 
     Returns ``loss_actor``, ``loss_qvalue``, ``loss_value`` and ``entropy`` (the mean of
     ``-log pi(a|s)`` over the dataset's actions); writes ``td_error`` into the batch.
@@ -105,6 +105,12 @@ class IQLLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    qvalue_network_params = network_params("qvalue_network")
+    target_qvalue_network_params = network_params("qvalue_network", target=True)
+    value_network_params = network_params("value_network")
+    target_value_network_params = network_params("value_network", target=True)
 
     def __init__(
         self,
@@ -118,22 +124,18 @@ class IQLLoss(LossModule):
         expectile: float = 0.5,
         separate_losses: bool = False,
         reduction: str = "mean",
+        deactivate_vmap: bool = False,
     ) -> None:
         super().__init__()
-        _check_options(type(self).__name__, loss_function, reduction, num_qvalue_nets)
+        torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
         if not 0.0 < expectile < 1.0:
             raise ValueError(f"IQLLoss: expectile must be in (0, 1), got {expectile}")
         if value_network is None:
             raise ValueError("IQLLoss needs a value_network (V(s) writing 'state_value')")
-        self.actor_network = actor_network
+        _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, True, loss_function, reduction)
         self.value_network = value_network
-        self.num_qvalue_nets = int(num_qvalue_nets)
-        _register_critics(self, qvalue_network, self.num_qvalue_nets, delay=True)
-        self.loss_function = loss_function
         self.temperature = float(temperature)
         self.expectile = float(expectile)
-        self.separate_losses = separate_losses
-        self.reduction = reduction
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         """The loss terms of one batch ``[*batch]`` (see the module docstring)."""

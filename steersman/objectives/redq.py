@@ -24,17 +24,16 @@ import torch
 from torch import nn
 
 from ..tensordict import TensorDictBase
-from .common import LossModule, NestedKey
+from .common import LossModule, NestedKey, network_params, torchrl_compat
 from .sac import (
+    _actor_and_critics,
     _alpha,
     _auto_target_entropy,
     _call_critics,
     _check_next,
-    _check_options,
     _clamp_log_alpha,
     _output,
     _register_alpha,
-    _register_critics,
     _sample,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
@@ -55,7 +54,7 @@ class REDQLoss(LossModule):
         num_qvalue_nets: ``N`` (default 10).
         sub_sample_len: ``M``, the target subset size (default 2; at most ``N - 1``).
         loss_function, alpha_init, action_spec, fixed_alpha, target_entropy, delay_qvalue,
-        separate_losses, reduction: as for :class:`~steersman.objectives.SACLoss`.
+        separate_losses, reduction, deactivate_vmap: as for :class:`~steersman.objectives.SACLoss`.
         min_alpha, max_alpha: bounds of alpha (default 0.1 and 10, as in TorchRL).
 
     Returns ``loss_actor``, ``loss_qvalue``, ``loss_alpha``, and the detached ``alpha``,
@@ -105,6 +104,10 @@ class REDQLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    qvalue_network_params = network_params("qvalue_network")
+    target_qvalue_network_params = network_params("qvalue_network", target=True)
 
     def __init__(
         self,
@@ -123,22 +126,16 @@ class REDQLoss(LossModule):
         delay_qvalue: bool = True,
         separate_losses: bool = False,
         reduction: str = "mean",
+        deactivate_vmap: bool = False,
     ) -> None:
         super().__init__()
-        _check_options(type(self).__name__, loss_function, reduction, num_qvalue_nets)
+        torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
         if num_qvalue_nets < 2:
             raise ValueError(f"REDQLoss: num_qvalue_nets must be >= 2, got {num_qvalue_nets}")
-        self.actor_network = actor_network
-        self.num_qvalue_nets = int(num_qvalue_nets)
+        _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
         self.sub_sample_len = max(1, min(int(sub_sample_len), self.num_qvalue_nets - 1))
-        self.delay_qvalue = delay_qvalue
-        _register_critics(self, qvalue_network, self.num_qvalue_nets, delay_qvalue)
-        self.loss_function = loss_function
-        self.reduction = reduction
-        self.separate_losses = separate_losses
-        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha)
         entropy = _auto_target_entropy(self, target_entropy, action_spec, actor_network)
-        self.register_buffer("target_entropy", torch.tensor(entropy))
+        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha, entropy)
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         """The loss terms of one batch ``[*batch]`` (see the module docstring)."""

@@ -25,7 +25,6 @@ and :mod:`~steersman.objectives.redq`.
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import dataclass
@@ -36,9 +35,16 @@ from torch import Tensor, nn
 
 from ..data import Categorical as CategoricalSpec
 from ..data import OneHot as OneHotSpec
-from ..tensordict import TensorDict, TensorDictBase, ensemble_call, from_modules
+from ..tensordict import TensorDict, TensorDictBase, ensemble_call
 from ..tensordict.nn import ExplorationType, set_exploration_type
-from .common import LossModule, NestedKey
+from .common import (
+    LossModule,
+    NestedKey,
+    check_options,
+    network_params,
+    register_critics,
+    torchrl_compat,
+)
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["SACLoss", "DiscreteSACLoss"]
@@ -72,8 +78,8 @@ class SACLoss(LossModule):
         delay_actor: a target actor (v1's value target samples from it).
         delay_qvalue: target critics for the critic target (default ``True``).
         delay_value: a target value network for v1's critic target (default ``True``).
-        separate_losses: accepted for TorchRL compatibility: the terms here are always
-            separated (the actor term never reaches the critics, and vice versa).
+        separate_losses, deactivate_vmap: accepted for TorchRL compatibility and ignored
+            (see :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (per-sample losses in a
             TensorDict with the batch's shape; no ``alpha``/``entropy`` entries).
 
@@ -130,6 +136,12 @@ class SACLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    qvalue_network_params = network_params("qvalue_network")
+    target_qvalue_network_params = network_params("qvalue_network", target=True)
+    value_network_params = network_params("value_network")
+    target_value_network_params = network_params("value_network", target=True)
 
     def __init__(
         self,
@@ -150,10 +162,11 @@ class SACLoss(LossModule):
         delay_value: bool = True,
         separate_losses: bool = False,
         reduction: str = "mean",
+        deactivate_vmap: bool = False,
     ) -> None:
         super().__init__()
-        _check_options(type(self).__name__, loss_function, reduction, num_qvalue_nets)
-        self.actor_network = actor_network
+        torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
+        _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
         if delay_actor:
             self.make_target("actor_network")
         self._version = 1 if value_network is not None else 2
@@ -161,15 +174,9 @@ class SACLoss(LossModule):
             self.value_network = value_network
             if delay_value:
                 self.make_target("value_network")
-        self.num_qvalue_nets = int(num_qvalue_nets)
-        _register_critics(self, qvalue_network, self.num_qvalue_nets, delay_qvalue)
-        self.delay_actor, self.delay_qvalue, self.delay_value = delay_actor, delay_qvalue, delay_value
-        self.loss_function = loss_function
-        self.reduction = reduction
-        self.separate_losses = separate_losses
-        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha)
+        self.delay_actor, self.delay_value = delay_actor, delay_value
         entropy = _auto_target_entropy(self, target_entropy, action_spec, actor_network)
-        self.register_buffer("target_entropy", torch.tensor(entropy))
+        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha, entropy)
 
     # ------------------------------------------------------------------ forward
     def forward(self, td: TensorDictBase) -> TensorDictBase:
@@ -251,7 +258,7 @@ class DiscreteSACLoss(LossModule):
             ``[*batch]``/``[*batch, 1]``). ``None``: one-hot, with a warning.
         num_actions: ``A``, for ``target_entropy="auto"`` (read from a spec if given).
         num_qvalue_nets, loss_function, alpha_init, min_alpha, max_alpha, fixed_alpha,
-        delay_qvalue, separate_losses, reduction: as for :class:`SACLoss`.
+        delay_qvalue, separate_losses, reduction, deactivate_vmap: as for :class:`SACLoss`.
         target_entropy_weight: ``"auto"`` target is ``target_entropy_weight * log(A)``.
         target_entropy: a number or ``"auto"``.
 
@@ -292,6 +299,10 @@ class DiscreteSACLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    qvalue_network_params = network_params("qvalue_network")
+    target_qvalue_network_params = network_params("qvalue_network", target=True)
 
     def __init__(
         self,
@@ -311,19 +322,13 @@ class DiscreteSACLoss(LossModule):
         delay_qvalue: bool = True,
         separate_losses: bool = False,
         reduction: str = "mean",
+        deactivate_vmap: bool = False,
     ) -> None:
         super().__init__()
-        _check_options(type(self).__name__, loss_function, reduction, num_qvalue_nets)
+        torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
+        _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
         self.action_space, spec_n = _find_action_space(action_space)
         num_actions = num_actions if num_actions is not None else spec_n
-        self.actor_network = actor_network
-        self.num_qvalue_nets = int(num_qvalue_nets)
-        self.delay_qvalue = delay_qvalue
-        _register_critics(self, qvalue_network, self.num_qvalue_nets, delay_qvalue)
-        self.loss_function = loss_function
-        self.reduction = reduction
-        self.separate_losses = separate_losses
-        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha)
         if target_entropy == "auto":
             if num_actions is None:
                 raise ValueError(
@@ -331,7 +336,7 @@ class DiscreteSACLoss(LossModule):
                     "spec with n); pass num_actions=A or a numeric target_entropy"
                 )
             target_entropy = float(target_entropy_weight) * math.log(num_actions)
-        self.register_buffer("target_entropy", torch.tensor(float(target_entropy)))
+        _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha, float(target_entropy))
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         """The loss terms of one batch ``[*batch]`` (see the class docstring)."""
@@ -401,41 +406,6 @@ class DiscreteSACLoss(LossModule):
 
 
 # ============================================================ shared building blocks
-def _check_options(name: str, loss_function: str, reduction: str, num_qvalue_nets: int) -> None:
-    if loss_function not in ("l2", "l1", "smooth_l1"):
-        raise ValueError(f"{name}: loss_function must be 'l2', 'l1' or 'smooth_l1', got {loss_function!r}")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if int(num_qvalue_nets) < 1:
-        raise ValueError(f"{name}: num_qvalue_nets must be >= 1, got {num_qvalue_nets}")
-
-
-def _reset_parameters(module: nn.Module) -> nn.Module:
-    for sub in module.modules():
-        if sub._parameters and callable(getattr(sub, "reset_parameters", None)):
-            sub.reset_parameters()
-    return module
-
-
-def _register_critics(loss: LossModule, qvalue_network: nn.Module, num: int, delay: bool) -> None:
-    """``loss.qvalue_network_params``: ``num`` stacked critics (batch ``[num]``); the first
-    holds ``qvalue_network``'s weights, the others are copies re-initialised with each
-    submodule's ``reset_parameters``. ``loss.qvalue_network`` becomes a parameter-free
-    template (meta tensors, not a registered submodule) that the stacked parameters are
-    swapped into by ``ensemble_call``. With ``delay``: ``loss.target_qvalue_network_params``.
-    """
-    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in qvalue_network.parameters()):
-        raise ValueError(
-            f"{type(loss).__name__}: qvalue_network has uninitialized (lazy) parameters; run it once "
-            "on a batch before building the loss"
-        )
-    members = [qvalue_network] + [_reset_parameters(copy.deepcopy(qvalue_network)) for _ in range(num - 1)]
-    loss.qvalue_network_params = from_modules(*members, as_module=True)
-    object.__setattr__(loss, "qvalue_network", copy.deepcopy(qvalue_network).to("meta"))
-    if delay:
-        loss.make_target("qvalue_network_params")
-
-
 def _call_critics(loss: LossModule, td: TensorDictBase, action: Tensor, params: TensorDictBase) -> Tensor:
     """Every critic on ``(td's observations, action)``: ``[N, *batch, 1]`` (one vmapped call)."""
     keys = loss.tensor_keys
@@ -471,10 +441,24 @@ def _sample(loss: LossModule, actor: nn.Module, td: TensorDictBase) -> tuple[Ten
     return action, log_prob
 
 
+def _actor_and_critics(loss: LossModule, actor_network: nn.Module, qvalue_network: nn.Module, num_qvalue_nets: int,
+                       delay_qvalue: bool, loss_function: str, reduction: str) -> None:
+    """What every soft actor-critic loss (SAC, DiscreteSAC, IQL, CQL, REDQ) sets up first:
+    its option checks, the actor and the vmapped critic ensemble (see :func:`register_critics`)."""
+    check_options(loss, loss_function=loss_function, reduction=reduction, num_qvalue_nets=num_qvalue_nets)
+    loss.actor_network = actor_network
+    loss.num_qvalue_nets = int(num_qvalue_nets)
+    loss.delay_qvalue = delay_qvalue
+    register_critics(loss, qvalue_network, loss.num_qvalue_nets, delay_qvalue)
+    loss.loss_function = loss_function
+    loss.reduction = reduction
+
+
 def _register_alpha(loss: LossModule, alpha_init: float, min_alpha: float | None,
-                    max_alpha: float | None, fixed_alpha: bool) -> None:
-    """``log_alpha`` (a parameter, or a buffer with ``fixed_alpha``), ``alpha_init`` and the
-    bounds of ``log_alpha`` (python floats or None: ``min_log_alpha``/``max_log_alpha``)."""
+                    max_alpha: float | None, fixed_alpha: bool, target_entropy: float) -> None:
+    """``log_alpha`` (a parameter, or a buffer with ``fixed_alpha``), ``alpha_init``, the
+    bounds of ``log_alpha`` (python floats or None: ``min_log_alpha``/``max_log_alpha``) and
+    the ``target_entropy`` buffer."""
     name = type(loss).__name__
     if not alpha_init > 0:
         raise ValueError(f"{name}: alpha_init must be > 0, got {alpha_init}")
@@ -492,6 +476,7 @@ def _register_alpha(loss: LossModule, alpha_init: float, min_alpha: float | None
     loss.fixed_alpha = fixed_alpha
     loss.min_log_alpha = math.log(min_alpha) if min_alpha is not None else None
     loss.max_log_alpha = math.log(max_alpha) if max_alpha is not None else None
+    loss.register_buffer("target_entropy", torch.tensor(float(target_entropy)))
 
 
 def _clamp_log_alpha(loss: LossModule) -> None:

@@ -22,8 +22,6 @@ the targets every ``policy_delay`` critic steps::
 
 from __future__ import annotations
 
-import copy
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +29,15 @@ import torch
 from torch import Tensor, nn
 
 from ..data import Composite
-from ..tensordict import TensorDict, TensorDictBase, ensemble_call, from_modules
-from .common import LossModule, NestedKey
+from ..tensordict import TensorDict, TensorDictBase, ensemble_call
+from .common import (
+    LossModule,
+    NestedKey,
+    check_options,
+    network_params,
+    register_critics,
+    torchrl_compat,
+)
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["TD3Loss"]
@@ -59,16 +64,6 @@ def _bounds(action_spec: Any, bounds: Any, action_key: NestedKey) -> tuple[Tenso
     return low.clone(), high.clone()
 
 
-def _reinitialized_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` with every submodule's ``reset_parameters()`` called."""
-    out = copy.deepcopy(module)
-    for sub in out.modules():
-        reset = getattr(sub, "reset_parameters", None)
-        if callable(reset):
-            reset()
-    return out
-
-
 class TD3Loss(LossModule):
     """The TD3 loss, TorchRL's ``TD3Loss``.
 
@@ -77,7 +72,7 @@ class TD3Loss(LossModule):
         qvalue_network: a TensorDict module reading the state and ``"action"`` and writing
             ``"state_action_value"``: ``[*batch, 1]``. It is the first member of the
             ensemble; the other ``num_qvalue_nets - 1`` members are copies re-initialized
-            with ``reset_parameters()``. The members' stacked parameters are the
+            with ``reset_parameters()`` (a lazy critic: on the first call). The members' stacked parameters are the
             :class:`~steersman.tensordict.TensorDictParams` ``loss.qvalue_network_params``
             (optimize these); ``loss.qvalue_network`` keeps only the structure (meta device).
         action_spec: a bounded spec (``Bounded``, or a ``Composite`` holding the action)
@@ -91,6 +86,8 @@ class TD3Loss(LossModule):
             equal to the online ones when made; move them with ``SoftUpdate``/``HardUpdate``.
         gamma: deprecated; use ``loss.make_value_estimator(gamma=...)``.
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        deactivate_vmap: accepted for TorchRL compatibility and ignored (see
+            :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
 
     Reads the networks' inputs at the root and under ``"next"``, ``"action"``, and
     ``("next", "reward" | "done" | "terminated")`` (``[*batch, 1]``). Returns
@@ -141,6 +138,10 @@ class TD3Loss(LossModule):
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss_actor", "loss_qvalue", "pred_value", "state_action_value_actor", "next_state_value", "target_value"]
+    actor_network_params = network_params("actor_network")
+    target_actor_network_params = network_params("actor_network", target=True)
+    qvalue_network_params = network_params("qvalue_network")
+    target_qvalue_network_params = network_params("qvalue_network", target=True)
 
     def __init__(
         self,
@@ -157,42 +158,27 @@ class TD3Loss(LossModule):
         delay_qvalue: bool = True,
         gamma: float | None = None,
         reduction: str = "mean",
+        deactivate_vmap: bool = False,
     ) -> None:
         super().__init__()
-        distance_loss(torch.zeros(1), torch.zeros(1), loss_function)  # validates the names now
-        reduce_loss(torch.zeros(1), reduction)
-        if num_qvalue_nets < 1:
-            raise ValueError(f"TD3Loss: num_qvalue_nets must be >= 1, got {num_qvalue_nets}")
-        if any(nn.parameter.is_lazy(p) for p in qvalue_network.parameters()):
-            raise ValueError("TD3Loss: the qvalue network has uninitialized (lazy) parameters; run it once on a batch first")
+        check_options(self, loss_function=loss_function, reduction=reduction, num_qvalue_nets=num_qvalue_nets)
+        torchrl_compat(self, deactivate_vmap=deactivate_vmap)
         low, high = _bounds(action_spec, bounds, self.tensor_keys.action)
         self.register_buffer("min_action", low)
         self.register_buffer("max_action", high)
 
         self.actor_network = actor_network
-        members = [qvalue_network] + [_reinitialized_copy(qvalue_network) for _ in range(num_qvalue_nets - 1)]
-        self.qvalue_network_params = from_modules(*members, as_module=True)
-        # the structure the stacked parameters are swapped into; not a submodule (holds no state)
-        object.__setattr__(self, "qvalue_network", copy.deepcopy(qvalue_network).to("meta"))
+        self.num_qvalue_nets = int(num_qvalue_nets)
         self.delay_actor = bool(delay_actor)
         self.delay_qvalue = bool(delay_qvalue)
         if self.delay_actor:
             self.make_target("actor_network")
-        if self.delay_qvalue:
-            self.make_target("qvalue_network_params")
-
-        self.num_qvalue_nets = int(num_qvalue_nets)
+        register_critics(self, qvalue_network, self.num_qvalue_nets, self.delay_qvalue)
         self.policy_noise = float(policy_noise)
         self.noise_clip = float(noise_clip)
         self.loss_function = loss_function
         self.reduction = reduction
-        if gamma is not None:
-            warnings.warn(
-                "TD3Loss(gamma=...) is deprecated; use loss.make_value_estimator(gamma=...)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        self.make_value_estimator(**({} if gamma is None else {"gamma": gamma}))
+        self._deprecated_gamma(gamma)
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes min_i Q_target_i(s', a') itself

@@ -60,8 +60,7 @@ class TargetNetUpdater:
     """Base of the updaters: collects ``(online, target)`` leaf lists of a loss."""
 
     def __init__(self, loss: nn.Module) -> None:
-        pairs = loss.target_pairs()
-        if not pairs:
+        if not loss.target_names:  # targets of lazy networks count: they are made on the first call
             raise ValueError(
                 f"{type(loss).__name__} has no target networks to update "
                 "(was it built with delay_*=False, or does the algorithm have none?)"

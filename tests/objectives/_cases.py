@@ -9,18 +9,42 @@ missing-key errors, and a ``fullgraph=True`` compile of forward+backward.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from torch import nn
 
 from steersman.objectives import LossModule
 from steersman.tensordict import TensorDict
+
+_LAZY = [False]
+
+
+def input_layer(in_features: int, out_features: int) -> nn.Module:
+    """The first layer of a case's network: ``nn.Linear``, or, inside :func:`lazy_inputs`,
+    an ``nn.LazyLinear`` whose input size is unknown until the first call (as TorchRL's
+    ``MLP(out_features=..., num_cells=...)`` builds it)."""
+    return nn.LazyLinear(out_features) if _LAZY[0] else nn.Linear(in_features, out_features)
+
+
+@contextlib.contextmanager
+def lazy_inputs() -> Iterator[None]:
+    """Networks built inside get lazy input layers (see :func:`input_layer`)."""
+    _LAZY[0] = True
+    try:
+        yield
+    finally:
+        _LAZY[0] = False
 
 
 @dataclass
 class LossCase:
     #: id shown by pytest, e.g. "ClipPPOLoss-gae"
     name: str
-    #: builds the loss (and its networks) from scratch; must be deterministic given torch.manual_seed
+    #: builds the loss (and its networks) from scratch; must be deterministic given torch.manual_seed.
+    #: Networks take their first layer from :func:`input_layer` (the battery builds every
+    #: case with lazy input layers too)
     make_loss: Callable[[], LossModule]
     #: (loss, batch_shape) -> a random batch with every key the loss reads. batch_shape is
     #: ``[B]`` or ``[B, T]`` (time last); with a time dim, put at least one terminated and

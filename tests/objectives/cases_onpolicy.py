@@ -20,7 +20,7 @@ from steersman.tensordict.nn import (
     TensorDictModule,
     TensorDictSequential,
 )
-from tests.objectives._cases import LossCase
+from tests.objectives._cases import LossCase, input_layer
 
 OBS, ACT, N_ACTIONS, HIDDEN = 3, 2, 4, 8
 
@@ -28,7 +28,7 @@ OBS, ACT, N_ACTIONS, HIDDEN = 3, 2, 4, 8
 # ------------------------------------------------------------------ networks
 def actor(distribution=TanhNormal) -> ProbabilisticTensorDictSequential:
     """``observation [*B, OBS] -> loc, scale [*B, ACT]`` and ``distribution`` over them."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 2 * ACT), NormalParamExtractor())
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 2 * ACT), NormalParamExtractor())
     return ProbabilisticTensorDictSequential(
         TensorDictModule(net, ["observation"], ["loc", "scale"]),
         _prob_module(distribution),
@@ -45,7 +45,7 @@ def _prob_module(distribution) -> ProbabilisticTensorDictModule:
 
 def discrete_actor() -> ProbabilisticTensorDictSequential:
     """``observation [*B, OBS] -> logits [*B, N_ACTIONS]``, one-hot categorical actions."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
     return ProbabilisticTensorDictSequential(
         TensorDictModule(net, ["observation"], ["logits"]),
         ProbabilisticTensorDictModule(["logits"], ["action"], OneHotCategorical, return_log_prob=True),
@@ -54,13 +54,13 @@ def discrete_actor() -> ProbabilisticTensorDictSequential:
 
 def critic() -> TensorDictModule:
     """``V(s)``: ``observation [*B, OBS] -> state_value [*B, 1]``."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
     return TensorDictModule(net, ["observation"], ["state_value"])
 
 
 def shared_trunk() -> tuple[ProbabilisticTensorDictSequential, TensorDictSequential]:
     """An actor and a critic sharing ``observation -> hidden`` (module ``0`` of both)."""
-    trunk = TensorDictModule(nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh()), ["observation"], ["hidden"])
+    trunk = TensorDictModule(nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh()), ["observation"], ["hidden"])
     head = TensorDictModule(nn.Sequential(nn.Linear(HIDDEN, 2 * ACT), NormalParamExtractor()), ["hidden"], ["loc", "scale"])
     pi = ProbabilisticTensorDictSequential(trunk, head, _prob_module(IndependentNormal))
     v = TensorDictSequential(trunk, TensorDictModule(nn.Linear(HIDDEN, 1), ["hidden"], ["state_value"]))

@@ -26,7 +26,7 @@ from steersman.tensordict.nn import (
     TanhNormal,
     TensorDictModule,
 )
-from tests.objectives._cases import LossCase
+from tests.objectives._cases import LossCase, input_layer
 
 OBS, ACT, N_ACTIONS, HIDDEN = 3, 2, 4, 8
 
@@ -34,7 +34,7 @@ OBS, ACT, N_ACTIONS, HIDDEN = 3, 2, 4, 8
 # ------------------------------------------------------------------ networks
 def actor() -> ProbabilisticTensorDictSequential:
     """``observation [*B, OBS] -> TanhNormal`` over ``[-1, 1]^ACT`` (loc, scale ``[*B, ACT]``)."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 2 * ACT), NormalParamExtractor())
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 2 * ACT), NormalParamExtractor())
     return ProbabilisticTensorDictSequential(
         TensorDictModule(net, ["observation"], ["loc", "scale"]),
         ProbabilisticTensorDictModule(["loc", "scale"], ["action"], TanhNormal, return_log_prob=True),
@@ -46,7 +46,7 @@ class Critic(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(OBS + ACT, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+        self.net = nn.Sequential(input_layer(OBS + ACT, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([observation, action], -1))
@@ -58,13 +58,13 @@ def qvalue() -> TensorDictModule:
 
 def value() -> TensorDictModule:
     """``V(s)``: ``observation [*B, OBS] -> state_value [*B, 1]``."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
     return TensorDictModule(net, ["observation"], ["state_value"])
 
 
 def discrete_actor(distribution=OneHotCategorical) -> ProbabilisticTensorDictSequential:
     """``observation [*B, OBS] -> logits [*B, N_ACTIONS]`` and a categorical over them."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
     return ProbabilisticTensorDictSequential(
         TensorDictModule(net, ["observation"], ["logits"]),
         ProbabilisticTensorDictModule(["logits"], ["action"], distribution),
@@ -73,7 +73,7 @@ def discrete_actor(distribution=OneHotCategorical) -> ProbabilisticTensorDictSeq
 
 def discrete_qvalue() -> TensorDictModule:
     """``observation [*B, OBS] -> action_value [*B, N_ACTIONS]``."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
     return TensorDictModule(net, ["observation"], ["action_value"])
 
 

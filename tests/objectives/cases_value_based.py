@@ -12,7 +12,7 @@ from steersman.data import Bounded
 from steersman.objectives import DDPGLoss, DistributionalDQNLoss, DQNLoss, TD3Loss, ValueEstimators
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import TensorDictModule
-from tests.objectives._cases import LossCase
+from tests.objectives._cases import LossCase, input_layer
 
 OBS, N_ACTIONS, ACT, HIDDEN = 4, 3, 2, 8
 N_ATOMS, SUPPORT = 7, torch.linspace(-3.0, 3.0, 7)
@@ -23,7 +23,7 @@ class Critic(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(OBS + ACT, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+        self.net = nn.Sequential(input_layer(OBS + ACT, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([observation, action], -1))
@@ -31,7 +31,7 @@ class Critic(nn.Module):
 
 def q_network() -> TensorDictModule:
     """``observation [*B, OBS] -> action_value [*B, N_ACTIONS]``."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ACTIONS))
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action_value"])
 
 
@@ -40,7 +40,7 @@ class C51Head(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ATOMS * N_ACTIONS))
+        self.net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, N_ATOMS * N_ACTIONS))
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.net(observation).unflatten(-1, (N_ATOMS, N_ACTIONS)).log_softmax(-2)
@@ -52,7 +52,7 @@ def c51_network() -> TensorDictModule:
 
 def actor() -> TensorDictModule:
     """``observation [*B, OBS] -> action [*B, ACT]`` in ``[-1, 1]``."""
-    net = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, ACT), nn.Tanh())
+    net = nn.Sequential(input_layer(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, ACT), nn.Tanh())
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from steersman.objectives import ValueEstimators, total_loss
+from steersman.objectives import DQNLoss, HardUpdate, SoftUpdate, ValueEstimators, total_loss
+from steersman.tensordict import TensorDictBase, TensorDictParams
+from tests.objectives._cases import lazy_inputs
 
 HERE = Path(__file__).resolve().parent
 
@@ -189,3 +191,164 @@ def test_compiles_fullgraph_forward_backward(case):
         for n, g in eager_grads.items():
             p = dict(loss.named_parameters())[n]
             torch.testing.assert_close(p.grad, g, msg=f"{case.name}: compiled grad of {n} differs")
+
+
+# ------------------------------------------------------------ TorchRL's parameter attributes
+#: the attributes TorchRL's loss of the same name exposes (checked against its sources)
+TORCHRL_PARAM_ATTRS = {
+    "DQNLoss": {"value_network_params", "target_value_network_params"},
+    "DistributionalDQNLoss": {"value_network_params", "target_value_network_params"},
+    "DDPGLoss": {"actor_network_params", "target_actor_network_params", "value_network_params",
+                 "target_value_network_params"},
+    "TD3Loss": {"actor_network_params", "target_actor_network_params", "qvalue_network_params",
+                "target_qvalue_network_params"},
+    "A2CLoss": {"actor_network_params", "critic_network_params", "target_actor_network_params",
+                "target_critic_network_params"},
+}
+for _name in ("PPOLoss", "ClipPPOLoss", "KLPENPPOLoss"):
+    TORCHRL_PARAM_ATTRS[_name] = TORCHRL_PARAM_ATTRS["A2CLoss"]
+for _name in ("SACLoss", "DiscreteSACLoss", "IQLLoss", "CQLLoss", "REDQLoss"):
+    TORCHRL_PARAM_ATTRS[_name] = {"actor_network_params", "qvalue_network_params", "target_qvalue_network_params"}
+TORCHRL_PARAM_ATTRS["IQLLoss"] = TORCHRL_PARAM_ATTRS["IQLLoss"] | {"value_network_params"}
+
+
+def _param_attrs(loss) -> list[tuple[str, object]]:
+    """``(name, TensorDict)`` for every ``*_params`` attribute the loss has."""
+    out = []
+    for name in sorted(dir(type(loss))):
+        if name.endswith("_params") and isinstance(getattr(type(loss), name), property):
+            try:
+                out.append((name, getattr(loss, name)))
+            except AttributeError:  # e.g. SAC v2 has no value_network
+                continue
+    return out
+
+
+def _leaves(td) -> list[torch.Tensor]:
+    return [td.get(k) for k in sorted(td.keys(include_nested=True, leaves_only=True), key=str)]
+
+
+def _shift_(td, amount: float) -> None:
+    with torch.no_grad():
+        for t in _leaves(td):
+            if t.is_floating_point():
+                t.add_(amount)
+
+
+def _outputs_differ(a, b) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a.keys() if a[k].is_floating_point())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_parameter_attributes_are_the_networks_tensors(case):
+    loss, batch = _build(case, case.batch_shapes[0])
+    _forward(loss, batch)
+    attrs = dict(_param_attrs(loss))
+    missing = TORCHRL_PARAM_ATTRS[type(loss).__name__] - set(attrs)
+    assert not missing, f"{case.name}: TorchRL's {sorted(missing)} are missing"
+    owned = {t.data_ptr() for t in [*loss.parameters(), *loss.buffers()]}
+    for name, params in attrs.items():
+        assert isinstance(params, TensorDictBase), f"{name} is a {type(params).__name__}"
+        leaves = _leaves(params)
+        assert leaves and all(t.data_ptr() in owned for t in leaves), f"{name}: leaves are not the loss's tensors"
+        if not name.startswith("target_"):
+            assert isinstance(params, TensorDictParams), f"{name} is not a TensorDictParams"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_in_place_update_through_attributes_reaches_the_loss(case):
+    loss, batch = _build(case, case.batch_shapes[0])
+    before = _forward(loss, batch)
+    for name, params in _param_attrs(loss):
+        online_name = name.removeprefix("target_")
+        shares_online = name != online_name and _leaves(params)[0].data_ptr() == _leaves(getattr(loss, online_name))[0].data_ptr()
+        if shares_online:  # no target network here: the attribute is the online tensors, detached
+            continue
+        _shift_(params, 0.25)
+        after = _forward(loss, batch)
+        assert _outputs_differ(before, after), f"{case.name}: updating {name} in place changed nothing"
+        _shift_(params, -0.25)
+        before = _forward(loss, batch)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_target_updaters_act_on_the_target_attributes(case):
+    loss, batch = _build(case, case.batch_shapes[0])
+    _forward(loss, batch)
+    targets = [(n, p) for n, p in _param_attrs(loss) if n.startswith("target_")
+               and _leaves(p)[0].data_ptr() != _leaves(getattr(loss, n.removeprefix("target_")))[0].data_ptr()]
+    if not loss.target_names:
+        assert not targets
+        with pytest.raises(ValueError, match="no target networks"):
+            SoftUpdate(loss, tau=0.5)
+        return
+    assert targets, f"{case.name} has target networks but no target_* attribute shows them"
+    for _, target in targets:
+        _shift_(target, 1.0)
+    HardUpdate(loss, value_network_update_interval=1).step()
+    for name, target in targets:
+        online = getattr(loss, name.removeprefix("target_"))
+        for t, o in zip(_leaves(target), _leaves(online)):
+            torch.testing.assert_close(t, o, msg=f"{case.name}: HardUpdate left {name} behind")
+        _shift_(target, 1.0)
+    SoftUpdate(loss, tau=0.5).step()
+    for name, target in targets:
+        online = getattr(loss, name.removeprefix("target_"))
+        for t, o in zip(_leaves(target), _leaves(online)):
+            if t.is_floating_point():
+                torch.testing.assert_close(t, o + 0.5, msg=f"{case.name}: SoftUpdate did not move {name}")
+
+
+# ------------------------------------------------------------ lazy (uninitialized) networks
+def _lazy_tensors(loss) -> list[torch.Tensor]:
+    template = loss.__dict__.get("qvalue_network")  # an ensemble's template, outside the parameters
+    tensors = [*loss.parameters(), *loss.buffers(), *(template.parameters() if template is not None else [])]
+    return [t for t in tensors if torch.nn.parameter.is_lazy(t)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_lazy_networks_are_set_up_on_the_first_call(case):
+    shape = case.batch_shapes[0]
+    torch.manual_seed(0)
+    with lazy_inputs():
+        loss = case.make_loss()  # touches no uninitialized parameter
+    assert _lazy_tensors(loss), f"{case.name}: built with lazy input layers, but nothing is lazy"
+    updater = SoftUpdate(loss, tau=0.5) if loss.target_names else None  # built before the first call, as in TorchRL
+    batch = case.make_batch(loss, shape)
+    out = _forward(loss, batch)  # first call: lazy layers run, targets and ensembles appear
+    assert not _lazy_tensors(loss), f"{case.name}: lazy tensors left after the first call"
+    assert {k for k in out.keys() if _is_term(k)} == set(case.grad_map)
+    for name, params in _param_attrs(loss):
+        if name.startswith("target_"):  # every target starts equal to its online network
+            online = getattr(loss, name.removeprefix("target_"))
+            for t, o in zip(_leaves(params), _leaves(online)):
+                assert torch.equal(t, o), f"{case.name}: {name} does not start equal to the online network"
+    # an optimizer built after the first call sees every trainable parameter and trains them
+    params = [p for p in loss.parameters() if p.requires_grad]
+    optim = torch.optim.SGD(params, lr=0.1)
+    before = {n: p.detach().clone() for n, p in loss.named_parameters()}
+    total_loss(_forward(loss, batch)).backward()
+    optim.step()
+    for prefixes in case.grad_map.values():
+        for pre in prefixes:
+            changed = [n for n, p in loss.named_parameters() if n.startswith(pre) and not torch.equal(p, before[n])]
+            assert changed, f"{case.name}: no parameter under {pre!r} was trained"
+    if updater is not None:  # the updater made before the targets existed moves them now
+        old = [t.clone() for _, target in loss.target_pairs() for t in _leaves(target)]
+        updater.step()
+        new = [t for _, target in loss.target_pairs() for t in _leaves(target)]
+        assert old and any(not torch.equal(a, b) for a, b in zip(old, new)), f"{case.name}: SoftUpdate moved no target"
+
+
+def test_lazy_target_attribute_before_the_first_call_says_when_it_exists():
+    from tests.objectives.cases_value_based import discrete_batch, q_network
+
+    torch.manual_seed(0)
+    with lazy_inputs():
+        loss = DQNLoss(q_network(), action_space="categorical")
+    with pytest.raises(RuntimeError, match="first call"):
+        _ = loss.target_value_network_params
+    loss(discrete_batch(loss, (4,)))
+    target, online = loss.target_value_network_params, loss.value_network_params
+    assert target["module", "0", "weight"].shape == (8, 4)
+    assert torch.equal(target["module", "0", "weight"], online["module", "0", "weight"])

@@ -215,8 +215,7 @@ def test_constructor_errors():
         TD3Loss(actor(), critic(), action_spec=Unbounded(shape=(ACT,)))
     with pytest.raises(ValueError, match="low bound"):
         TD3Loss(actor(), critic(), bounds=(1.0, -1.0))
-    lazy = TensorDictModule(torch.nn.LazyLinear(1), ["observation"], ["state_action_value"])
-    with pytest.raises(ValueError, match="lazy"):
-        TD3Loss(actor(), lazy, bounds=(LOW, HIGH))
+    with pytest.raises(ValueError, match="num_qvalue_nets must be >= 1"):
+        TD3Loss(actor(), critic(), bounds=(LOW, HIGH), num_qvalue_nets=0)
     with pytest.raises(NotImplementedError, match="GAE"):
         make_loss().make_value_estimator(ValueEstimators.GAE)
