@@ -88,14 +88,24 @@ class ExportReport:
 
     def __str__(self) -> str:
         size = f"{self.file_size / 1024:.1f} KiB"
-        shapes = (f"observation [B, {', '.join(map(str, self.input_shape[1:]))}] -> action "
-                  f"[B, {', '.join(map(str, self.output_shape[1:]))}] {str(self.output_dtype).replace('torch.', '')}")
+        shapes = (f"observation {batch_shape(self.input_shape)} -> action {batch_shape(self.output_shape)} "
+                  f"{str(self.output_dtype).replace('torch.', '')}")
         line = f"exported {self.path} ({self.format}, {size}): {shapes}"
         v = self.verification
         if v is not None:
             line += (f"; matches the live policy on {v.num_observations} observations "
                      f"(max abs diff {v.max_abs_diff:.2e}, run by {v.runner} without steersman)")
         return line
+
+
+def batch_shape(shape: tuple[int, ...]) -> str:
+    """A shape with its (dynamic) batch dimension written ``B``.
+
+    Example:
+        >>> batch_shape((8, 4)), batch_shape((8,)), batch_shape((8, 3, 64, 64))
+        ('[B, 4]', '[B]', '[B, 3, 64, 64]')
+    """
+    return "[" + ", ".join(["B", *map(str, shape[1:])]) + "]"
 
 
 class _ObservationToAction(nn.Module):

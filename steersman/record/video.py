@@ -3,11 +3,14 @@
 Frames are uint8 arrays ``[H, W, C]`` (what Gymnasium's ``render_mode="rgb_array"``
 and ``GymEnv(..., from_pixels=True)`` give). Writing needs imageio
 (``pip install 'steersman[record]'``; MP4 through its ffmpeg plugin, GIF through
-Pillow).
+Pillow). :class:`VideoWriter` streams frames to the encoder one at a time (an MP4 of any
+length costs the memory of a frame; Pillow keeps a GIF's frames until it is closed), so
+:func:`record_episode` never holds the clip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
 from ._optional import import_optional
 
-__all__ = ["EpisodeVideo", "encode_gif", "record_episode", "video_to_frames", "write_video"]
+__all__ = ["EpisodeVideo", "VideoWriter", "encode_gif", "record_episode", "video_to_frames", "write_video"]
 
 VIDEO_FORMATS = (".mp4", ".gif")
 
@@ -57,7 +60,8 @@ def write_video(frames: np.ndarray | list[np.ndarray], path: str | os.PathLike, 
     """Writes uint8 frames ``[T, H, W, C]`` to ``path``: ``.mp4`` (H.264) or ``.gif``.
 
     MP4 frames are padded with black to even height and width (H.264 needs it). GIF
-    merges identical consecutive frames (their durations add up).
+    merges identical consecutive frames (their durations add up). To write frames as
+    they come, use :class:`VideoWriter`.
 
     Example:
         >>> import numpy as np, tempfile
@@ -70,19 +74,98 @@ def write_video(frames: np.ndarray | list[np.ndarray], path: str | os.PathLike, 
     if frames.ndim != 4 or frames.dtype != np.uint8 or frames.shape[-1] not in (1, 3, 4):
         raise ValueError(f"write_video: frames must be uint8 [T, H, W, C] with C in (1, 3, 4), "
                          f"got {frames.dtype} {frames.shape}")
-    if path.suffix not in VIDEO_FORMATS:
-        raise ValueError(f"write_video: unknown video format {path.suffix!r}: use one of {VIDEO_FORMATS}")
-    imageio = import_optional("imageio", extra="record", purpose="writing videos")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gif":
-        imageio.v3.imwrite(path, frames, duration=1000 / fps, loop=0)
-        return path
-    import_optional("imageio_ffmpeg", extra="record", purpose="writing MP4 videos",
-                    package="imageio-ffmpeg")
-    _, h, w, _ = frames.shape
-    frames = np.pad(frames[..., :3], ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
-    imageio.v2.mimwrite(path, list(frames), fps=fps, macro_block_size=1)
+    with VideoWriter(path, fps=fps) as writer:
+        for frame in frames:
+            writer.append(frame)
     return path
+
+
+class VideoWriter:
+    """Streams uint8 frames ``[H, W, C]`` into an ``.mp4`` (H.264) or ``.gif`` file.
+
+    Each :meth:`append` hands one frame to the encoder (MP4: the ffmpeg process; frames
+    padded with black to even height and width). The file is written under a temporary
+    name and renamed into place by :meth:`close`; leaving the ``with`` block on an
+    exception removes it, so a failed recording leaves no partial video behind.
+
+    Example:
+        >>> import numpy as np, tempfile
+        >>> with VideoWriter(tempfile.mkdtemp() + "/clip.gif", fps=10) as w:
+        ...     for t in range(3):
+        ...         w.append(np.full((8, 8, 3), 80 * t, np.uint8))
+        >>> w.num_frames, w.path.name, w.path.exists()
+        (3, 'clip.gif', True)
+    """
+
+    def __init__(self, path: str | os.PathLike, fps: int = 30) -> None:
+        path = Path(path)
+        if path.suffix not in VIDEO_FORMATS:
+            raise ValueError(f"unknown video format {path.suffix!r} of {str(path)!r}: use one of {VIDEO_FORMATS}")
+        self._imageio = import_optional("imageio", extra="record", purpose="writing videos")
+        if path.suffix == ".mp4":
+            import_optional("imageio_ffmpeg", extra="record", purpose="writing MP4 videos",
+                            package="imageio-ffmpeg")
+        self.path = path
+        self.fps = fps
+        self.num_frames = 0
+        self._tmp = path.with_name(f".{path.stem}.partial{path.suffix}")  # the suffix tells the format
+        self._writer: Any = None
+        self._shape: tuple[int, ...] | None = None
+
+    def _open(self) -> Any:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.suffix == ".gif":
+            return self._imageio.v3.imopen(self._tmp, "w", plugin="pillow")
+        return self._imageio.v2.get_writer(self._tmp, fps=self.fps, macro_block_size=1)
+
+    def append(self, frame: np.ndarray) -> None:
+        """Encodes one uint8 frame ``[H, W, C]`` (C in 1, 3, 4; every frame the same shape)."""
+        frame = np.asarray(frame)
+        if frame.ndim != 3 or frame.dtype != np.uint8 or frame.shape[-1] not in (1, 3, 4):
+            raise ValueError(f"VideoWriter: frames must be uint8 [H, W, C] with C in (1, 3, 4), "
+                             f"got {frame.dtype} {frame.shape}")
+        if self._shape is None:
+            self._shape = frame.shape
+            self._writer = self._open()
+        elif frame.shape != self._shape:
+            raise ValueError(f"VideoWriter: frame {self.num_frames} has shape {frame.shape}, "
+                             f"the first had {self._shape}")
+        if self.path.suffix == ".gif":
+            self._writer.write(frame, is_batch=False, duration=1000 / self.fps, loop=0)
+        else:
+            h, w = frame.shape[:2]
+            if frame.shape[-1] != 3:
+                frame = np.repeat(frame, 3, -1) if frame.shape[-1] == 1 else frame[..., :3]
+            if h % 2 or w % 2:
+                frame = np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)))
+            self._writer.append_data(frame)
+        self.num_frames += 1
+
+    def close(self) -> Path:
+        """Finishes the file and moves it to :attr:`path`; returns the path."""
+        if self._writer is None:
+            raise ValueError(f"VideoWriter: no frames were appended; {str(self.path)!r} not written")
+        self._writer.close()
+        self._writer = None
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Stops writing and removes the partial file."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 
 def encode_gif(frames: np.ndarray, fps: int = 30) -> bytes:
@@ -146,23 +229,22 @@ def record_episode(
     path = Path(path)
     if path.suffix not in VIDEO_FORMATS:
         raise ValueError(f"record_episode: unknown video format {path.suffix!r}: use one of {VIDEO_FORMATS}")
-    frames: list[np.ndarray] = []
     total = 0.0
     steps = 0
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+    # each frame goes to the encoder as it is rendered: memory stays one frame, not the clip
+    with VideoWriter(path, fps=fps) as writer, torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
         td = env.reset()
-        frames.append(_frame(env, td, frame_key))
+        writer.append(_frame(env, td, frame_key))
         while steps < max_steps:
             td = policy(td) if policy is not None else env.rand_action(td)
             td = env.step(td)
             steps += 1
             total += float(td.get(("next", "reward")).sum())
-            frames.append(_frame(env, td.get("next"), frame_key))
+            writer.append(_frame(env, td.get("next"), frame_key))
             if bool(td.get(("next", "done")).any()):
                 break
             td = step_mdp(td)
-    write_video(np.stack(frames), path, fps=fps)
-    return EpisodeVideo(path=path, num_frames=len(frames), episode_return=total, steps=steps)
+    return EpisodeVideo(path=path, num_frames=writer.num_frames, episode_return=total, steps=steps)
 
 
 def _frame(env: EnvBase, td: Any, key: str) -> np.ndarray:

@@ -121,6 +121,15 @@ def test_round_trip_outputs(policies, tmp_path, name, fmt):
     assert policy.training  # the caller's module is not switched to eval mode
 
 
+@pytest.mark.parametrize("name, shapes", [
+    ("qvalue", "observation [B, 5] -> action [B] int64"),
+    ("deterministic", "observation [B, 5] -> action [B, 2] float32"),
+])
+def test_report_writes_the_batch_dimension(policies, tmp_path, name, shapes):
+    rep = export_policy(policies[name], torch.randn(4, OBS_DIM), tmp_path / "policy.pt2", verify=False)
+    assert f"(torch-export, {rep.file_size / 1024:.1f} KiB): {shapes}" in str(rep)
+
+
 @pytest.mark.parametrize("fmt", EXPORT_FORMATS)
 def test_export_verifies_without_steersman(policies, tmp_path, fmt):
     """verify=True runs the file in a fresh process where importing steersman fails."""

@@ -122,3 +122,98 @@ def test_native_env_cannot_render(tmp_path):
     with pytest.raises(ValueError, match="unknown video format '.webm'"):
         record_episode(CartPoleEnv(), None, tmp_path / "ep.webm")
     assert not list(tmp_path.iterdir())
+
+
+# --- streaming: frames go to the encoder one at a time ----------------------------------
+
+
+class _CountingWriter:
+    """Stands in for imageio's writer: at each append, counts the appended frames still
+    alive (weak references). A recorder that keeps the clip keeps them all alive."""
+
+    def __init__(self):
+        self.refs = []
+        self.peak_alive = 0
+
+    def append_data(self, frame):
+        import weakref
+
+        self.refs.append(weakref.ref(frame))
+        self.peak_alive = max(self.peak_alive, sum(r() is not None for r in self.refs))
+
+    def close(self):
+        pass
+
+
+def test_record_episode_streams_frames(monkeypatch, tmp_path):
+    """Every frame reaches the writer as it is rendered, and none is kept afterwards."""
+    pytest.importorskip("imageio_ffmpeg")
+    import gc
+
+    import imageio
+
+    from steersman.envs import PendulumEnv
+
+    writers = []
+
+    def fake_get_writer(path, **kwargs):
+        writers.append(_CountingWriter())
+        open(path, "wb").close()
+        return writers[-1]
+
+    monkeypatch.setattr(imageio.v2, "get_writer", fake_get_writer)
+    env = PendulumEnv(seed=0)
+    renders = []
+
+    def render():  # a fresh 64x64 frame per step, like Gymnasium's render()
+        renders.append(1)
+        return np.full((64, 64, 3), len(renders) % 256, np.uint8)
+
+    env.render = render
+    gc.disable()  # a frame freed by reference counting is freed at once, not by the collector
+    try:
+        out = record_episode(env, None, tmp_path / "ep.mp4", max_steps=50)
+    finally:
+        gc.enable()
+    (w,) = writers
+    assert out.num_frames == len(renders) == len(w.refs) == 51
+    assert w.peak_alive <= 2, f"{w.peak_alive} frames alive at once: the clip is being accumulated"
+    assert out.path.exists() and not list(tmp_path.glob(".*partial*"))
+
+
+def test_record_episode_memory_is_one_frame(tmp_path):
+    """tracemalloc peak of a 100-step Pendulum MP4 (500 x 500 frames) stays a few frames."""
+    pytest.importorskip("imageio_ffmpeg")
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("pygame")
+    import tracemalloc
+
+    from steersman.envs import GymEnv
+
+    env = GymEnv("Pendulum-v1", render_mode="rgb_array")
+    env.set_seed(0)
+    frame_bytes = 500 * 500 * 3
+    tracemalloc.start()
+    try:
+        out = record_episode(env, None, tmp_path / "ep.mp4", max_steps=100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        env.close()
+    assert out.num_frames == 101 and mp4_frames(out.path) == 101
+    assert peak < 8 * frame_bytes, f"peak {peak / 1e6:.1f} MB for {out.num_frames} frames"
+
+
+def test_video_writer_errors_leave_nothing(tmp_path):
+    from steersman.record.video import VideoWriter
+
+    with pytest.raises(ValueError, match=r"frame 1 has shape \(8, 8, 3\), the first had \(6, 6, 3\)"):
+        with VideoWriter(tmp_path / "a.gif") as w:
+            w.append(np.zeros((6, 6, 3), np.uint8))
+            w.append(np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"frames must be uint8 \[H, W, C\]"):
+        with VideoWriter(tmp_path / "b.gif") as w:
+            w.append(np.zeros((6, 6), np.uint8))
+    with pytest.raises(ValueError, match="no frames were appended"):
+        VideoWriter(tmp_path / "c.gif").close()
+    assert not list(tmp_path.iterdir())
