@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -54,9 +54,11 @@ from .base import (
     _is_non_tensor,
     _reduced_size,
     _shape_args,
+    _whole,
     expanded_batch_size,
     is_tensor_collection,
 )
+from .indexing import INT, MASK, SLICE, TENSOR, as_index, plan_index
 from .td import TensorDict
 
 __all__ = ["LazyStackedTensorDict", "lazy_stack", "lazy_cat", "RaggedStackError"]
@@ -79,6 +81,17 @@ def _ragged_error(key: Any, shapes: list, op: str | None = None) -> RaggedStackE
         f"td.get_nestedtensor({key!r}) for a nested tensor, or index the stack (td[i]) to "
         "reach one member's entry"
     )
+
+
+class _MemberSplit(NamedTuple):
+    """An index over a lazy stack, as what it does to the member list and to each member."""
+
+    members: list[int]
+    """The members it keeps, in output order."""
+    stack_dim: int | None
+    """The output dim they are stacked along; None when an int picked one member."""
+    member_index: Any
+    """The index applied to each member (``()``: the whole member)."""
 
 
 class LazyStackedTensorDict(TensorDictBase):
@@ -662,21 +675,20 @@ class LazyStackedTensorDict(TensorDictBase):
         whole = type(index) is tuple and not index
         if whole:
             new_bs = bs
-            dec = (list(range(len(ms))), sd, ())
+            split = _MemberSplit(list(range(len(ms))), sd, ())
         else:
             new_bs = indexed_batch_size(bs, _cpu_index(index))
-            dec = self._decompose(index)
+            split = self._split_index(index)
         plan = []
-        if dec is not None:
-            ids, out_sd, midx = dec
-            mi: Any = () if not midx else (midx[0] if len(midx) == 1 else midx)
-            for p, i in enumerate(ids):
+        if split is not None:
+            out_sd, mi = split.stack_dim, split.member_index
+            for p, i in enumerate(split.members):
                 m = ms[i]
                 piece = value if out_sd is None else _source_part(
                     value, new_bs, lambda t, d=out_sd, p=p: t.select(d, p if t.shape[d] != 1 else 0),
                     lambda c, d=out_sd, p=p: c[(slice(None),) * d + (p if c.batch_size[d] != 1 else 0,)],
                 )
-                mnb = m.batch_size if mi == () else indexed_batch_size(m.batch_size, mi)
+                mnb = m.batch_size if _whole(mi) else indexed_batch_size(m.batch_size, mi)
                 pairs: list = []
                 _collect_write_pairs(m, piece, pairs, (), mnb, m.batch_dims)
                 plan.append((_prepare_pairs(pairs, mi), mi))
@@ -710,126 +722,66 @@ class LazyStackedTensorDict(TensorDictBase):
                 return c[r]
 
             piece = _source_part(value, new_bs, take, take_c)
-            mnb = m.batch_size if mi == () else indexed_batch_size(m.batch_size, mi)
+            mnb = m.batch_size if _whole(mi) else indexed_batch_size(m.batch_size, mi)
             pairs = []
             _collect_write_pairs(m, piece, pairs, (), mnb, m.batch_dims)
             plan.append((_prepare_pairs(pairs, mi), mi))
         return plan
 
     # ------------------------------------------------------------------ indexing
-    def _decompose(self, index: Any) -> tuple | None:
-        """Splits an index into (member ids, output stack dim, index inside each member).
+    def _split_index(self, index: Any) -> _MemberSplit | None:
+        """Splits a (normalized) index into the members it keeps and the index for each.
 
-        The output stack dim is ``None`` when an int picks a single member. Returns ``None``
-        when the index can't be split (several tensor indices, a multi-dim index over the
-        stack dim).
+        None when the index can't be split: several tensor indices (their dims mix the
+        members), or a tensor or mask of more than one dim over the stack dim.
         """
-        items = index if type(index) is tuple else (index,)
-        sd = self._stack_dim
-        dim = 0
-        out = 0
-        sd_item: Any = None
-        out_sd = None
-        found = False
-        midx: list = []
-        n_tensor = 0
-        for it in items:
-            if it is None:
-                midx.append(None)
-                out += 1
-                continue
-            if isinstance(it, Tensor):
-                if it.dtype is torch.bool:
-                    k = it.ndim
-                    if k == 0:
-                        return None
-                    n_tensor += 1
-                    if dim <= sd < dim + k:
-                        if k != 1:
-                            return None
-                        sd_item, out_sd, found = it, out, True
-                    else:
-                        midx.append(it)
-                    out += 1
-                    dim += k
-                    continue
-                if it.ndim == 0:
-                    it = int(it)
-                else:
-                    n_tensor += 1
-                    if dim == sd:
-                        if it.ndim != 1:
-                            return None
-                        sd_item, out_sd, found = it, out, True
-                    else:
-                        midx.append(it)
-                    out += it.ndim
-                    dim += 1
-                    continue
-            if isinstance(it, int):
-                if dim == sd:
-                    sd_item, found = it, True
-                else:
-                    midx.append(it)
-                dim += 1
-                continue
-            # a slice
-            if dim == sd:
-                sd_item, out_sd, found = it, out, True
-            else:
-                midx.append(it)
-            out += 1
-            dim += 1
-        if n_tensor > 1:
+        plan = plan_index(index, len(self._batch_size))
+        if plan.n_advanced > 1:
             return None
-        if not found:
-            sd_item, out_sd = slice(None), out + (sd - dim)
-        while midx and isinstance(midx[-1], slice) and midx[-1] == slice(None):
-            midx.pop()
+        step = plan.step_at(self._stack_dim)
+        if (step.kind == TENSOR and step.item.ndim != 1) or (step.kind == MASK and step.n_in != 1):
+            return None
+        member_index = as_index([s.item for s in plan.steps if s is not step])
         n = len(self.tensordicts)
-        if isinstance(sd_item, int):
-            if not -n <= sd_item < n:
-                raise IndexError(f"index {sd_item} is out of range for the stack dim {sd} of size {n}")
-            return [sd_item % n], None, tuple(midx)
-        if isinstance(sd_item, slice):
-            ids = list(range(*sd_item.indices(n)))
-        elif sd_item.dtype is torch.bool:
-            if sd_item.shape[0] != n:
+        item = step.item
+        if step.kind == INT:
+            if not -n <= item < n:
+                raise IndexError(f"index {item} is out of range for the stack dim {self._stack_dim} of size {n}")
+            return _MemberSplit([item % n], None, member_index)
+        if step.kind == SLICE:
+            ids = list(range(*item.indices(n)))
+        elif step.kind == MASK:
+            if item.shape[0] != n:
                 raise IndexError(
-                    f"the mask has {sd_item.shape[0]} elements but the stack dim {sd} has size {n}"
+                    f"the mask has {item.shape[0]} elements but the stack dim {self._stack_dim} has size {n}"
                 )
-            ids = sd_item.nonzero().squeeze(-1).tolist()
+            ids = item.nonzero().squeeze(-1).tolist()
         else:
-            ids = sd_item.tolist()
+            ids = item.tolist()
             for j, i in enumerate(ids):
                 if not -n <= i < n:
-                    raise IndexError(f"index {i} is out of range for the stack dim {sd} of size {n}")
+                    raise IndexError(f"index {i} is out of range for the stack dim {self._stack_dim} of size {n}")
                 ids[j] = i % n
-        return ids, out_sd, tuple(midx)
+        return _MemberSplit(ids, step.out_dim, member_index)
 
     def _index(self, index: Any) -> TensorDictBase:
-        dec = self._decompose(index)
-        if dec is None:
+        split = self._split_index(index)
+        if split is None:
             return self._index_fallback(index)
-        ids, out_sd, midx = dec
         ms = self.tensordicts
-        if midx:
-            mi = midx[0] if len(midx) == 1 else midx
-            if out_sd is None:
-                return ms[ids[0]]._index(mi)
-            parts = [ms[i]._index(mi) for i in ids]
-        else:
-            if out_sd is None:
-                return ms[ids[0]]
-            parts = [ms[i] for i in ids]
+        mi = split.member_index
+        if split.stack_dim is None:  # an int picked one member
+            m = ms[split.members[0]]
+            return m if _whole(mi) else m._index(mi)
+        parts = [ms[i] for i in split.members] if _whole(mi) else [ms[i]._index(mi) for i in split.members]
         if not parts:
             if not ms:
-                return self._like([], out_sd, indexed_batch_size(self._batch_size, _cpu_index(index)))
+                return self._like([], split.stack_dim, indexed_batch_size(self._batch_size, _cpu_index(index)))
             # an empty selection keeps the structure: zero copies of the (common-keyed) first member
             first = ms[0].select(*self.keys())
-            first = first._index(midx[0] if len(midx) == 1 else midx) if midx else first
-            return first.unsqueeze(out_sd)[(slice(None),) * out_sd + (slice(0, 0),)]
-        return self._like(parts, out_sd)
+            first = first if _whole(mi) else first._index(mi)
+            return first.unsqueeze(split.stack_dim)[(slice(None),) * split.stack_dim + (slice(0, 0),)]
+        return self._like(parts, split.stack_dim)
 
     def _index_fallback(self, index: Any) -> TensorDictBase:
         if self._dense_compatible():

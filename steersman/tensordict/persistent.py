@@ -48,6 +48,7 @@ from .base import (
     _is_non_tensor,
     is_tensor_collection,
 )
+from .indexing import MASK, NEW, TENSOR, plan_index
 from .td import TensorDict, _other_entry
 
 __all__ = ["PersistentTensorDict", "to_h5"]
@@ -254,59 +255,41 @@ def _compose(sel: _Sel, index: Any) -> _Sel:
 
 
 def _compose_outer(sel: _Sel, raw: tuple) -> _Sel | None:
-    """``sel`` followed by the (normalized) index ``raw``, or None if not an outer selection."""
-    items: list = []
-    n_tensors = 0
-    for it in raw:
-        if type(it) is bool:
-            return None
-        if isinstance(it, Tensor):
-            if it.dtype is torch.bool:
-                if it.ndim != 1:
-                    return None
-                n_tensors += 1
-            elif it.is_floating_point() or it.is_complex():
-                raise IndexError(f"tensors used as indices must be long, int or bool, got {it.dtype}")
-            elif it.ndim == 0:
-                it = int(it)
-            else:
-                it = it.long()
-                n_tensors += 1
-        items.append(it)
-    if n_tensors > 1:
+    """``sel`` followed by the (normalized) index ``raw``, or None if the result is not an
+    outer selection (several tensor indices, a mask over several dims, a dim added inside
+    the dims of an index tensor)."""
+    shape = sel.shape
+    plan = plan_index(raw, len(shape))
+    if plan.n_advanced > 1 or any(s.kind == MASK and s.n_in != 1 for s in plan.steps):
         return None
     tokens = sel.layout
-    vis: list[tuple[int, int]] = []
-    first_vis: list[int] = []
+    token_of: list[int] = []  # the layout entry that shows each dim of ``shape``
+    first_dim: list[int] = []  # the first dim of ``shape`` that each layout entry shows
     for ti, tok in enumerate(tokens):
-        first_vis.append(len(vis))
-        n = 1 if tok is None else _item_ndim(sel.items[tok])
-        vis.extend((ti, j) for j in range(n))
-    shape = sel.shape
-    ops: list[list] = [[] for _ in tokens]
-    order: list = []
-    tp = 0
-    p = 0
-    for it in items:
-        if it is None:
-            if 0 < p < len(vis) and vis[p - 1][0] == vis[p][0]:
+        first_dim.append(len(token_of))
+        token_of.extend([ti] * (1 if tok is None else _item_ndim(sel.items[tok])))
+    ops: list[list] = [[] for _ in tokens]  # the index elements acting on each layout entry
+    order: list = []  # the new layout: layout entries, and "new" for a dim added by None
+    next_token = 0
+    for step in plan.steps:
+        d = step.in_dim
+        if step.kind == NEW:
+            if 0 < d < len(token_of) and token_of[d - 1] == token_of[d]:
                 return None  # a new dim inside the dims of one index tensor
-            while tp < len(tokens) and first_vis[tp] < p:
-                order.append(tp)
-                tp += 1
+            while next_token < len(tokens) and first_dim[next_token] < d:
+                order.append(next_token)
+                next_token += 1
             order.append("new")
             continue
-        if p >= len(vis):
-            raise IndexError(f"too many indices for a batch of {len(shape)} dims")
-        if isinstance(it, Tensor) and it.dtype is torch.bool:
-            if it.shape[0] != shape[p]:
-                raise IndexError(
-                    f"the mask of size {it.shape[0]} does not match batch dim {p} of size {shape[p]}"
-                )
+        it = step.item
+        if step.kind == MASK:
+            if it.shape[0] != shape[d]:
+                raise IndexError(f"the mask of size {it.shape[0]} does not match batch dim {d} of size {shape[d]}")
             it = it.nonzero().squeeze(1)
-        ops[vis[p][0]].append(it)
-        p += 1
-    order.extend(range(tp, len(tokens)))
+        elif step.kind == TENSOR:
+            it = it.long()
+        ops[token_of[d]].append(it)
+    order.extend(range(next_token, len(tokens)))
     new_items = list(sel.items)
     layout: list = []
     for entry in order:

@@ -21,6 +21,7 @@ from ._utils import (
     missing_key_error,
 )
 from .base import TensorDictBase, _is_branch, _is_non_tensor, is_tensor_collection
+from .indexing import INT, SLICE, plan_index
 
 __all__ = ["TensorDict"]
 
@@ -931,7 +932,7 @@ def _fast_indexed_batch_size(bs: torch.Size, index: Any) -> torch.Size:
 
 
 def _td(source: dict, batch_size: torch.Size, device: torch.device | None, names: Any) -> TensorDict:
-    """``TensorDict._new_unsafe`` as a plain function (no checks): the hot paths' constructor."""
+    """:meth:`TensorDict.from_trusted` as a plain function (no checks): the hot paths' constructor."""
     self = _new_object(TensorDict)
     self._tensordict = source
     self._batch_size = batch_size
@@ -1116,18 +1117,10 @@ def _check_mapped(td: TensorDict) -> None:
 
 
 def _names_after_index(names: list, index: Any) -> list | None:
-    items = index if type(index) is tuple else (index,)
-    out = []
-    pos = 0
-    for it in items:
-        if it is None:
-            out.append(None)
-        elif type(it) is int:
-            pos += 1
-        elif type(it) is slice:
-            out.append(names[pos])
-            pos += 1
-        else:
-            return None
-    out.extend(names[pos:])
+    """The dim names after ``index``: a slice keeps its dim's name, an int drops it, None
+    adds an unnamed dim; tensor indices drop all names."""
+    plan = plan_index(index, len(names))
+    if plan.n_advanced:
+        return None
+    out = [names[s.in_dim] if s.kind == SLICE else None for s in plan.steps if s.kind != INT]
     return None if all(n is None for n in out) else out

@@ -711,3 +711,18 @@ def test_names_and_memory():
     assert (members[1]["a"][0] == 0).all()
     other = lazy_stack(make_members(2, 4), 0).share_memory_()
     assert other.is_shared() and other.is_locked
+
+
+@pytest.mark.parametrize("stack_dim", [0, 1])
+@pytest.mark.parametrize("index", [
+    True, False, (slice(None), True), (torch.tensor(True), 1), (1, torch.tensor(False)),
+    (None, torch.tensor([0, 2])), (torch.tensor(1),), (slice(None), None, torch.tensor([[0, 1]])),
+    (torch.tensor([0, 1]), torch.tensor([1, 0])),
+])
+def test_zero_dim_and_mixed_indices_match_dense(stack_dim, index):
+    """A Python bool is a 0-dim mask (it adds a dim), not the int 1 (it picked member 1)."""
+    lazy = lazy_stack([TensorDict({"a": torch.randn(4, 2) + i}, [4]) for i in range(3)], stack_dim)
+    dense = lazy.to_tensordict()
+    out, expected = lazy[index], dense[index]
+    assert out.batch_size == expected.batch_size
+    assert torch.equal(out["a"], expected["a"])
