@@ -1,6 +1,6 @@
 """The worker process of the multi-process collectors: one :class:`Collector` per worker.
 
-Wire protocol (``multiprocessing`` pipes; framed messages, see ``envs.batched.worker``):
+Wire protocol (``multiprocessing`` pipes; framed messages, see ``envs.batched.pool``):
 
 parent -> worker (first byte):
   ``N`` + flag: collect one batch (flag 1: random actions, for ``init_random_frames``);
@@ -17,25 +17,17 @@ worker -> parent:
 A worker checks the shared policy weights' version before every batch and copies new
 weights into its policy (:class:`~._policy.SharedWeights`). It exits when told to, when
 its pipe closes, or when its parent dies (parent-death signal and watchdog, as
-``ParallelEnv`` workers).
+``ParallelEnv`` workers: both run in ``envs.batched.pool``).
 """
 
 from __future__ import annotations
 
 import pickle
-import signal
 from typing import Any
 
 import torch
 
-from steersman.envs.batched.worker import (
-    FrameReader,
-    frame,
-    pack_error,
-    seed_worker_globals,
-    send_frame,
-    start_parent_watchdog,
-)
+from steersman.envs.batched.pool import OK, frame, pack_error, send_frame, serve
 
 from ._policy import SharedWeights, weights_of
 from ._shm import SharedMemory, send_with_fd
@@ -49,10 +41,8 @@ LOAD = b"L"[0]
 SEED = b"D"[0]
 RESET = b"R"[0]
 CLOSE = b"C"[0]
-OK = b"K"
 FIRST = b"F"
 BATCH = b"B"
-ERR = b"E"
 
 
 def worker_state(collector: Collector) -> dict:
@@ -71,115 +61,69 @@ def load_worker_state(collector: Collector, state: dict) -> None:
         torch.set_rng_state(rng)
 
 
-def worker_main(
-    idx: int,
-    payload: bytes,
-    conn: Any,
-    weights: SharedWeights | None,
-    expected_ppid: int | None,
-    pdeathsig: bool,
-    seed: int,
-    num_threads: int | None,
-    shared: bool,
-) -> None:
-    """The body of a collector worker: builds its collector, then serves commands.
+def worker_main(idx: int, conn: Any, payload: bytes, weights: SharedWeights | None, shared: bool) -> None:
+    """The body of a collector worker (run by ``pool.bootstrap``): builds its collector,
+    then serves commands (``pool.serve``).
 
     ``payload``: the pickled ``dict(create_env_fn, create_env_kwargs, policy, kwargs,
-    num_workers)`` (standard pickle: tensors by value).
+    num_workers)`` (standard pickle, tensors by value; cloudpickle for lambdas).
     """
-    start_parent_watchdog(expected_ppid, pdeathsig)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    seed_worker_globals(seed)
     fd = conn.fileno()
-    collector: Collector | None = None
     memories: list[SharedMemory] = []
-
-    def send(data: bytes) -> None:
-        send_frame(fd, frame(data))
-
     try:
-        try:
-            spec = pickle.loads(payload)
-            collector = Collector(spec["create_env_fn"], spec["policy"],
-                                  create_env_kwargs=spec["create_env_kwargs"], **spec["kwargs"])
-            collector._set_traj_id_scheme(spec["num_workers"], idx)
-            if shared:
-                def allocate(nbytes: int) -> torch.Tensor:
-                    mem = SharedMemory(nbytes, name="steersman-collector-batch")
-                    memories.append(mem)
-                    return mem.tensor
+        spec = pickle.loads(payload)
+        collector = Collector(spec["create_env_fn"], spec["policy"],
+                              create_env_kwargs=spec["create_env_kwargs"], **spec["kwargs"])
+        collector._set_traj_id_scheme(spec["num_workers"], idx)
+        if shared:
+            def allocate(nbytes: int) -> torch.Tensor:
+                mem = SharedMemory(nbytes, name="steersman-collector-batch")
+                memories.append(mem)
+                return mem.tensor
 
-                collector._allocate = allocate
-            own_weights = weights_of(collector.policy) if weights is not None else None
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            send(pack_error(exc))
-            return
-        send(OK)
-        recv = FrameReader(fd).recv
-        seen = 0
-        described = None
-        while True:
-            try:
-                msg = recv()
-            except (EOFError, OSError):
-                return  # the parent is gone
-            cmd = msg[0]
-            try:
-                if cmd == COLLECT:
-                    if weights is not None:
-                        seen = weights.read_into(own_weights, seen)
-                    collector._rollout(random=msg[1] == 1)
-                    buf = collector._buffer
-                    if buf is not described:  # a new buffer (the first, or new entries)
-                        described = buf
-                        if shared:
-                            del memories[:-1]  # the previous buffers' memory
-                            mem = memories[-1]
-                            send_with_fd(fd, FIRST + pickle.dumps(buf.layout), mem.fd)
-                            mem.close_fd()  # the parent has its own descriptor now
-                        else:
-                            send(FIRST + pickle.dumps((buf.layout, buf.memory.numpy().tobytes())))
-                    elif shared:
-                        send(BATCH)
-                    else:
-                        send(BATCH + buf.memory.numpy().tobytes())
-                elif cmd == STATE:
-                    state = worker_state(collector)
-                    state["weights_version"] = seen
-                    send(OK + pickle.dumps(state))
-                elif cmd == LOAD:
-                    state = pickle.loads(msg[1:])
-                    # the weights version the worker had copied: newer shared weights (if any)
-                    # are copied before the next batch, as they were after the save
-                    seen = int(state.pop("weights_version", 0))
-                    load_worker_state(collector, state)
-                    send(OK)
-                elif cmd == SEED:
-                    seed_, static = pickle.loads(msg[1:])
-                    send(OK + pickle.dumps(collector.set_seed(seed_, static_seed=static)))
-                elif cmd == RESET:
-                    collector.reset()
-                    send(OK)
-                elif cmd == CLOSE:
-                    collector.shutdown()
-                    try:
-                        send(OK)
-                    except OSError:
-                        pass
-                    return
-                else:
-                    raise RuntimeError(f"unknown command {msg[:1]!r}")
-            except Exception as exc:  # noqa: BLE001 - reported to the parent
-                try:
-                    send(pack_error(exc))
-                except OSError:
-                    return
-    finally:
-        if collector is not None:
-            try:
-                collector.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
+            collector._allocate = allocate
+        own_weights = weights_of(collector.policy) if weights is not None else None
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        send_frame(fd, frame(pack_error(exc)))
+        return
+    send_frame(fd, frame(OK))
+    seen = 0
+    described = None
+
+    def handle(msg: bytes) -> bytes | None:
+        nonlocal seen, described
+        cmd = msg[0]
+        if cmd == COLLECT:
+            if weights is not None:
+                seen = weights.read_into(own_weights, seen)
+            collector._rollout(random=msg[1] == 1)
+            buf = collector._buffer
+            if buf is described:
+                return BATCH if shared else BATCH + buf.memory.numpy().tobytes()
+            described = buf  # a new buffer (the first, or new entries)
+            if not shared:
+                return FIRST + pickle.dumps((buf.layout, buf.memory.numpy().tobytes()))
+            del memories[:-1]  # the previous buffers' memory
+            send_with_fd(fd, FIRST + pickle.dumps(buf.layout), memories[-1].fd)
+            memories[-1].close_fd()  # the parent has its own descriptor now
+            return None
+        if cmd == STATE:
+            state = worker_state(collector)
+            state["weights_version"] = seen
+            return OK + pickle.dumps(state)
+        if cmd == LOAD:
+            state = pickle.loads(msg[1:])
+            # the weights version the worker had copied: newer shared weights (if any) are
+            # copied before the next batch, as they were after the save
+            seen = int(state.pop("weights_version", 0))
+            load_worker_state(collector, state)
+            return OK
+        if cmd == SEED:
+            seed, static = pickle.loads(msg[1:])
+            return OK + pickle.dumps(collector.set_seed(seed, static_seed=static))
+        if cmd == RESET:
+            collector.reset()
+            return OK
+        raise RuntimeError(f"unknown command {msg[:1]!r}")
+
+    serve(fd, handle, collector.shutdown)

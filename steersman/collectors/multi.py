@@ -6,12 +6,13 @@
   the worker starts its next batch before the yield.
 * :class:`aSyncDataCollector`: one collector in a background process.
 
-Design, shared with :class:`~steersman.envs.ParallelEnv`:
+Design (the worker processes are a ``steersman.envs.batched.pool.WorkerPool``, as
+:class:`~steersman.envs.ParallelEnv`'s):
 
-* Start: ``forkserver`` (else ``spawn``) worker processes, never ``fork``; the env
-  factory, the policy and the settings are pickled once per worker (standard pickle:
-  tensors by value). Workers are not daemonic, so their envs may start processes of
-  their own (e.g. a ``ParallelEnv`` per worker).
+* Start: ``forkserver`` (else ``spawn``) worker processes; the env factory, the policy
+  and the settings are pickled once per worker (standard pickle, tensors by value;
+  cloudpickle for lambdas and closures). Workers are not daemonic, so their envs may
+  start processes of their own (e.g. a ``ParallelEnv`` per worker).
 * Data: a worker writes its batches straight into anonymous shared memory (a memfd,
   sized from its first transition and sent to the parent once); each batch costs a
   one-byte message. The parent copies batches out (the ``stack``/``cat`` of the sync
@@ -19,29 +20,20 @@ Design, shared with :class:`~steersman.envs.ParallelEnv`:
 * Policy weights: in shared memory with a version counter; ``update_policy_weights_()``
   writes them, each worker copies them into its policy before its next batch (a
   batch never mixes two versions).
-* Waiting: ``select.poll`` over every worker's pipe and process sentinel; nothing
-  sleeps or polls on a timer, so a batch takes as long as the slowest worker's work,
-  and a worker that raises or dies is reported (:class:`CollectorWorkerError`, naming
-  the worker, the exception type and message, and the worker traceback) as soon as it
-  happens; the collector is then shut down.
-* Parent death: workers set ``PR_SET_PDEATHSIG`` (Linux), watch ``os.getppid()`` and
-  exit on EOF of their pipe. ``shutdown()`` is idempotent and also runs at garbage
-  collection and interpreter exit; no named semaphore, lock or shared-memory file is
-  ever created, so nothing outlives the processes.
+* Failures: a worker that raises, dies or misses ``timeout`` (it is then killed at
+  once) is reported as soon as it happens (:class:`CollectorWorkerError`, naming the
+  worker, the exception type and message and the worker traceback, or the exit code
+  or signal); the collector is then shut down. Workers exit when the parent dies, even
+  by SIGKILL; ``shutdown()`` is idempotent and also runs at garbage collection and
+  interpreter exit; nothing named (semaphore, lock, shared-memory file) is created.
 """
 
 from __future__ import annotations
 
-import atexit
 import math
-import multiprocessing
 import os
 import pickle
-import select
-import threading
-import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -50,15 +42,13 @@ import torch
 from torch import nn
 
 from steersman.envs import EnvBase, EnvWorkerError, next_seed
-from steersman.envs.batched import default_start_method
-from steersman.envs.batched.parallel import close_quietly, prepare_forkserver, stop_processes
-from steersman.envs.batched.worker import frame, send_frame, unpack_error
+from steersman.envs.batched.pool import WorkerPool, check_start_method, dumps, frame
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict.nn import ExplorationType
 
 from ._policy import SharedWeights, as_weights, weights_of
-from ._shm import HAS_MEMFD, FdReader, map_fd
-from ._worker import CLOSE, COLLECT, LOAD, RESET, SEED, STATE, worker_main
+from ._shm import HAS_MEMFD, map_fd
+from ._worker import COLLECT, LOAD, RESET, SEED, STATE, worker_main
 from .collector import finish_batch, td_from_state, td_state
 from .utils import dense_copy
 
@@ -72,9 +62,7 @@ __all__ = [
     "CollectorWorkerError",
 ]
 
-_ERR = b"E"[0]
 _FIRST = b"F"[0]
-_PRELOAD = ("torch", "steersman.envs", "steersman.collectors._worker")
 
 
 class CollectorWorkerError(EnvWorkerError):
@@ -91,48 +79,6 @@ class CollectorWorkerError(EnvWorkerError):
         >>> err.worker_index, err.exc_type
         (1, 'ValueError')
     """
-
-
-def _shutdown(procs: list, conns: list, readers: list, close_timeout: float, owner_pid: int) -> None:
-    """Closes the workers: a close command, then SIGTERM, then SIGKILL; closes the pipes.
-
-    Module-level: it is the collector's ``weakref.finalize`` callback (it must not hold the
-    collector). Does nothing in a process forked from the owner.
-    """
-    if os.getpid() != owner_pid:
-        return
-    stop_processes(procs, conns, bytes((CLOSE,)), close_timeout)
-    for r in readers:
-        r.detach()
-    close_quietly(conns)
-    close_quietly(procs)
-    procs.clear()
-    conns.clear()
-    readers.clear()
-
-
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-_ATEXIT_REGISTERED = False
-
-
-def _close_all_at_exit() -> None:
-    """Shuts down the collectors still running at interpreter exit (before
-    ``multiprocessing``'s own exit handler joins the non-daemonic workers)."""
-    for c in list(_LIVE):
-        c._finalizer()
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "stopped answering (its pipe closed)"
-    if code < 0:
-        import signal
-
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _env_fns(create_env_fn: Any, num_workers: int | None, kwargs: Any, owner: str) -> tuple[list, list]:
@@ -232,11 +178,7 @@ class _MultiCollector:
         self.cat_results = "stack" if cat_results is None else cat_results
         self.policy = policy
         self.timeout = timeout
-        method = mp_start_method or default_start_method()
-        if method not in multiprocessing.get_all_start_methods():
-            raise ValueError(f"{owner}: mp_start_method must be one of "
-                             f"{multiprocessing.get_all_start_methods()}, got {mp_start_method!r}")
-        self.mp_start_method = method
+        self.mp_start_method = check_start_method(mp_start_method, owner)
         self.shared_memory = bool(shared_memory) and HAS_MEMFD
         storing = storing_device if storing_device is not None else device
         self.storing_device = torch.device(storing) if storing is not None else torch.device("cpu")
@@ -256,21 +198,12 @@ class _MultiCollector:
         self._frames = 0
         self._iter = -1
         self._requested = 0  # async: batches asked of the workers so far
-        self._inflight: set[int] = set()
         self._ready: list[tuple[int, TensorDictBase]] = []  # async: batches gathered, not yet yielded
         self._worker_tds: list[TensorDictBase | None] = [None] * n
         self._memory: list[torch.Tensor | None] = [None] * n
-        self._procs: list = []
-        self._conns: list = []
-        self._readers: list[FdReader] = []
         self._closed = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._readers,
-                                           float(close_timeout), os.getpid())
-        global _ATEXIT_REGISTERED
-        if not _ATEXIT_REGISTERED:
-            atexit.register(_close_all_at_exit)
-            _ATEXIT_REGISTERED = True
-        _LIVE.add(self)
+        self._pool = WorkerPool(owner, CollectorWorkerError, "the collector was shut down", self.shutdown,
+                                float(close_timeout), with_fds=True)
         try:
             self._start(fns, kws, policy, worker_kwargs, num_sub_threads, float(start_timeout))
         except BaseException:
@@ -284,109 +217,47 @@ class _MultiCollector:
     def _start(self, fns: list, kws: list, policy: Any, worker_kwargs: dict, num_sub_threads: int | None,
                start_timeout: float) -> None:
         owner = type(self).__name__
-        method = self.mp_start_method
-        ctx = multiprocessing.get_context(method)
-        if method == "forkserver":
-            prepare_forkserver(_PRELOAD)
         payloads: dict[tuple[int, int], bytes] = {}
         for fn, kw in zip(fns, kws):
             key = (id(fn), id(kw))
-            if key in payloads:
-                continue
-            spec = {"create_env_fn": fn, "create_env_kwargs": kw, "policy": policy,
-                    "kwargs": worker_kwargs, "num_workers": self.num_workers}
-            try:
-                payloads[key] = pickle.dumps(spec)
-            except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                raise TypeError(
-                    f"{owner}: the env factory, its kwargs or the policy cannot be pickled, which the worker "
-                    f"processes need ({exc}); pass module-level functions, classes or functools.partial "
-                    "objects (not lambdas or closures)"
-                ) from exc
-        pdeathsig = method == "forkserver" or threading.current_thread() is threading.main_thread()
-        expected_ppid = None if method == "forkserver" else os.getpid()
+            if key not in payloads:
+                spec = {"create_env_fn": fn, "create_env_kwargs": kw, "policy": policy,
+                        "kwargs": worker_kwargs, "num_workers": self.num_workers}
+                payloads[key] = dumps(spec, owner, "the env factory, its kwargs or the policy")
         base_seed = int(torch.randint(0, 2**62, ()).item())
         try:
-            for i, (fn, kw) in enumerate(zip(fns, kws)):
-                parent_conn, child_conn = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=worker_main,
-                    args=(i, payloads[(id(fn), id(kw))], child_conn, self._weights, expected_ppid, pdeathsig,
-                          next_seed(base_seed + i), num_sub_threads, self.shared_memory),
-                    name=f"{owner}-worker-{i}",
-                    daemon=False,  # its env may start processes (e.g. a ParallelEnv)
-                )
-                try:
-                    proc.start()
-                except BaseException:
-                    parent_conn.close()
-                    raise
-                finally:
-                    child_conn.close()
-                self._procs.append(proc)
-                self._conns.append(parent_conn)
-                self._readers.append(FdReader(parent_conn.fileno()))
+            self._pool.start(
+                worker_main, [(payloads[(id(fn), id(kw))], self._weights, self.shared_memory)
+                              for fn, kw in zip(fns, kws)],
+                [next_seed(base_seed + i) for i in range(self.num_workers)], method=self.mp_start_method,
+                daemon=False,  # its env may start processes (e.g. a ParallelEnv)
+                num_threads=num_sub_threads, start_timeout=start_timeout,
+                preload=("steersman.collectors._worker",))
         finally:
             if self._weights is not None:
                 self._weights.close_fd()  # every worker has its own descriptor by now
-        self._fds = [c.fileno() for c in self._conns]
-        self._poller = select.poll()
-        self._fdmap: dict[int, tuple[int, bool]] = {}
-        mask = select.POLLIN | select.POLLHUP | select.POLLERR
-        for i, (p, c) in enumerate(zip(self._procs, self._conns)):
-            self._poller.register(c.fileno(), mask)
-            self._poller.register(p.sentinel, mask)
-            self._fdmap[c.fileno()] = (i, True)
-            self._fdmap[p.sentinel] = (i, False)
-        self._inflight = set(range(self.num_workers))
-        self._wait(self._inflight, "start-up", timeout=start_timeout)
 
     @property
     def worker_pids(self) -> list[int]:
         """The process ids of the workers (empty once shut down)."""
-        return [p.pid for p in self._procs]
+        return self._pool.pids
 
     # ------------------------------------------------------------------ communication
     def _send(self, i: int, payload: bytes, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"{type(self).__name__}: the collector was shut down")
-        try:
-            send_frame(self._fds[i], frame(payload))
-        except OSError:
-            self._dead(i, what)
-        self._inflight.add(i)
+        self._pool.send(i, frame(payload), what)
 
-    def _wait(self, workers: set[int], what: str, timeout: float | None = None, first: bool = False
-              ) -> dict[int, bytes]:
+    @property
+    def _inflight(self) -> set[int]:
+        return self._pool.inflight
+
+    def _wait(self, workers: set[int], what: str, first: bool = False) -> dict[int, bytes]:
         """Waits for the replies of ``workers`` (all of them, or the ``first`` one(s) ready);
-        fails fast on errors and deaths."""
-        out: dict[int, bytes] = {}
-        timeout = self.timeout if timeout is None else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while workers and not (first and out):
-            wait_ms = None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    i = min(workers)
-                    self._fail(CollectorWorkerError(
-                        f"{type(self).__name__} worker {i} (pid {self._procs[i].pid}) did not answer {what} "
-                        f"within {timeout} s; the collector was shut down", worker_index=i))
-                wait_ms = max(1, int(remaining * 1000) + 1)
-            for fd, _ in self._poller.poll(wait_ms):
-                i, is_conn = self._fdmap[fd]
-                if not is_conn:
-                    self._dead(i, what)
-                try:
-                    msg = self._readers[i].recv()
-                except (EOFError, OSError):
-                    self._dead(i, what)
-                if msg[0] == _ERR:
-                    self._worker_raised(i, msg, what)
-                self._inflight.discard(i)
-                workers.discard(i)
-                self._on_reply(i, msg)
-                out[i] = msg
+        fails fast on errors, deaths and the timeout."""
+        out = self._pool.wait(workers, what, self.timeout, first)
+        for i, msg in out.items():
+            self._on_reply(i, msg)
         return out
 
     def _on_reply(self, i: int, msg: bytes) -> None:
@@ -394,7 +265,7 @@ class _MultiCollector:
         if msg[0] == _FIRST:
             if self.shared_memory:
                 layout = pickle.loads(msg[1:])
-                fd = self._readers[i].fds.pop(0)
+                fd = self._pool.readers[i].fds.pop(0)
                 try:
                     mem = map_fd(fd, layout.nbytes)
                 finally:
@@ -423,41 +294,6 @@ class _MultiCollector:
         while self._inflight:
             for i in sorted(self._wait(set(self._inflight), "a batch")):
                 self._ready.append((i, dense_copy(self._worker_tds[i])))
-
-    # ------------------------------------------------------------------ failures
-    def _fail(self, err: CollectorWorkerError) -> None:
-        try:
-            self.shutdown()
-        finally:
-            raise err
-
-    def _worker_raised(self, i: int, msg: bytes, what: str) -> None:
-        tname, text, tb = unpack_error(msg)
-        hint = ""
-        if what == "start-up" and "__main__" in text:
-            hint = (" (the worker could not import a function defined in __main__, e.g. in a notebook: "
-                    "define it in an importable module)")
-        self._fail(CollectorWorkerError(
-            f"{type(self).__name__} worker {i} raised {tname}: {text}{hint} (during {what}); the collector "
-            f"was shut down.\nWorker {i} traceback:\n{tb}",
-            worker_index=i, exc_type=tname, exc_message=text, worker_traceback=tb,
-        ))
-
-    def _dead(self, i: int, what: str) -> None:
-        proc, reader = self._procs[i], self._readers[i]
-        try:  # it may have sent its exception just before exiting
-            if self._conns[i].poll(0):
-                msg = reader.recv()
-                if msg[:1] == b"E":
-                    self._worker_raised(i, msg, what)
-        except (EOFError, OSError):
-            pass
-        proc.join(2.0)
-        code = proc.exitcode
-        self._fail(CollectorWorkerError(
-            f"{type(self).__name__} worker {i} (pid {proc.pid}) {_describe_exit(code)} during {what}; "
-            "the collector was shut down", worker_index=i, exitcode=code,
-        ))
 
     # ------------------------------------------------------------------ iteration
     def iterator(self) -> Iterator[TensorDictBase | None]:
@@ -549,14 +385,11 @@ class _MultiCollector:
         if self._closed:
             return
         self._closed = True
-        _LIVE.discard(self)
-        self._finalizer()
-        self._inflight = set()
+        self._pool.close()
         self._ready = []
         self._worker_tds = [None] * self.num_workers
         self._memory = [None] * self.num_workers  # unmaps the batch memory (and its descriptor)
         self._weights = None
-        self._poller = None
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_workers={self.num_workers}, frames_per_batch={self.frames_per_batch}, "
@@ -580,8 +413,8 @@ class MultiSyncDataCollector(_MultiCollector):
 
     Args:
         create_env_fn: a callable building the env (given ``num_workers``), or a list
-            of them, one per worker. Picklable: a class, a module-level function, a
-            ``functools.partial``.
+            of them, one per worker: a class, a function, a ``functools.partial``, a
+            lambda or closure (sent with cloudpickle when plain pickle cannot).
         policy: as for :class:`Collector` (pickled to every worker; its weights are
             shared through shared memory); ``None`` for random actions.
 
@@ -602,8 +435,8 @@ class MultiSyncDataCollector(_MultiCollector):
             (``"fork"`` is unsafe once torch has started threads).
         shared_memory: exchange batches through shared memory (default; Linux). ``False``
             sends them through the pipes.
-        timeout: seconds a batch may take before the collector fails (default: none;
-            dead workers are detected regardless).
+        timeout: seconds a batch may take before the collector fails, the late worker
+            killed at once (default: none; dead workers are detected regardless).
         start_timeout, close_timeout: seconds for the workers to start / to exit on
             :meth:`shutdown` before they are terminated.
 
@@ -722,9 +555,8 @@ class MultiaSyncDataCollector(_MultiCollector):
                 self._request_next(i)  # the worker goes on while the batch is used
             yield self._finish(out)
 
-    def _wait(self, workers: set[int], what: str, timeout: float | None = None, first: bool = False
-              ) -> dict[int, bytes]:
-        out = super()._wait(workers, what, timeout, first)
+    def _wait(self, workers: set[int], what: str, first: bool = False) -> dict[int, bytes]:
+        out = super()._wait(workers, what, first)
         if first and len(out) > 1:  # several were ready at once: keep the others for later
             for i in sorted(out)[1:]:
                 self._ready.append((i, dense_copy(self._worker_tds[i])))
@@ -736,7 +568,7 @@ class aSyncDataCollector(MultiaSyncDataCollector):
     collected while the caller works on the previous one.
 
     Args:
-        create_env_fn: a picklable callable building the env.
+        create_env_fn: a callable building the env (a lambda works too).
         policy: as for :class:`Collector`.
         **kwargs: as :class:`MultiaSyncDataCollector` (without ``num_workers``).
 

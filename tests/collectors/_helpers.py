@@ -47,6 +47,16 @@ def constant_weights(action: int) -> dict:
     return {"module.lin.weight": torch.zeros(2, 4), "module.lin.bias": bias}
 
 
+class Unpicklable:
+    """An env factory whose instances refuse to be pickled (by any pickler)."""
+
+    def __call__(self) -> EnvBase:
+        return CartPoleEnv()
+
+    def __reduce__(self):
+        raise TypeError("Unpicklable instances cannot be pickled")
+
+
 def native4(seed: int | None = None) -> EnvBase:
     return CartPoleEnv(batch_size=[4], seed=seed)
 
@@ -67,7 +77,8 @@ ENV_FNS = {"native": native4, "gym": gym_cartpole, "serial": serial2, "parallel"
 
 
 class FailingEnv(CartPoleEnv):
-    """CartPole that raises ``ValueError`` at its ``fail_at``-th step (or dies, ``mode="exit"``)."""
+    """CartPole that raises ``ValueError`` at its ``fail_at``-th step (or dies, ``mode="exit"``,
+    or hangs for 60 s, ``mode="sleep"``)."""
 
     def __init__(self, fail_at: int = 3, mode: str = "raise", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -80,6 +91,10 @@ class FailingEnv(CartPoleEnv):
                 import os
 
                 os._exit(3)
+            if self.mode == "sleep":
+                import time
+
+                time.sleep(60)
             raise ValueError(f"FailingEnv failure injected at step {self.n}")
 
     def _step(self, td):

@@ -17,6 +17,7 @@ from steersman.collectors import MultiaSyncDataCollector, MultiSyncDataCollector
 from steersman.envs import CartPoleEnv
 from tests.collectors._helpers import (
     WORKER_ENV_FNS,
+    Unpicklable,
     check_traj_ids,
     constant_weights,
     make_policy,
@@ -189,10 +190,33 @@ def test_bad_arguments():
         MultiSyncDataCollector(CartPoleEnv, None, frames_per_batch=4)
     with pytest.raises(TypeError, match="env instance"):
         MultiaSyncDataCollector([CartPoleEnv()], None, frames_per_batch=4)
-    with pytest.raises(TypeError, match="cannot be pickled"):
-        MultiaSyncDataCollector([lambda: CartPoleEnv()], None, frames_per_batch=4)
+    with pytest.raises(TypeError, match="cannot be pickled, not even by cloudpickle"):
+        MultiaSyncDataCollector([Unpicklable()], None, frames_per_batch=4)
     with pytest.raises(ValueError, match="cat_results is for MultiSyncDataCollector only"):
         MultiaSyncDataCollector([CartPoleEnv], None, frames_per_batch=4, cat_results=0)
+
+
+def test_lambdas_closures_and_local_partials_are_env_factories():
+    """Sent with cloudpickle when plain pickle cannot (every multi-process collector)."""
+    size = 2
+
+    def closure():
+        return CartPoleEnv(batch_size=[size])
+
+    def local(batch_size):
+        return CartPoleEnv(batch_size=batch_size)
+
+    factories = [lambda: CartPoleEnv(batch_size=[size]), closure, functools.partial(local, [size])]
+    c = MultiSyncDataCollector(factories[:2], make_policy(), frames_per_batch=16, total_frames=32)
+    try:
+        assert [b.batch_size for b in c] == [(2, 2, 4)] * 2
+    finally:
+        c.shutdown()
+    c = aSyncDataCollector(factories[2], None, frames_per_batch=8, total_frames=16)
+    try:
+        assert [b.batch_size for b in c] == [(2, 4)] * 2
+    finally:
+        c.shutdown()
 
 
 def test_interrupted_wait_does_not_shift_replies():

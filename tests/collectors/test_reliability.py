@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -106,6 +107,29 @@ def test_worker_death_and_start_up_failure_are_reported():
                        match=r"worker 1 raised TypeError: .*unexpected keyword argument 'bogus'.*start-up"):
         MultiSyncDataCollector([CartPoleEnv, CartPoleEnv], None, frames_per_batch=4,
                                create_env_kwargs=[{}, {"bogus": 1}])
+
+
+@pytest.mark.parametrize("cls,how", [(MultiSyncDataCollector, "sleep"), (MultiaSyncDataCollector, "sigstop")])
+def test_hung_worker_is_reported_at_the_timeout_and_killed_at_once(cls, how):
+    """Reported within timeout + 1 s of the request it did not answer (close_timeout, 10 s
+    by default, is not waited for); the late worker is SIGKILLed at once (a stopped one too).
+    The async collector times a worker from its own request, though the other delivers."""
+    second = functools.partial(FailingEnv, fail_at=3, mode="sleep", batch_size=[2]) if how == "sleep" else native
+    c = cls([native, second], None, frames_per_batch=4, total_frames=-1, timeout=3.0)
+    pids = c.worker_pids
+    it = iter(c)
+    t0 = time.monotonic()
+    if how == "sigstop":
+        next(it)
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+    with pytest.raises(CollectorWorkerError, match=rf"worker 1 \(pid {pids[1]}\) did not answer a batch within "
+                                                   r"3.0 s and was killed; the collector was shut down") as info:
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 3.0 + 1.0
+    assert info.value.worker_index == 1
+    assert c.worker_pids == [] and wait_gone(pids, 1.0) == []
 
 
 # ---------------------------------------------------------------------- shutdown / leaks

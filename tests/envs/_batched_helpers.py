@@ -24,7 +24,7 @@ class ToyEnv(EnvBase):
     plus the first observation component.
 
     Failure injection: ``fail_at`` (step number, counted since construction) with
-    ``fail_mode`` ``"raise"`` (ValueError), ``"exit"`` (``os._exit(3)``), ``"kill"``
+    ``fail_mode`` ``"raise"`` (ValueError, once), ``"exit"`` (``os._exit(3)``), ``"kill"``
     (SIGKILL itself) or ``"sleep"`` (sleep 30 s); ``fail_in`` ``"step"`` or ``"reset"``.
     """
 
@@ -64,6 +64,7 @@ class ToyEnv(EnvBase):
         if self.fail_at is None or where != self.fail_in or n != self.fail_at:
             return
         if self.fail_mode == "raise":
+            self.fail_at = None  # once: the env works again afterwards
             raise ValueError(f"ToyEnv failure injected at {where} {n}")
         if self.fail_mode == "exit":
             os._exit(3)

@@ -214,6 +214,7 @@ class BatchedEnvBase(EnvBase):
         """
         if self._is_closed:
             self._assert_open()
+        self._action_guard(tensordict)
         self._write_inputs(tensordict, self._in_pairs, "step_and_maybe_reset")
         reset_workers = self._run(STEP_RESET, self._all_workers)
         nxt = self._read(self._next_pairs, self._next_flat)

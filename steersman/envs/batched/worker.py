@@ -1,9 +1,9 @@
-"""What runs a sub-env of a batched env: :class:`EnvRunner` and the worker process loop.
+"""What runs a sub-env of a batched env: :class:`EnvRunner` and the worker process body.
 
 :class:`EnvRunner` executes one command on one sub-env, reading its inputs from and
 writing its outputs to the sub-env's row of the exchange buffer (see ``_buffers``).
 ``SerialEnv`` calls runners in a loop in-process; ``ParallelEnv`` runs one per worker
-process (:func:`worker_main`), so both produce identical data.
+process (:func:`worker_main`, served by ``pool.serve``), so both produce identical data.
 
 Wire protocol (``multiprocessing`` pipes, bytes only, nothing pickled per step):
 parent -> worker ``[command, flags] (+ in-section bytes without shared memory)
@@ -14,16 +14,7 @@ traceback))``.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import pickle
-import random
-import signal
-import struct
-import sys
-import threading
-import time
-import traceback
 from typing import Any
 
 import numpy as np
@@ -34,6 +25,7 @@ from steersman.tensordict import TensorDictBase
 from ..common import EnvBase
 from ._buffers import BufferLayout, build_td, get_entry
 from .env_creator import EnvCreator, EnvMetaData
+from .pool import OK, pack_error, serve
 
 __all__ = ["EnvRunner", "worker_main"]
 
@@ -42,19 +34,13 @@ STEP = b"S"[0]
 STEP_RESET = b"M"[0]
 RESET = b"R"[0]
 SEED = b"D"[0]
-CLOSE = b"C"[0]
 DATA_COMMANDS = frozenset({STEP, STEP_RESET, RESET})
 # reset flags (second byte)
 F_PARTIAL = 1
 F_STATE = 2
 F_KWARGS = 4
-# replies
-OK = b"K"
+# replies (and pool.OK)
 OK_RESET = b"R"  # step_and_maybe_reset: some sub-env was reset, the root section is written
-ERR = b"E"
-
-#: the worker's parent-watchdog period (seconds).
-WATCHDOG_PERIOD = 0.5
 
 
 class EnvRunner:
@@ -148,223 +134,69 @@ def _spec_keys(spec: Any) -> list:
     return list(spec.keys(include_nested=True, leaves_only=True))
 
 
-# ---------------------------------------------------------------------- framing
-# The messages are ``multiprocessing.Connection``'s (a 4-byte big-endian length, then the
-# payload), written and read straight on the descriptor: one system call per message in
-# the common case instead of two reads and some Python for ``Connection.recv_bytes``.
-_HDR = struct.Struct("!i")
+# ---------------------------------------------------------------------- worker body
+def worker_main(idx: int, conn: Any, payload: bytes | tuple[EnvCreator, BufferLayout, EnvMetaData],
+                buf: Any) -> None:
+    """The body of a worker process (run by ``pool.bootstrap``): builds the env, then
+    serves commands until told to close or until the parent goes away.
 
-
-def frame(payload: bytes) -> bytes:
-    """``payload`` with its length header (what ``Connection.send_bytes`` writes)."""
-    return _HDR.pack(len(payload)) + payload
-
-
-def send_frame(fd: int, data: bytes) -> None:
-    """Writes a framed message completely (``os.write`` may write part of a large one)."""
-    n = os.write(fd, data)
-    if n < len(data):
-        view = memoryview(data)[n:]
-        while view:
-            view = view[os.write(fd, view):]
-
-
-class FrameReader:
-    """Reads framed messages from a descriptor; keeps what it read past a message."""
-
-    __slots__ = ("fd", "buf")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buf = b""
-
-    def recv(self) -> bytes:
-        """The next message's payload. Raises ``EOFError`` when the peer has closed."""
-        buf = self.buf
-        need = 4
-        while True:
-            if len(buf) >= 4:
-                need = 4 + _HDR.unpack_from(buf)[0]
-                if len(buf) >= need:
-                    self.buf = buf[need:]
-                    return buf[4:need]
-            chunk = os.read(self.fd, max(65536, need - len(buf)))
-            if not chunk:
-                raise EOFError
-            buf += chunk
-
-
-# ---------------------------------------------------------------------- errors
-def pack_error(exc: BaseException) -> bytes:
-    """``ERR`` + the pickled ``(type name, message, formatted traceback)`` (strings only)."""
-    tname = type(exc).__qualname__
-    mod = type(exc).__module__
-    if mod not in ("builtins", None):
-        tname = f"{mod}.{tname}"
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return ERR + pickle.dumps((tname, str(exc), tb))
-
-
-def unpack_error(msg: bytes) -> tuple[str, str, str]:
-    try:
-        return pickle.loads(msg[1:])
-    except Exception:  # noqa: BLE001 - a garbled message is still an error
-        return ("UnknownError", repr(msg[:200]), "")
-
-
-# ---------------------------------------------------------------------- parent death
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """``prctl(PR_SET_PDEATHSIG, sig)`` on Linux: the kernel sends ``sig`` to this process
-    when the thread that created it exits. Returns whether it was set."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(1, int(sig), 0, 0, 0) == 0  # 1 == PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return False
-
-
-def _watchdog(ppid: int, period: float) -> None:
-    """Exits the process as soon as its parent is gone (it has been re-parented)."""
-    while True:
-        time.sleep(period)
-        if os.getppid() != ppid:
-            os._exit(70)
-
-
-def start_parent_watchdog(expected_ppid: int | None, pdeathsig: bool) -> None:
-    """Makes this worker exit when its parent dies, even by SIGKILL.
-
-    Two mechanisms: the kernel's parent-death signal (Linux; set only when the parent
-    thread outlives the worker, see ``ParallelEnv``), and a daemon thread polling
-    ``os.getppid()`` (any POSIX system, and a fallback if the signal is blocked or
-    the parent-death signal was not set). The worker's command pipe reaching EOF is
-    the third: the worker loop exits when it reads EOF.
+    ``payload``: ``(creator, layout, expected metadata)``, pickled by the parent (standard
+    pickle, tensors by value; cloudpickle for lambdas), or the objects themselves under
+    ``fork``. ``buf``: the shared exchange buffer (None: data travels through the pipe).
     """
-    ppid = os.getppid()
-    if pdeathsig:
-        set_parent_death_signal(signal.SIGKILL)
-    if expected_ppid is not None and ppid != expected_ppid:
-        os._exit(70)  # the parent died before the signal was armed
-    threading.Thread(target=_watchdog, args=(ppid, WATCHDOG_PERIOD), daemon=True,
-                     name="steersman-parent-watchdog").start()
-
-
-def seed_worker_globals(seed: int) -> None:
-    """Seeds torch's, numpy's and ``random``'s global RNGs of this worker process."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-
-
-# ---------------------------------------------------------------------- worker loop
-def worker_main(
-    idx: int,
-    payload: bytes | tuple[EnvCreator, BufferLayout, EnvMetaData],
-    conn: Any,
-    buf: Any,
-    expected_ppid: int | None,
-    pdeathsig: bool,
-    global_seed: int,
-    num_threads: int | None,
-    close_fds: tuple[int, ...] = (),
-) -> None:
-    """The body of a worker process: builds the env, then serves commands until told to
-    close or until the parent goes away. Any exception is sent to the parent.
-
-    ``payload``: ``(creator, layout, expected metadata)``, pickled by the parent with the
-    standard pickler (tensors by value: nothing is moved to shared memory behind the
-    user's back), or the objects themselves under ``fork``.
-    """
-    start_parent_watchdog(expected_ppid, pdeathsig)
-    for fd in close_fds:  # fork: the other workers' parent-side pipe ends
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    seed_worker_globals(global_seed)
     env: EnvBase | None = None
     try:
-        try:
-            if isinstance(payload, bytes):
-                payload = pickle.loads(payload)
-            creator, layout, expected = payload
-            shared = buf is not None
-            row = buf[idx] if shared else torch.zeros(layout.row_bytes, dtype=torch.uint8)
-            row_np = row.numpy()
-            in_lo, in_hi = layout.ranges["in"]
-            out_lo, out_hi = layout.ranges["next"][0], layout.ranges["root"][1]
-            env = creator()
-            meta = EnvMetaData.from_env(env)
-            if expected.mismatch(meta) is not None:  # the parent raises, naming the difference
-                conn.send_bytes(OK + pickle.dumps(meta))
-                try:
-                    conn.recv_bytes()  # exit when told to (or when the parent goes away)
-                except (EOFError, OSError):
-                    pass
-                return
-            runner = EnvRunner(env, layout, row)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            conn.send_bytes(pack_error(exc))
-            return
-        conn.send_bytes(OK)
-        fd = conn.fileno()
-        recv = FrameReader(fd).recv
-        ok_frames = {OK: frame(OK), OK_RESET: frame(OK_RESET)}
-
-        def send(payload: bytes) -> None:
-            data = ok_frames.get(payload) if len(payload) == 1 else None
-            send_frame(fd, data if data is not None else frame(payload))
-
-        while True:
+        if isinstance(payload, bytes):
+            payload = pickle.loads(payload)
+        creator, layout, expected = payload
+        shared = buf is not None
+        row = buf[idx] if shared else torch.zeros(layout.row_bytes, dtype=torch.uint8)
+        env = creator()
+        meta = EnvMetaData.from_env(env)
+        if expected.mismatch(meta) is not None:  # the parent raises, naming the difference
+            conn.send_bytes(OK + pickle.dumps(meta))
             try:
-                msg = recv()
+                conn.recv_bytes()  # exit when told to (or when the parent goes away)
             except (EOFError, OSError):
-                return  # the parent is gone
-            cmd = msg[0]
-            try:
-                if cmd in DATA_COMMANDS:
-                    pos = 2
-                    if not shared:
-                        n = in_hi - in_lo
-                        row_np[in_lo:in_hi] = np.frombuffer(msg, np.uint8, n, pos)
-                        pos += n
-                    reply = OK
-                    if cmd == STEP_RESET:
-                        if runner.step_and_maybe_reset():
-                            reply = OK_RESET
-                    elif cmd == STEP:
-                        runner.step()
-                    else:
-                        flags = msg[1]
-                        kwargs = pickle.loads(msg[pos:]) if flags & F_KWARGS else None
-                        runner.reset(flags, kwargs)
-                    send(reply if shared else reply + row_np[out_lo:out_hi].tobytes())
-                elif cmd == SEED:
-                    seed, static = pickle.loads(msg[2:])
-                    send(OK + pickle.dumps(runner.set_seed(seed, static)))
-                elif cmd == CLOSE:
-                    env.close()
-                    try:
-                        send(OK)
-                    except OSError:
-                        pass
-                    return
-                else:
-                    raise RuntimeError(f"unknown command {msg[:1]!r}")
-            except Exception as exc:  # noqa: BLE001 - reported to the parent
-                try:
-                    send(pack_error(exc))
-                except OSError:
-                    return
-    finally:
-        if env is not None and not env.is_closed:
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001
                 pass
+            env.close()
+            return
+        runner = EnvRunner(env, layout, row)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send_bytes(pack_error(exc))
+        if env is not None:
+            env.close()
+        return
+    conn.send_bytes(OK)
+    serve(conn.fileno(), _handler(runner, row.numpy(), layout, shared), env.close)
+
+
+def _handler(runner: EnvRunner, row_np: np.ndarray, layout: BufferLayout, shared: bool) -> Any:
+    """The worker's command handler (see ``pool.serve``): runs a command, returns the reply."""
+    in_lo, in_hi = layout.ranges["in"]
+    out_lo, out_hi = layout.ranges["next"][0], layout.ranges["root"][1]
+
+    def handle(msg: bytes) -> bytes:
+        cmd = msg[0]
+        if cmd in DATA_COMMANDS:
+            pos = 2
+            if not shared:
+                n = in_hi - in_lo
+                row_np[in_lo:in_hi] = np.frombuffer(msg, np.uint8, n, pos)
+                pos += n
+            reply = OK
+            if cmd == STEP_RESET:
+                if runner.step_and_maybe_reset():
+                    reply = OK_RESET
+            elif cmd == STEP:
+                runner.step()
+            else:
+                flags = msg[1]
+                runner.reset(flags, pickle.loads(msg[pos:]) if flags & F_KWARGS else None)
+            return reply if shared else reply + row_np[out_lo:out_hi].tobytes()
+        if cmd == SEED:
+            seed, static = pickle.loads(msg[2:])
+            return OK + pickle.dumps(runner.set_seed(seed, static))
+        raise RuntimeError(f"unknown command {msg[:1]!r}")
+
+    return handle
