@@ -43,6 +43,12 @@ class TensorDict(TensorDictBase):
 
     Shapes: each entry has shape ``[*batch_size, *feature_dims]``.
 
+    Attributes:
+        entries: the live dict of this level's entries (key -> tensor, nested TensorDict
+            or non-tensor entry), for code on hot paths. Reading it costs what a slot read
+            costs. Writing to it bypasses every check (batch shape, device, lock): only
+            for code that guarantees them itself, as for :meth:`from_trusted`.
+
     Example:
         >>> import torch
         >>> from steersman import TensorDict
@@ -57,6 +63,7 @@ class TensorDict(TensorDictBase):
     """
 
     __slots__ = ("_tensordict", "_batch_size", "_device", "_names", "_locked", "__weakref__")
+    entries: dict  # the ``_tensordict`` slot under a public name (set after the class)
 
     def __init__(
         self,
@@ -149,16 +156,6 @@ class TensorDict(TensorDictBase):
         return self
 
     _new_unsafe = from_trusted  # the older, private name (inside this module: :func:`_td`)
-
-    @property
-    def entries(self) -> dict:
-        """The live dict of this level's entries: key -> tensor, nested TensorDict or
-        non-tensor entry (nested keys are reached through the nested TensorDicts).
-
-        Reading it costs nothing. Writing to it bypasses every check (batch shape, device,
-        lock): only for code that guarantees them itself, as for :meth:`from_trusted`.
-        """
-        return self._tensordict
 
     @classmethod
     def from_dict(
@@ -884,6 +881,11 @@ class TensorDict(TensorDictBase):
 
         out = load(prefix, mmap=mmap)
         return out if device is None else out.to(device)
+
+
+# ``td.entries`` reads the ``_tensordict`` slot itself: a slot descriptor under a second
+# name costs nothing, where a property would cost a Python call on every env step.
+TensorDict.entries = TensorDict.__dict__["_tensordict"]
 
 
 def _nested_keys(d: dict, prefix: tuple, out: list, leaves_only: bool) -> None:
