@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ._utils import broadcast_shapes
+
 __all__ = ["IndexStep", "IndexPlan", "plan_index", "as_index", "INT", "SLICE", "NEW", "TENSOR", "MASK"]
 
 #: the kinds of index elements
@@ -53,11 +55,9 @@ class IndexStep(NamedTuple):
     n_in: int
     """How many input dims it consumes: 0 for ``NEW``, ``mask.ndim`` for a mask, else 1."""
     out_dim: int | None
-    """The first output dim it makes; None for an ``INT``, which makes none. The
-    ``TENSOR`` and ``MASK`` steps of one index share one block of output dims (their
-    indices broadcast together): each of them has the block's first dim here."""
-    n_out: int
-    """How many output dims it makes (for ``TENSOR`` and ``MASK``: the whole block's)."""
+    """The output dim it makes; None for an ``INT``, which makes none. The ``TENSOR`` and
+    ``MASK`` steps of one index share one block of output dims (their indices broadcast
+    together): each of them has the block's first dim here."""
 
 
 class IndexPlan(NamedTuple):
@@ -99,7 +99,7 @@ class IndexPlan(NamedTuple):
             elif step.kind == MASK:
                 block.append((int(step.item.sum()),))
         if block:
-            b = torch.broadcast_shapes(*block)
+            b = broadcast_shapes(*block)
             out[self.block_dim : self.block_dim + len(b)] = b
         return torch.Size(out)
 
@@ -152,14 +152,14 @@ def plan_index(index: Any, ndim: int) -> IndexPlan:
     in_dim = 0
     for kind, it, n_in in kinds:
         if kind == INT:
-            steps.append(IndexStep(kind, it, in_dim, n_in, None, 0))
+            steps.append(IndexStep(kind, it, in_dim, n_in, None))
         elif kind in (TENSOR, MASK):
             if block_dim is None:  # the first advanced step of an in-place block
                 block_dim = out_dim
                 out_dim += block_ndim
-            steps.append(IndexStep(kind, it, in_dim, n_in, block_dim, block_ndim))
+            steps.append(IndexStep(kind, it, in_dim, n_in, block_dim))
         else:
-            steps.append(IndexStep(kind, it, in_dim, n_in, out_dim, 1))
+            steps.append(IndexStep(kind, it, in_dim, n_in, out_dim))
             out_dim += 1
         in_dim += n_in
     return IndexPlan(tuple(steps), ndim, out_dim, len(advanced), block_dim)

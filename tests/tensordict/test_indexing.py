@@ -90,7 +90,7 @@ def test_plan_shape_matches_tensor_indexing(case):
     # each slice / None step's output dim is where torch puts that dim: index x with
     # an arange along the dim and read the values back at out_dim
     for step in plan.steps:
-        if step.kind == SLICE and step.n_out and x.numel():
+        if step.kind == SLICE and x.numel():
             marks = torch.arange(shape[step.in_dim]).reshape((-1,) + (1,) * (len(shape) - step.in_dim - 1))
             got = marks.expand(shape)[norm]
             if got.numel():
@@ -99,7 +99,7 @@ def test_plan_shape_matches_tensor_indexing(case):
         elif step.kind == NEW:
             assert expected[step.out_dim] == 1
         elif step.kind == INT:
-            assert step.out_dim is None and step.n_out == 0
+            assert step.out_dim is None
     assert plan.n_advanced == sum(s.kind in (TENSOR, MASK) for s in plan.steps)
 
 
