@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..tensordict import TensorDict, TensorDictBase
 from ..tensordict.nn import ExplorationType, TanhNormal, set_exploration_type
-from .common import LossModule, NestedKey, check_options, network_params, torchrl_compat
+from .common import LossModule, NestedKey, check_options, torchrl_compat
 from .utils import ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["ActorCriticLoss"]
@@ -140,10 +140,7 @@ class ActorCriticLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.GAE
-    actor_network_params = network_params("actor_network")
-    critic_network_params = network_params("critic_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    target_critic_network_params = network_params("critic_network", target=True)
+    networks = ("actor_network", "critic_network")
 
     def __init__(
         self,

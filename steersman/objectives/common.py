@@ -9,9 +9,10 @@ diagnostic (already detached). What a subclass brings:
 * its networks as plain submodules (``self.actor_network``, ``self.value_network``...);
   target networks are frozen copies made by :meth:`LossModule.make_target` (initialised
   equal to the online network; updated by ``SoftUpdate``/``HardUpdate``);
-* TorchRL's parameter attributes (``value_network_params``, ``target_value_network_params``
-  ...), declared with :func:`network_params`: TensorDicts whose leaves *are* the networks'
-  tensors, so an in-place update through them changes what the loss computes;
+* ``networks``: the names of its networks; each gets TorchRL's attributes
+  ``<name>_params`` and ``target_<name>_params`` (see :func:`network_params`): TensorDicts
+  whose leaves *are* the networks' tensors, so an in-place update through them changes
+  what the loss computes;
 * ``forward(td) -> TensorDict``, written top to bottom with the math visible.
 
 A subclass ``__init__`` that ends in ``**common`` (passed on to its base) gets the base's
@@ -110,8 +111,9 @@ def check_options(
 
 
 def network_params(network: str, target: bool = False) -> property:
-    """A class attribute ``<network>_params`` (``target=True``: ``target_<network>_params``),
-    TorchRL's name for the parameters and buffers of ``self.<network>``.
+    """The class attribute ``<network>_params`` (``target=True``: ``target_<network>_params``),
+    TorchRL's name for the parameters and buffers of ``self.<network>``; made for every
+    name in a loss class's ``networks``.
 
     Reading it gives a :class:`~steersman.tensordict.TensorDictParams` whose leaves are the
     network's own tensors (for a stacked ensemble, the stacked ``TensorDictParams``
@@ -172,9 +174,14 @@ class LossModule(nn.Module):
     default_value_estimator: ValueEstimators | None = None
     #: The estimators :meth:`make_value_estimator` accepts (``None``: all of them).
     supported_value_estimators: tuple[ValueEstimators, ...] | None = None
+    #: The loss's networks: each gets ``<name>_params``/``target_<name>_params`` attributes.
+    networks: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for network in cls.__dict__.get("networks", ()):
+            setattr(cls, f"{network}_params", network_params(network))
+            setattr(cls, f"target_{network}_params", network_params(network, target=True))
         sig = _merged_signature(cls)
         if sig is not None:
             cls.__init__.__signature__ = sig

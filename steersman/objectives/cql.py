@@ -33,7 +33,6 @@ TorchRL's recipes: their plain sum counts the actor twice.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,8 +40,9 @@ from torch import Tensor, nn
 
 from ..tensordict import TensorDictBase
 from ..tensordict.nn import ExplorationType, set_exploration_type
-from .common import LossModule, NestedKey, network_params, torchrl_compat
+from .common import LossModule, torchrl_compat
 from .sac import (
+    SACLoss,
     _actor_and_critics,
     _alpha,
     _auto_target_entropy,
@@ -93,6 +93,7 @@ class CQLLoss(LossModule):
     Example:
         >>> import torch
         >>> from torch import nn
+        >>> from steersman.modules import MLP  # lazy input size: set by the first call
         >>> from steersman.tensordict import TensorDict
         >>> from steersman.tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule,
         ...     ProbabilisticTensorDictSequential, TanhNormal, TensorDictModule)
@@ -100,13 +101,7 @@ class CQLLoss(LossModule):
         ...     TensorDictModule(nn.Sequential(nn.Linear(3, 4), NormalParamExtractor()),
         ...                      ["observation"], ["loc", "scale"]),
         ...     ProbabilisticTensorDictModule(["loc", "scale"], ["action"], TanhNormal))
-        >>> class QNet(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.net = nn.Linear(3 + 2, 1)
-        ...     def forward(self, obs, action):
-        ...         return self.net(torch.cat([obs, action], -1))
-        >>> qvalue = TensorDictModule(QNet(), ["observation", "action"], ["state_action_value"])
+        >>> qvalue = TensorDictModule(MLP(out_features=1, num_cells=[8]), ["observation", "action"], ["state_action_value"])
         >>> loss = CQLLoss(actor, qvalue, target_entropy=-2.0, num_random=4, with_lagrange=True)
         >>> batch = TensorDict({  # 8 dataset transitions, action dim 2
         ...     "observation": torch.randn(8, 3), "action": torch.rand(8, 2) * 2 - 1,
@@ -117,25 +112,11 @@ class CQLLoss(LossModule):
         ['loss_actor', 'loss_actor_bc', 'loss_alpha', 'loss_alpha_prime', 'loss_cql', 'loss_qvalue']
     """
 
-    @dataclass
-    class _AcceptedKeys:
-        """Batch keys (TorchRL names); reward/done/terminated are read under ``"next"``."""
-
-        action: NestedKey = "action"
-        value: NestedKey = "state_value"
-        state_action_value: NestedKey = "state_action_value"
-        log_prob: NestedKey = "action_log_prob"
-        priority: NestedKey = "td_error"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
+    _AcceptedKeys = SACLoss._AcceptedKeys  # the batch keys of SAC
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    qvalue_network_params = network_params("qvalue_network")
-    target_qvalue_network_params = network_params("qvalue_network", target=True)
+    networks = ("actor_network", "qvalue_network")
 
     def __init__(
         self,

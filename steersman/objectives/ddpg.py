@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..tensordict import TensorDict, TensorDictBase
-from .common import LossModule, NestedKey, check_options, network_params
+from .common import LossModule, NestedKey, check_options
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["DDPGLoss"]
@@ -48,16 +48,11 @@ class DDPGLoss(LossModule):
 
     Example:
         >>> import torch
+        >>> from steersman.modules import MLP  # lazy input size: set by the first call
         >>> from steersman.tensordict import TensorDict
         >>> from steersman.tensordict.nn import TensorDictModule
-        >>> class Critic(torch.nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.linear = torch.nn.Linear(3 + 1, 1)
-        ...     def forward(self, observation, action):
-        ...         return self.linear(torch.cat([observation, action], -1))
         >>> actor = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-        >>> critic = TensorDictModule(Critic(), in_keys=["observation", "action"], out_keys=["state_action_value"])
+        >>> critic = TensorDictModule(MLP(out_features=1, num_cells=[8]), ["observation", "action"], ["state_action_value"])
         >>> loss = DDPGLoss(actor, critic)
         >>> batch = TensorDict({
         ...     "observation": torch.randn(8, 3), "action": torch.randn(8, 1),
@@ -84,10 +79,7 @@ class DDPGLoss(LossModule):
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss_actor", "loss_value", "pred_value", "target_value", "pred_value_max", "target_value_max"]
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    value_network_params = network_params("value_network")
-    target_value_network_params = network_params("value_network", target=True)
+    networks = ("actor_network", "value_network")
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..data import Categorical, Composite, OneHot
 from ..tensordict import TensorDict, TensorDictBase
-from .common import LossModule, NestedKey, check_options, network_params
+from .common import LossModule, NestedKey, check_options
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
 
 __all__ = ["DQNLoss", "DistributionalDQNLoss"]
@@ -125,8 +125,7 @@ class DQNLoss(LossModule):
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss"]
-    value_network_params = network_params("value_network")
-    target_value_network_params = network_params("value_network", target=True)
+    networks = ("value_network",)
 
     def __init__(
         self,
@@ -279,8 +278,7 @@ class DistributionalDQNLoss(LossModule):
         terminated: NestedKey = "terminated"
 
     out_keys = ["loss"]
-    value_network_params = network_params("value_network")
-    target_value_network_params = network_params("value_network", target=True)
+    networks = ("value_network",)
 
     def __init__(
         self,

@@ -22,8 +22,9 @@ from torch import nn
 
 from ..tensordict import TensorDictBase
 from ..tensordict.nn import ExplorationType, set_exploration_type
-from .common import LossModule, NestedKey, network_params, torchrl_compat
+from .common import LossModule, NestedKey, torchrl_compat
 from .sac import (
+    SACLoss,
     _actor_and_critics,
     _call,
     _call_critics,
@@ -65,6 +66,7 @@ class IQLLoss(LossModule):
     Example:
         >>> import torch
         >>> from torch import nn
+        >>> from steersman.modules import MLP  # lazy input size: set by the first call
         >>> from steersman.tensordict import TensorDict
         >>> from steersman.tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule,
         ...     ProbabilisticTensorDictSequential, TanhNormal, TensorDictModule)
@@ -72,13 +74,7 @@ class IQLLoss(LossModule):
         ...     TensorDictModule(nn.Sequential(nn.Linear(3, 4), NormalParamExtractor()),
         ...                      ["observation"], ["loc", "scale"]),
         ...     ProbabilisticTensorDictModule(["loc", "scale"], ["action"], TanhNormal))
-        >>> class QNet(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.net = nn.Linear(3 + 2, 1)
-        ...     def forward(self, obs, action):
-        ...         return self.net(torch.cat([obs, action], -1))
-        >>> qvalue = TensorDictModule(QNet(), ["observation", "action"], ["state_action_value"])
+        >>> qvalue = TensorDictModule(MLP(out_features=1, num_cells=[8]), ["observation", "action"], ["state_action_value"])
         >>> value = TensorDictModule(nn.Linear(3, 1), ["observation"], ["state_value"])
         >>> loss = IQLLoss(actor, qvalue, value, expectile=0.7, temperature=3.0)
         >>> batch = TensorDict({  # 8 dataset transitions, action dim 2
@@ -91,26 +87,14 @@ class IQLLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Batch keys (TorchRL names); reward/done/terminated are read under ``"next"``."""
+    class _AcceptedKeys(SACLoss._AcceptedKeys):
+        """SAC's batch keys (``log_prob`` is not read: IQL scores the dataset's actions)."""
 
-        value: NestedKey = "state_value"
-        action: NestedKey = "action"
         log_prob: NestedKey = "_log_prob"
-        priority: NestedKey = "td_error"
-        state_action_value: NestedKey = "state_action_value"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    qvalue_network_params = network_params("qvalue_network")
-    target_qvalue_network_params = network_params("qvalue_network", target=True)
-    value_network_params = network_params("value_network")
-    target_value_network_params = network_params("value_network", target=True)
+    networks = ("actor_network", "qvalue_network", "value_network")
 
     def __init__(
         self,

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from ..tensordict import TensorDictBase
-from .common import LossModule, NestedKey, network_params, torchrl_compat
+from .common import LossModule, NestedKey, torchrl_compat
 from .sac import (
+    SACLoss,
     _actor_and_critics,
     _alpha,
     _auto_target_entropy,
@@ -64,6 +65,7 @@ class REDQLoss(LossModule):
     Example:
         >>> import torch
         >>> from torch import nn
+        >>> from steersman.modules import MLP  # lazy input size: set by the first call
         >>> from steersman.tensordict import TensorDict
         >>> from steersman.tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule,
         ...     ProbabilisticTensorDictSequential, TanhNormal, TensorDictModule)
@@ -71,13 +73,7 @@ class REDQLoss(LossModule):
         ...     TensorDictModule(nn.Sequential(nn.Linear(3, 4), NormalParamExtractor()),
         ...                      ["observation"], ["loc", "scale"]),
         ...     ProbabilisticTensorDictModule(["loc", "scale"], ["action"], TanhNormal))
-        >>> class QNet(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.net = nn.Linear(3 + 2, 1)
-        ...     def forward(self, obs, action):
-        ...         return self.net(torch.cat([obs, action], -1))
-        >>> qvalue = TensorDictModule(QNet(), ["observation", "action"], ["state_action_value"])
+        >>> qvalue = TensorDictModule(MLP(out_features=1, num_cells=[8]), ["observation", "action"], ["state_action_value"])
         >>> loss = REDQLoss(actor, qvalue, num_qvalue_nets=5, sub_sample_len=2, target_entropy=-2.0)
         >>> batch = TensorDict({  # 8 transitions, action dim 2
         ...     "observation": torch.randn(8, 3), "action": torch.rand(8, 2) * 2 - 1,
@@ -90,24 +86,14 @@ class REDQLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Batch keys (TorchRL names); reward/done/terminated are read under ``"next"``."""
+    class _AcceptedKeys(SACLoss._AcceptedKeys):
+        """SAC's batch keys, plus TorchRL REDQ's name for the log-probability."""
 
-        action: NestedKey = "action"
-        value: NestedKey = "state_value"
-        state_action_value: NestedKey = "state_action_value"
         sample_log_prob: NestedKey = "action_log_prob"
-        priority: NestedKey = "td_error"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    qvalue_network_params = network_params("qvalue_network")
-    target_qvalue_network_params = network_params("qvalue_network", target=True)
+    networks = ("actor_network", "qvalue_network")
 
     def __init__(
         self,

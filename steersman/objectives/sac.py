@@ -41,7 +41,6 @@ from .common import (
     LossModule,
     NestedKey,
     check_options,
-    network_params,
     register_critics,
     torchrl_compat,
 )
@@ -92,6 +91,7 @@ class SACLoss(LossModule):
     Example:
         >>> import torch
         >>> from torch import nn
+        >>> from steersman.modules import MLP  # lazy input size: set by the first call
         >>> from steersman.tensordict import TensorDict
         >>> from steersman.tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule,
         ...     ProbabilisticTensorDictSequential, TanhNormal, TensorDictModule)
@@ -100,13 +100,7 @@ class SACLoss(LossModule):
         ...     TensorDictModule(nn.Sequential(nn.Linear(3, 4), NormalParamExtractor()),
         ...                      ["observation"], ["loc", "scale"]),
         ...     ProbabilisticTensorDictModule(["loc", "scale"], ["action"], TanhNormal))
-        >>> class QNet(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.net = nn.Linear(3 + 2, 1)
-        ...     def forward(self, obs, action):
-        ...         return self.net(torch.cat([obs, action], -1))
-        >>> qvalue = TensorDictModule(QNet(), ["observation", "action"], ["state_action_value"])
+        >>> qvalue = TensorDictModule(MLP(out_features=1, num_cells=[8]), ["observation", "action"], ["state_action_value"])
         >>> loss = SACLoss(actor, qvalue, target_entropy=-2.0)
         >>> batch = TensorDict({  # a batch of 8 transitions, action dim 2
         ...     "observation": torch.randn(8, 3), "action": torch.rand(8, 2) * 2 - 1,
@@ -136,12 +130,7 @@ class SACLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    qvalue_network_params = network_params("qvalue_network")
-    target_qvalue_network_params = network_params("qvalue_network", target=True)
-    value_network_params = network_params("value_network")
-    target_value_network_params = network_params("value_network", target=True)
+    networks = ("actor_network", "qvalue_network", "value_network")
 
     def __init__(
         self,
@@ -299,10 +288,7 @@ class DiscreteSACLoss(LossModule):
 
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    qvalue_network_params = network_params("qvalue_network")
-    target_qvalue_network_params = network_params("qvalue_network", target=True)
+    networks = ("actor_network", "qvalue_network")
 
     def __init__(
         self,

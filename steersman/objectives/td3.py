@@ -34,7 +34,6 @@ from .common import (
     LossModule,
     NestedKey,
     check_options,
-    network_params,
     register_critics,
     torchrl_compat,
 )
@@ -100,19 +99,12 @@ class TD3Loss(LossModule):
     Example:
         >>> import torch
         >>> from steersman.data import Bounded
+        >>> from steersman.modules import MLP  # lazy input size: set by the first call
         >>> from steersman.tensordict import TensorDict
         >>> from steersman.tensordict.nn import TensorDictModule
-        >>> class Critic(torch.nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.linear = torch.nn.Linear(3 + 1, 1)
-        ...     def forward(self, observation, action):
-        ...         return self.linear(torch.cat([observation, action], -1))
         >>> actor = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
-        >>> critic = TensorDictModule(Critic(), in_keys=["observation", "action"], out_keys=["state_action_value"])
+        >>> critic = TensorDictModule(MLP(out_features=1, num_cells=[8]), ["observation", "action"], ["state_action_value"])
         >>> loss = TD3Loss(actor, critic, action_spec=Bounded(-1.0, 1.0, shape=(1,)))
-        >>> loss.qvalue_network_params["module", "linear", "weight"].shape   # [num_qvalue_nets, 1, 4]
-        torch.Size([2, 1, 4])
         >>> batch = TensorDict({
         ...     "observation": torch.randn(8, 3), "action": torch.rand(8, 1) * 2 - 1,
         ...     "next": {"observation": torch.randn(8, 3), "reward": torch.randn(8, 1),
@@ -122,6 +114,8 @@ class TD3Loss(LossModule):
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']
         >>> (out["loss_actor"] + out["loss_qvalue"]).backward()
+        >>> loss.qvalue_network_params["module", "0", "weight"].shape  # stacked on the first call: [2, 8, 3 + 1]
+        torch.Size([2, 8, 4])
     """
 
     @dataclass
@@ -138,10 +132,7 @@ class TD3Loss(LossModule):
     default_value_estimator = ValueEstimators.TD0
     supported_value_estimators = Q_TARGET_ESTIMATORS
     out_keys = ["loss_actor", "loss_qvalue", "pred_value", "state_action_value_actor", "next_state_value", "target_value"]
-    actor_network_params = network_params("actor_network")
-    target_actor_network_params = network_params("actor_network", target=True)
-    qvalue_network_params = network_params("qvalue_network")
-    target_qvalue_network_params = network_params("qvalue_network", target=True)
+    networks = ("actor_network", "qvalue_network")
 
     def __init__(
         self,
