@@ -593,6 +593,10 @@ def test_action_out_of_spec_with_check():
     td["action"] = torch.tensor(5)
     with pytest.raises(InvalidActionError, match=r"GymEnv\('CartPole-v1'\).step: action 'action' = 5 is outside"):
         env.step(td, check=True)
+    unchecked = GymEnv("CartPole-v1", categorical_action_encoding=True, check=False)
+    assert unchecked.check is False
+    with pytest.raises(AssertionError):  # Gymnasium's own assertion, as before
+        unchecked.step(unchecked.reset().set("action", torch.tensor(5)))
     pend = GymEnv("Pendulum-v1")
     td = pend.reset(seed=0)
     td["action"] = torch.tensor([3.0])

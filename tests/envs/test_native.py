@@ -576,6 +576,21 @@ def test_wrong_action_shape_or_dtype_raises():
         pend.step(pend.reset())
 
 
+def test_out_of_spec_actions_refused_unless_check_is_off():
+    """Action 5 on CartPole used to push with 90 N; now refused, unless ``check=False``."""
+    def x_dot_after(action, check):
+        env = CartPoleEnv(seed=0, check=check)
+        td = env.reset()
+        env.set_state({"x": 0.0, "x_dot": 0.0, "theta": 0.0, "theta_dot": 0.0})
+        td["action"] = torch.tensor(action)
+        return float(env.step(td)["next", "observation"][1])
+
+    with pytest.raises(InvalidActionError, match=r"CartPoleEnv.step: action 'action' = 5 is outside .*Categorical"):
+        x_dot_after(5, True)
+    assert CartPoleEnv(check=False).check is False
+    assert x_dot_after(5, False) > 8 * x_dot_after(1, True) > 0  # 90 N against 10 N: unchecked, as asked
+
+
 def test_check_flag_validates_action_values():
     env = PendulumEnv(batch_size=[3], seed=0)
     td = env.reset()

@@ -284,8 +284,10 @@ class NativeEnv(EnvBase):
         check: refuse actions outside the action spec (default True; ``env.check``):
             a discrete action outside ``[0, n)`` (or not one-hot), or a NaN torque,
             raises :class:`~steersman.envs.InvalidActionError` before anything changes.
-            One reduction per step (``aminmax``); skipped inside ``torch.compile``-traced
-            code. Torques outside their bounds are clipped, as in Gymnasium.
+            One reduction per step (``aminmax``; on CUDA it also waits for the action
+            once per step: pass ``check=False`` for the fastest GPU loop); skipped inside
+            ``torch.compile``-traced code. Torques outside their bounds are clipped, as in
+            Gymnasium.
 
     State: ``get_state()`` returns the named state components (``[*batch]`` each) and
     ``"step_count"``; ``set_state(...)`` overwrites them (e.g. to replay a Gymnasium
