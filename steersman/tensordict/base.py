@@ -515,7 +515,7 @@ class TensorDictBase:
                 out[key] = v.copy()
             else:
                 out[key] = v.to_tensordict()
-        return TensorDict._new_unsafe(out, self.batch_size, self.device, self.names_or_none())
+        return TensorDict.from_trusted(out, self.batch_size, self.device, self.names_or_none())
 
     def copy(self) -> TensorDictBase:
         """A shallow copy: new containers, same leaf tensors."""

@@ -1102,7 +1102,7 @@ class LazyStackedTensorDict(TensorDictBase):
             else:
                 sub = self._stack_values(full, vals)
                 out[k] = sub._densify(layout, op, full if type(full) is tuple else (full,))
-        return TensorDict._new_unsafe(out, self._batch_size, self.device, None)
+        return TensorDict.from_trusted(out, self._batch_size, self.device, None)
 
     def _to_dense(self, op: str) -> TensorDictBase:
         return self._densify(None, op)
@@ -1177,7 +1177,7 @@ class LazyStackedTensorDict(TensorDictBase):
                                                             prefix + (k,), flags)
             out[k] = r
         dev = self.device if device is NO_DEFAULT else device
-        return TensorDict._new_unsafe(out, torch.Size(()), dev, None)
+        return TensorDict.from_trusted(out, torch.Size(()), dev, None)
 
     def _gather_inplace(self, others: tuple, default: Any, work: list, prefix: tuple) -> None:
         from .td import _gather_inplace
@@ -1338,9 +1338,9 @@ class LazyStackedTensorDict(TensorDictBase):
             for i in range(batch_size[sd]):
                 proto = ms[i] if i < len(ms) else (ms[0] if ms else None)
                 members.append(proto._new_empty(mbs) if proto is not None else
-                               TensorDict._new_unsafe({}, mbs, self.device, None))
+                               TensorDict.from_trusted({}, mbs, self.device, None))
             return LazyStackedTensorDict._new_from(members, sd, batch_size, self.device)
-        return TensorDict._new_unsafe({}, batch_size, self.device, None)
+        return TensorDict.from_trusted({}, batch_size, self.device, None)
 
     # ------------------------------------------------------------------ locking
     def lock_(self) -> LazyStackedTensorDict:
@@ -1533,7 +1533,7 @@ def _source_part(value: Any, new_bs: torch.Size, take: Callable, take_c: Callabl
         from .td import TensorDict
 
         out = {k: _source_part(value._get_str(k, NO_DEFAULT), new_bs, take, take_c) for k in value._keys_str()}
-        return TensorDict._new_unsafe(out, torch.Size(()), None, None)
+        return TensorDict.from_trusted(out, torch.Size(()), None, None)
     return value
 
 
@@ -1543,7 +1543,7 @@ def _one_key_source(key: NestedKey, item: Any) -> TensorDictBase:
     keys = (key,) if type(key) is str else key
     node: Any = item
     for k in reversed(keys):
-        node = TensorDict._new_unsafe({k: node}, torch.Size(()), None, None)
+        node = TensorDict.from_trusted({k: node}, torch.Size(()), None, None)
     return node
 
 

@@ -196,7 +196,7 @@ class TensorDict(TensorDictBase):
             if dev is not None and isinstance(v, Tensor) and v.device != dev:
                 v = v.to(dev, non_blocking=True)
             out[k] = v
-        return cls._new_unsafe(out, torch.Size(()), dev)
+        return cls.from_trusted(out, torch.Size(()), dev)
 
     def auto_batch_size_(self, batch_dims: int | None = None) -> TensorDict:
         """Sets the batch size to the longest shape prefix shared by all leaves (in place)."""

@@ -363,7 +363,7 @@ class _TensorClass(TensorDictBase):
             sub = node._get_str(k, None)
             if sub is None:
                 hint = type(node)._field_hints().get(k) if is_tensorclass(node) else None
-                empty = TensorDict._new_unsafe({}, node.batch_size, node.device)
+                empty = TensorDict.from_trusted({}, node.batch_size, node.device)
                 sub = hint._wrap(empty) if isinstance(hint, type) and is_tensorclass(hint) else empty
                 node._set_str(k, sub, False, True)
             elif not _is_branch(sub):
