@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ._utils import broadcast_shapes
 
-__all__ = ["IndexStep", "IndexPlan", "plan_index", "as_index", "INT", "SLICE", "NEW", "TENSOR", "MASK"]
+__all__ = ["IndexStep", "IndexPlan", "plan_index", "as_index", "on_cpu", "INT", "SLICE", "NEW", "TENSOR", "MASK"]
 
 #: the kinds of index elements
 INT = "int"  #: an int (or a 0-dim integer tensor): picks one position, drops the dim
@@ -174,3 +174,12 @@ def as_index(items: list | tuple) -> Any:
     if n == 1:
         return items[0]
     return tuple(items[:n])
+
+
+def on_cpu(index: Any) -> Any:
+    """``index`` with its tensors moved to the CPU (to index CPU position tensors with)."""
+    if isinstance(index, Tensor):
+        return index.cpu()
+    if type(index) is tuple:
+        return tuple(i.cpu() if isinstance(i, Tensor) else i for i in index)
+    return index

@@ -58,7 +58,7 @@ from .base import (
     expanded_batch_size,
     is_tensor_collection,
 )
-from .indexing import INT, MASK, SLICE, TENSOR, as_index, plan_index
+from .indexing import INT, MASK, SLICE, TENSOR, as_index, on_cpu, plan_index
 from .td import TensorDict
 
 __all__ = ["LazyStackedTensorDict", "lazy_stack", "lazy_cat", "RaggedStackError"]
@@ -677,7 +677,7 @@ class LazyStackedTensorDict(TensorDictBase):
             new_bs = bs
             split = _MemberSplit(list(range(len(ms))), sd, ())
         else:
-            new_bs = indexed_batch_size(bs, _cpu_index(index))
+            new_bs = indexed_batch_size(bs, index)
             split = self._split_index(index)
         plan = []
         if split is not None:
@@ -694,7 +694,7 @@ class LazyStackedTensorDict(TensorDictBase):
                 plan.append((_prepare_pairs(pairs, mi), mi))
             return plan
         # advanced indexing that mixes the stack dim with other dims: element by element
-        pos = torch.arange(math.prod(bs)).reshape(bs)[_cpu_index(index)]
+        pos = torch.arange(math.prod(bs)).reshape(bs)[on_cpu(index)]
         flat = pos.reshape(-1)
         coords = torch.unravel_index(flat, bs)
         mid = coords[sd]
@@ -776,7 +776,7 @@ class LazyStackedTensorDict(TensorDictBase):
         parts = [ms[i] for i in split.members] if _whole(mi) else [ms[i]._index(mi) for i in split.members]
         if not parts:
             if not ms:
-                return self._like([], split.stack_dim, indexed_batch_size(self._batch_size, _cpu_index(index)))
+                return self._like([], split.stack_dim, indexed_batch_size(self._batch_size, index))
             # an empty selection keeps the structure: zero copies of the (common-keyed) first member
             first = ms[0].select(*self.keys())
             first = first if _whole(mi) else first._index(mi)
@@ -786,7 +786,7 @@ class LazyStackedTensorDict(TensorDictBase):
     def _index_fallback(self, index: Any) -> TensorDictBase:
         if self._dense_compatible():
             return self.to_tensordict()._index(index)
-        pos = torch.arange(self.numel()).reshape(self._batch_size)[_cpu_index(index)]
+        pos = torch.arange(self.numel()).reshape(self._batch_size)[on_cpu(index)]
         return self._from_positions(pos)
 
     def _from_positions(self, pos: Tensor) -> TensorDictBase:
@@ -1568,14 +1568,6 @@ def _lazy_where(condition: Tensor, input: Any, other: Any) -> TensorDictBase:
 
 
 # ---------------------------------------------------------------------- helpers
-def _cpu_index(index: Any) -> Any:
-    if isinstance(index, Tensor):
-        return index.cpu() if index.device.type != "cpu" else index
-    if type(index) is tuple:
-        return tuple(i.cpu() if isinstance(i, Tensor) and i.device.type != "cpu" else i for i in index)
-    return index
-
-
 def _member_at(m: TensorDictBase, coords: tuple, rest: torch.Size) -> TensorDictBase:
     """The elements ``coords`` (index tensors shaped ``rest``) of member ``m``."""
     if m.batch_dims == 0:

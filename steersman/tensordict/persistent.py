@@ -48,7 +48,7 @@ from .base import (
     _is_non_tensor,
     is_tensor_collection,
 )
-from .indexing import MASK, NEW, TENSOR, plan_index
+from .indexing import MASK, NEW, TENSOR, on_cpu, plan_index
 from .td import TensorDict, _other_entry
 
 __all__ = ["PersistentTensorDict", "to_h5"]
@@ -236,17 +236,12 @@ def _strides(sizes: torch.Size) -> list[int]:
     return out
 
 
-def _cpu_items(index: Any) -> tuple:
-    items = index if type(index) is tuple else (index,)
-    return tuple(i.cpu() if isinstance(i, Tensor) and i.device.type != "cpu" else i for i in items)
-
-
 def _compose(sel: _Sel, index: Any) -> _Sel:
-    items = _cpu_items(index)
-    out = _compose_outer(sel, items) if sel.pos is None else None
+    index = on_cpu(index)
+    out = _compose_outer(sel, index) if sel.pos is None else None
     if out is not None:
         return out
-    pos = _positions(sel)[items if len(items) != 1 else items[0]]
+    pos = _positions(sel)[index]
     if sel.k == 1:  # one stored dim: positions are coordinates, back to the outer form
         if pos.ndim == 0:
             return _Sel((int(pos),), (), None, sel.sizes)
@@ -254,7 +249,7 @@ def _compose(sel: _Sel, index: Any) -> _Sel:
     return _Sel(None, None, pos, sel.sizes)
 
 
-def _compose_outer(sel: _Sel, raw: tuple) -> _Sel | None:
+def _compose_outer(sel: _Sel, raw: Any) -> _Sel | None:
     """``sel`` followed by the (normalized) index ``raw``, or None if the result is not an
     outer selection (several tensor indices, a mask over several dims, a dim added inside
     the dims of an index tensor)."""
