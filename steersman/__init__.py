@@ -11,6 +11,7 @@ from typing import Any
 
 from .tensordict import (  # noqa: F401
     LazyStackedTensorDict,
+    LoadError,
     MemoryMappedTensor,
     NonTensorData,
     NonTensorStack,

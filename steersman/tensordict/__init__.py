@@ -3,6 +3,7 @@
 from . import pytree as _pytree  # noqa: F401  (registers TensorDict as a pytree node)
 from ._utils import NestedKey, unravel_key, unravel_key_list
 from .base import TensorDictBase, is_tensor_collection
+from .files import LoadError
 from .functional import cat, maybe_dense_stack, pad, pad_sequence, stack, where
 from .io import load, load_memmap, save
 from .lazy import LazyStackedTensorDict, lazy_stack
@@ -40,6 +41,7 @@ __all__ = [
     "save",
     "load",
     "load_memmap",
+    "LoadError",
     "TensorDictParams",
     "from_module",
     "from_modules",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -18,13 +19,13 @@ from torch import Tensor
 
 from ._utils import NO_DEFAULT
 from .base import TensorDictBase, _is_branch, _is_non_tensor
-from .files import write_json_atomic
+from .files import LoadError, check_inside, write_json_atomic
 from .lazy import LazyStackedTensorDict
-from .memmap import MemoryMappedTensor, _copy_to_file, _load_tensor_file, save_tensor_file
+from .memmap import MemoryMappedTensor, _copy_to_file, _open_sized, save_tensor_file
 from .nontensor import MetaData, NonTensorData, NonTensorStack
 from .td import TensorDict
 
-__all__ = ["save", "load", "load_memmap", "memmap_into"]
+__all__ = ["LoadError", "save", "load", "load_memmap", "memmap_into"]
 
 _META = "meta.json"
 _FORMAT = 1
@@ -34,17 +35,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-_DTYPES: dict[str, torch.dtype] = {}  # name -> dtype, filled as names are met
-
-
-def _dtype_from_name(name: str) -> torch.dtype:
-    dtype = _DTYPES.get(name)
-    if dtype is None:
-        dtype = getattr(torch, name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown dtype {name!r} in saved metadata")
-        _DTYPES[name] = dtype
-    return dtype
+# the dtypes a saved tensor may have (a name in meta.json is looked up here, never with getattr)
+_DTYPES: dict[str, torch.dtype] = {
+    _dtype_name(d): d for d in vars(torch).values()
+    if isinstance(d, torch.dtype) and not _dtype_name(d).startswith(("qint", "quint"))
+}
 
 
 def _check_key(key: str) -> None:
@@ -251,68 +246,256 @@ def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
 
     ``mmap=True`` maps the files (writes go to disk); ``mmap=False`` reads them into memory.
     Only JSON and raw tensor bytes are read: loading never executes code.
+
+    A saved folder is untrusted input. Everything in ``meta.json`` is checked before
+    anything is allocated or mapped: every file and sub-folder it names must resolve
+    inside ``prefix`` (symlinks included), the batch size must be a prefix of every
+    entry's shape, ``names`` must have one name per batch dim, each tensor file must hold
+    exactly ``dtype * shape`` bytes and a non-tensor stack must hold as many values as its
+    batch size says. Any violation raises :class:`~steersman.tensordict.files.LoadError`
+    (a ``ValueError``) naming the file and the field; a missing ``meta.json`` raises
+    ``FileNotFoundError``.
     """
     path = os.fspath(prefix)
     meta_file = os.path.join(path, _META)
     try:
-        with open(meta_file) as f:
-            meta = json.load(f)
+        check_inside(path, meta_file, file=meta_file, field=_META)
+        with open(meta_file, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"no saved TensorDict at {path} ({_META} is missing)") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{meta_file} is not valid JSON (corrupted or not a saved TensorDict): {err}") from None
-    if not isinstance(meta, dict) or meta.get("_type") not in ("TensorDict", "LazyStackedTensorDict"):
+    except IsADirectoryError:
+        raise LoadError(f"{meta_file} is a folder, not a file", file=meta_file) from None
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
+        raise LoadError(f"{meta_file} is not valid JSON (corrupted or not a saved TensorDict): "
+                        f"{type(err).__name__}: {err}", file=meta_file) from None
+    if not isinstance(meta, dict) or meta.get("_type") not in _KINDS:
         kind = meta.get("_type") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"{meta_file}: unknown container type {kind!r} (not a saved steersman TensorDict)")
+        raise LoadError(f"{meta_file}: unknown container type {kind!r} (not a saved steersman TensorDict)",
+                        file=meta_file, field="_type")
     if meta.get("_format") != _FORMAT:
-        raise ValueError(f"{meta_file} has format {meta.get('_format')!r}; this steersman reads format {_FORMAT}")
-    out = _build(meta, path, mmap)
+        raise LoadError(f"{meta_file} has format {meta.get('_format')!r}; this steersman reads format {_FORMAT}",
+                        file=meta_file, field="_format")
+    out = _Reader(meta_file, path, mmap).build(meta, path, (), None)
     if mmap:
         out.lock_()
     return out
 
 
-def _build(meta: dict, path: str, mmap: bool) -> TensorDictBase:
-    kind = meta.get("_type")
-    if kind == "LazyStackedTensorDict":
-        members = [_build(m, os.path.join(path, str(i)), mmap) for i, m in enumerate(meta["members"])]
-        return LazyStackedTensorDict(*members, stack_dim=meta["stack_dim"])
-    if kind != "TensorDict":
-        raise ValueError(f"{path}: unknown container type {kind!r} in the saved metadata")
-    bs = torch.Size(meta["batch_size"])
-    entries: dict[str, Any] = {}
-    folder = os.path.join(path, "")  # with its trailing separator (none for "")
-    for key, entry in meta["entries"].items():
-        _check_key(key)
-        k = entry["kind"]
-        if k == "tensor":
-            file = entry["file"]
-            _check_key(file)
-            entries[key] = _load_tensor_file(folder + file, _dtype_from_name(entry["dtype"]),
-                                             _shape_from_json(entry["shape"]), mmap)
-        elif k == "non_tensor":
-            cls = MetaData if entry.get("metadata") else NonTensorData
-            entries[key] = cls(entry["data"], batch_size=entry["batch_size"])
-        elif k == "non_tensor_stack":
-            arr = np.empty(tuple(entry["batch_size"]), dtype=object)
-            _fill(arr, entry["data"])
-            entries[key] = NonTensorStack(arr)
-        elif k == "container":
-            entries[key] = _build(entry["meta"], os.path.join(path, entry["dir"]), mmap)
-        else:
-            raise ValueError(f"unknown entry kind {k!r} for key {key!r} in {path}")
-    device = meta.get("device")
-    out = TensorDict._new_unsafe(entries, bs, torch.device("cpu") if device is not None else None,
-                                 meta.get("names"))
-    if device is not None and torch.device(device).type != "cpu":
-        out = out.to(device)
-    return out
+_KINDS = ("TensorDict", "LazyStackedTensorDict")
+_MAX_DEPTH = 100  # nested containers; deeper trees are refused, not a RecursionError
+_MAX_DIMS = 64  # batch dims (numpy's limit, far beyond any real batch)
+_MAX_DIM = 2**62  # one dim (torch.Size holds int64; the product is bounded by file sizes)
 
 
-def _shape_from_json(shape: Any) -> torch.Size:
-    if type(shape) is list and all(type(s) is int and s >= 0 for s in shape):
-        return torch.Size(shape)
-    raise ValueError(f"invalid tensor shape {shape!r} in saved metadata")
+def _is_size(v: Any) -> bool:
+    return type(v) is list and len(v) <= _MAX_DIMS and all(type(s) is int and 0 <= s < _MAX_DIM for s in v)
+
+
+class _Reader:
+    """Builds a container from validated metadata; every error names ``meta.json`` and the
+    field (the entry's key path, then the field)."""
+
+    def __init__(self, meta_file: str, root: str, mmap: bool) -> None:
+        self.meta_file = meta_file
+        self.root = root  # the saved folder: everything read must resolve inside it
+        self.mmap = mmap
+
+    def fail(self, where: tuple, field: str, message: str) -> LoadError:
+        name = f"entry {'.'.join(where)!r} field {field!r}" if where else f"field {field!r}"
+        return LoadError(f"{self.meta_file}: {name}: {message}", file=self.meta_file,
+                         field=".".join((*where, field)))
+
+    def get(self, meta: Any, where: tuple, field: str) -> Any:
+        if not isinstance(meta, dict):
+            raise self.fail(where, field, f"expected a JSON object holding it, got {type(meta).__name__}")
+        try:
+            return meta[field]
+        except KeyError:
+            raise self.fail(where, field, "is missing") from None
+
+    def size(self, meta: dict, where: tuple, field: str) -> list:
+        value = self.get(meta, where, field)
+        if not _is_size(value):
+            raise self.fail(where, field, f"expected a list of at most {_MAX_DIMS} non-negative ints, got "
+                            f"{_short(value)}")
+        return value
+
+    def stat(self, path: str, where: tuple, field: str) -> os.stat_result:
+        """``os.stat(path)`` of a file or folder named by ``field``, which must exist and
+        resolve inside the saved folder (a symlink is resolved and checked)."""
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                st = check_inside(self.root, path, file=self.meta_file, field=".".join((*where, field)))
+        except FileNotFoundError:
+            raise self.fail(where, field, f"{path} is missing") from None
+        return st
+
+    def folder(self, path: str, where: tuple, field: str) -> None:
+        if not stat.S_ISDIR(self.stat(path, where, field).st_mode):
+            raise self.fail(where, field, f"{path} is not a folder")
+
+    def build(self, meta: Any, path: str, where: tuple, parent_bs: list | None) -> TensorDictBase:
+        if len(where) > _MAX_DEPTH:
+            raise self.fail(where, "entries", f"containers nested deeper than {_MAX_DEPTH} levels")
+        kind = self.get(meta, where, "_type")
+        if kind not in _KINDS:
+            raise self.fail(where, "_type", f"unknown container type {_short(kind)}")
+        bs = self.size(meta, where, "batch_size")
+        if parent_bs is not None and bs[: len(parent_bs)] != parent_bs:
+            raise self.fail(where, "batch_size", f"{bs} does not start with the parent's batch size {parent_bs}")
+        if kind == "LazyStackedTensorDict":
+            return self.build_lazy(meta, path, where, bs)
+        entries = self.get(meta, where, "entries")
+        if not isinstance(entries, dict):
+            raise self.fail(where, "entries", f"expected a JSON object, got {type(entries).__name__}")
+        nb = len(bs)
+        out: dict[str, Any] = {}
+        folder = os.path.join(path, "")  # with its trailing separator (none for "")
+        for key, entry in entries.items():
+            if not _valid_name(key):
+                raise self.fail(where, "entries", f"{key!r} cannot be a key of a saved container")
+            k = entry.get("kind") if type(entry) is dict else None
+            if k == "tensor":
+                out[key] = self.tensor(entry, folder, where, key, bs)
+                continue
+            here = (*where, key)
+            if k is None:
+                self.get(entry, here, "kind")  # raises: the entry or its kind is missing
+            if k == "non_tensor":
+                ebs = self.size(entry, here, "batch_size")
+                if ebs[:nb] != bs:
+                    raise self.fail(here, "batch_size", f"{ebs} does not start with the batch size {bs}")
+                cls = MetaData if entry.get("metadata") is True else NonTensorData
+                out[key] = cls(self.get(entry, here, "data"), batch_size=ebs)
+            elif k == "non_tensor_stack":
+                out[key] = self.stack(entry, here, bs)
+            elif k == "container":
+                name = self.get(entry, here, "dir")
+                if not _valid_name(name):
+                    raise self.fail(here, "dir", f"{_short(name)} is not a plain folder name (no '/', '\\', "
+                                    "leading '.'): it must name a sub-folder of the saved folder")
+                sub = folder + name
+                self.folder(sub, here, "dir")
+                out[key] = self.build(self.get(entry, here, "meta"), sub, here, bs)
+            else:
+                raise self.fail(here, "kind", f"unknown entry kind {_short(k)}")
+        names = meta.get("names")
+        if names is not None:
+            named = [n for n in names if n is not None] if type(names) is list else None
+            if (named is None or len(names) != nb or not all(type(n) is str for n in named)
+                    or len(set(named)) != len(named)):
+                raise self.fail(where, "names", f"expected null or {nb} unique names (strings or null), "
+                                f"got {_short(names)}")
+            if not named:
+                names = None
+        device = meta.get("device")
+        if device is not None:
+            try:
+                if type(device) is not str:
+                    raise TypeError("not a string")
+                device = torch.device(device)
+            except (RuntimeError, TypeError, ValueError) as err:
+                raise self.fail(where, "device", f"{_short(device)} is not a device ({err})") from None
+        td = TensorDict._new_unsafe(out, torch.Size(bs), None if device is None else torch.device("cpu"), names)
+        if device is not None and device.type != "cpu":
+            try:
+                td = td.to(device)
+            except (RuntimeError, AssertionError) as err:  # e.g. cuda on a machine without it
+                raise self.fail(where, "device", f"cannot move the loaded data to {device}: {err}") from None
+        return td
+
+    def tensor(self, entry: dict, folder: str, where: tuple, key: str, bs: list) -> Tensor:
+        try:  # the common case in one go; on a failure, diagnose() names the field at fault
+            dtype = _DTYPES[entry["dtype"]]
+            shape = entry["shape"]
+            name = folder + entry["file"]
+        except (KeyError, TypeError):
+            dtype = shape = name = None
+        if dtype is None or not _is_size(shape) or shape[: len(bs)] != bs or not _valid_name(entry["file"]):
+            raise self.diagnose(entry, (*where, key), bs)
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            st = None
+        if st is None or stat.S_ISLNK(st.st_mode):  # (a symlink is resolved and checked)
+            st = self.stat(name, (*where, key), "file")
+        numel = 1
+        for s in shape:
+            numel *= s
+        needed = numel * dtype.itemsize
+        if st.st_size != needed or not stat.S_ISREG(st.st_mode):
+            what = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise self.fail((*where, key), "file", f"{name} has {what}, expected {needed} bytes for "
+                            f"shape {shape} and dtype {dtype}")
+        return _open_sized(name, dtype, torch.Size(shape), numel, self.mmap)
+
+    def diagnose(self, entry: Any, where: tuple, bs: list) -> LoadError:
+        """The error for a tensor entry that failed :meth:`tensor`'s checks."""
+        name = self.get(entry, where, "dtype")
+        if type(name) is not str or name not in _DTYPES:
+            return self.fail(where, "dtype", f"unknown dtype {_short(name)}")
+        shape = self.size(entry, where, "shape")
+        if shape[: len(bs)] != bs:
+            return self.fail(where, "shape", f"{shape} does not start with the batch size {bs}")
+        name = self.get(entry, where, "file")
+        return self.fail(where, "file", f"{_short(name)} is not a plain file name (no '/', '\\', leading '.')")
+
+    def stack(self, entry: dict, where: tuple, bs: list) -> NonTensorStack:
+        ebs = self.size(entry, where, "batch_size")
+        if ebs[: len(bs)] != bs:
+            raise self.fail(where, "batch_size", f"{ebs} does not start with the batch size {bs}")
+        data = self.get(entry, where, "data")
+        if not _nests_as(data, ebs):  # checked before allocating: the count comes from the data
+            raise self.fail(where, "data", f"the values do not nest as lists of the batch size {ebs}")
+        try:
+            arr = np.empty(tuple(ebs), dtype=object)
+        except ValueError as err:  # a 0-sized dim next to a huge one
+            raise self.fail(where, "batch_size", str(err)) from None
+        _fill(arr, data)
+        return NonTensorStack(arr)
+
+    def build_lazy(self, meta: dict, path: str, where: tuple, bs: list) -> TensorDictBase:
+        members = self.get(meta, where, "members")
+        stack_dim = self.get(meta, where, "stack_dim")
+        if type(members) is not list or type(stack_dim) is not int:
+            raise self.fail(where, "members", "expected a list of members and an int stack_dim")
+        built = []
+        for i, m in enumerate(members):
+            sub = os.path.join(path, str(i))
+            self.folder(sub, (*where, str(i)), "members")
+            built.append(self.build(m, sub, (*where, str(i)), None))
+        try:
+            out = LazyStackedTensorDict(*built, stack_dim=stack_dim, batch_size=None if built else bs)
+        except (ValueError, TypeError, IndexError) as err:
+            raise self.fail(where, "members", f"the members do not stack: {err}") from None
+        if list(out.batch_size) != bs:
+            raise self.fail(where, "batch_size", f"{bs} but the members stack to {list(out.batch_size)}")
+        return out
+
+
+def _valid_name(name: Any) -> bool:
+    """A key or file name that stays in its folder: no separator, no leading ``.``."""
+    return (type(name) is str and bool(name) and "/" not in name and "\\" not in name
+            and not name.startswith(".") and name != _META and "\0" not in name)
+
+
+def _nests_as(data: Any, shape: list) -> bool:
+    """Whether ``data`` is lists nested ``len(shape)`` deep with lengths ``shape``."""
+    if not shape:
+        return True
+    if type(data) is not list or len(data) != shape[0]:
+        return False
+    rest = shape[1:]
+    return not rest or all(_nests_as(x, rest) for x in data)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _fill(arr: np.ndarray, data: Any) -> None:

@@ -641,7 +641,12 @@ def _load_tensor_file(path: str, dtype: torch.dtype, shape: torch.Size, mmap: bo
             f"Tensor file {path!r} has {size} bytes, expected {needed} for shape "
             f"{tuple(shape)} and dtype {dtype}."
         )
-    if mmap:  # the size was checked above, so map directly (from_filename would stat again)
+    return _open_sized(path, dtype, shape, numel, mmap)
+
+
+def _open_sized(path: str, dtype: torch.dtype, shape: torch.Size, numel: int, mmap: bool) -> torch.Tensor:
+    """Maps or reads a raw tensor file whose size the caller checked against ``shape``."""
+    if mmap:  # the size was checked, so map directly (from_filename would stat again)
         return MemoryMappedTensor._wrap(_map_file(path, dtype, numel).view(shape), path)
     out = torch.empty(shape, dtype=dtype)
     view = _byte_view(out)
