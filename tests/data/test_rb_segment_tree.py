@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from steersman.data.replay_buffers import MaxSegmentTree, MinSegmentTree, SumSegmentTree
-from steersman.data.replay_buffers.utils import PriorityTree
+from steersman.data.replay_buffers.segment_tree import PriorityTree
 
 sizes = st.integers(min_value=1, max_value=300)
 

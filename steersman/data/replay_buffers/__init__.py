@@ -21,8 +21,8 @@ from .samplers import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
+from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
-from .utils import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .writers import RoundRobinWriter, TensorDictMaxValueWriter, TensorDictRoundRobinWriter, Writer
 
 __all__ = [

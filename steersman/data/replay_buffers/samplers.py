@@ -19,8 +19,8 @@ from torch import Tensor
 from steersman.tensordict import NestedKey, TensorDict, unravel_key
 
 from ._checkpoint import CheckpointError, get_field, read_component, write_component
+from .segment_tree import PriorityTree
 from .storages import _EMPTY, Storage, TensorStorage
-from .utils import PriorityTree
 
 __all__ = [
     "Sampler",
@@ -91,12 +91,6 @@ class Sampler:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def _check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    return batch_size
 
 
 class RandomSampler(Sampler):
@@ -246,7 +240,7 @@ class PrioritizedSampler(Sampler):
     ``w_i = (N * P(i)) ** -beta / max_j w_j = (p_i / min_j p_j) ** -beta`` (``N`` the number
     of stored items), returned in ``info["_weight"]`` (float32).
 
-    The priorities live in a :class:`~steersman.data.replay_buffers.utils.PriorityTree`
+    The priorities live in a :class:`~steersman.data.replay_buffers.segment_tree.PriorityTree`
     (float64 sums over blocks of 32 leaves, minima over blocks of 1024 leaves) updated and
     searched a whole batch at a time with a fixed number of NumPy operations per batch, no
     compiled extension. New items get ``default_priority``.

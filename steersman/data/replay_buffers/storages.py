@@ -133,10 +133,6 @@ class Storage:
     def _unflat(self, index: Tensor) -> Any:
         return index
 
-    def _check_filled(self) -> None:
-        if self._len == 0:
-            raise RuntimeError(_EMPTY)
-
     def get(self, index: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
