@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from steersman.envs.batched.pool import OK, frame, pack_error, send_frame, serve
+from steersman.envs.batched.pool import OK, serve
 
 from ._policy import SharedWeights, weights_of
 from ._shm import SharedMemory, send_with_fd
@@ -65,31 +65,28 @@ def worker_main(idx: int, conn: Any, payload: bytes, weights: SharedWeights | No
     """The body of a collector worker (run by ``pool.bootstrap``): builds its collector,
     then serves commands (``pool.serve``).
 
-    ``payload``: the pickled ``dict(create_env_fn, create_env_kwargs, policy, kwargs,
-    num_workers)`` (standard pickle, tensors by value; cloudpickle for lambdas).
+    ``payload``: the pickled ``dict(create_env_fn, policy, kwargs, num_workers)``
+    (standard pickle, tensors by value; cloudpickle for lambdas).
     """
-    fd = conn.fileno()
-    memories: list[SharedMemory] = []
-    try:
-        spec = pickle.loads(payload)
-        collector = Collector(spec["create_env_fn"], spec["policy"],
-                              create_env_kwargs=spec["create_env_kwargs"], **spec["kwargs"])
-        collector._set_traj_id_scheme(spec["num_workers"], idx)
-        if shared:
-            def allocate(nbytes: int) -> torch.Tensor:
-                mem = SharedMemory(nbytes, name="steersman-collector-batch")
-                memories.append(mem)
-                return mem.tensor
+    serve(conn.fileno(), lambda: _setup(idx, conn.fileno(), payload, weights, shared))
 
-            collector._allocate = allocate
-        own_weights = weights_of(collector.policy) if weights is not None else None
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        send_frame(fd, frame(pack_error(exc)))
-        return
-    send_frame(fd, frame(OK))
+
+def _setup(idx: int, fd: int, payload: bytes, weights: SharedWeights | None, shared: bool) -> tuple[Any, Any, bytes]:
+    """Builds the worker's collector and its command handler (see ``pool.serve``)."""
+    spec = pickle.loads(payload)
+    collector = Collector(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+    collector._set_traj_id_scheme(spec["num_workers"], idx)
+    memories: list[SharedMemory] = []
+    if shared:
+        def allocate(nbytes: int) -> torch.Tensor:
+            mem = SharedMemory(nbytes, name="steersman-collector-batch")
+            memories.append(mem)
+            return mem.tensor
+
+        collector._allocate = allocate
+    own_weights = weights_of(collector.policy) if weights is not None else None
     seen = 0
     described = None
-
     def handle(msg: bytes) -> bytes | None:
         nonlocal seen, described
         cmd = msg[0]
@@ -126,4 +123,4 @@ def worker_main(idx: int, conn: Any, payload: bytes, weights: SharedWeights | No
             return OK
         raise RuntimeError(f"unknown command {msg[:1]!r}")
 
-    serve(fd, handle, collector.shutdown)
+    return handle, collector.shutdown, OK

@@ -42,6 +42,8 @@ import torch
 from torch import nn
 
 from steersman.envs import EnvBase, EnvWorkerError, next_seed
+from steersman.envs.batched import EnvCreator
+from steersman.envs.batched._base import make_creators
 from steersman.envs.batched.pool import WorkerPool, check_start_method, dumps, frame
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict.nn import ExplorationType
@@ -81,35 +83,13 @@ class CollectorWorkerError(EnvWorkerError):
     """
 
 
-def _env_fns(create_env_fn: Any, num_workers: int | None, kwargs: Any, owner: str) -> tuple[list, list]:
-    if isinstance(create_env_fn, (list, tuple)):
-        fns = list(create_env_fn)
-        if num_workers is not None and num_workers != len(fns):
-            raise ValueError(f"{owner}: num_workers={num_workers} but {len(fns)} create_env_fn were given")
-    else:
-        if num_workers is None:
-            raise ValueError(f"{owner}: pass num_workers with a single create_env_fn (or a list of them)")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"{owner}: num_workers must be a positive int, got {num_workers!r}")
-        fns = [create_env_fn] * num_workers
-    if not fns:
-        raise ValueError(f"{owner}: no create_env_fn given")
-    for fn in fns:
-        if isinstance(fn, EnvBase):
-            raise TypeError(
-                f"{owner}: create_env_fn must be callables that build an env in each worker, got an env "
-                f"instance ({type(fn).__name__}); pass its class or a functools.partial"
-            )
-        if not callable(fn):
-            raise TypeError(f"{owner}: create_env_fn must be callable, got {type(fn).__name__}")
-    n = len(fns)
-    if kwargs is None or isinstance(kwargs, dict):
-        kws = [kwargs or {}] * n
-    elif isinstance(kwargs, (list, tuple)) and len(kwargs) == n:
-        kws = [k or {} for k in kwargs]
-    else:
-        raise ValueError(f"{owner}: create_env_kwargs must be a dict or a list of {n} dicts")
-    return fns, kws
+def _creators(create_env_fn: Any, num_workers: int | None, kwargs: Any, owner: str) -> list[EnvCreator]:
+    """One env factory (with its kwargs) per worker."""
+    if num_workers is None and isinstance(create_env_fn, (list, tuple)):
+        num_workers = len(create_env_fn)
+    if num_workers is None:
+        raise ValueError(f"{owner}: pass num_workers with a single create_env_fn (or a list of them)")
+    return make_creators(num_workers, create_env_fn, kwargs, owner)
 
 
 class _MultiCollector:
@@ -150,8 +130,8 @@ class _MultiCollector:
         cat_results: str | int | None = None,
     ) -> None:
         owner = type(self).__name__
-        fns, kws = _env_fns(create_env_fn, num_workers, create_env_kwargs, owner)
-        self.num_workers = n = len(fns)
+        creators = _creators(create_env_fn, num_workers, create_env_kwargs, owner)
+        self.num_workers = n = len(creators)
         if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch < 1:
             raise ValueError(f"{owner}: frames_per_batch must be a positive int, got {frames_per_batch!r}")
         self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
@@ -205,7 +185,7 @@ class _MultiCollector:
         self._pool = WorkerPool(owner, CollectorWorkerError, "the collector was shut down", self.shutdown,
                                 float(close_timeout), with_fds=True)
         try:
-            self._start(fns, kws, policy, worker_kwargs, num_sub_threads, float(start_timeout))
+            self._start(creators, policy, worker_kwargs, num_sub_threads, float(start_timeout))
         except BaseException:
             self.shutdown()
             raise
@@ -214,21 +194,19 @@ class _MultiCollector:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ start-up
-    def _start(self, fns: list, kws: list, policy: Any, worker_kwargs: dict, num_sub_threads: int | None,
+    def _start(self, creators: list[EnvCreator], policy: Any, worker_kwargs: dict, num_sub_threads: int | None,
                start_timeout: float) -> None:
         owner = type(self).__name__
-        payloads: dict[tuple[int, int], bytes] = {}
-        for fn, kw in zip(fns, kws):
-            key = (id(fn), id(kw))
-            if key not in payloads:
-                spec = {"create_env_fn": fn, "create_env_kwargs": kw, "policy": policy,
-                        "kwargs": worker_kwargs, "num_workers": self.num_workers}
-                payloads[key] = dumps(spec, owner, "the env factory, its kwargs or the policy")
+        payloads: dict[int, bytes] = {}
+        for creator in creators:
+            if id(creator) not in payloads:
+                spec = {"create_env_fn": creator, "policy": policy, "kwargs": worker_kwargs,
+                        "num_workers": self.num_workers}
+                payloads[id(creator)] = dumps(spec, owner, f"the env factory {creator.name}, its kwargs or the policy")
         base_seed = int(torch.randint(0, 2**62, ()).item())
         try:
             self._pool.start(
-                worker_main, [(payloads[(id(fn), id(kw))], self._weights, self.shared_memory)
-                              for fn, kw in zip(fns, kws)],
+                worker_main, [(payloads[id(c)], self._weights, self.shared_memory) for c in creators],
                 [next_seed(base_seed + i) for i in range(self.num_workers)], method=self.mp_start_method,
                 daemon=False,  # its env may start processes (e.g. a ParallelEnv)
                 num_threads=num_sub_threads, start_timeout=start_timeout,

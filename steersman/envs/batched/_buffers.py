@@ -15,10 +15,7 @@ shared memory is off) and starts on a cache-line boundary (no false sharing betw
 workers). In the parent, a leaf is a strided view ``[num_workers, *sub_batch, *leaf]``
 over all rows.
 
-:class:`SharedBuffer` puts the tensor in anonymous shared memory: a ``memfd`` on
-Linux (no name in ``/dev/shm`` at any time, not limited by the size of ``/dev/shm``,
-freed by the kernel when the last process holding it exits, whatever torch's sharing
-strategy is), torch's ``share_memory_()`` elsewhere.
+``ParallelEnv`` puts the tensor in anonymous shared memory (``shm.SharedMemory``).
 """
 
 from __future__ import annotations
@@ -33,9 +30,7 @@ from steersman.data import Composite, NonTensor
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict._utils import NestedKey
 
-from .shm import SharedMemory
-
-__all__ = ["BufferLayout", "SharedBuffer", "SPEC_NAMES", "build_td"]
+__all__ = ["BufferLayout", "SPEC_NAMES", "build_td"]
 
 #: the ``full_*_spec`` attributes of an env, in the order they are compared and stored.
 SPEC_NAMES: tuple[str, ...] = (
@@ -157,28 +152,3 @@ def get_entry(td: TensorDictBase, key: NestedKey) -> Any:
     if type(td) is TensorDict and type(key) is str:
         return td._tensordict.get(key)
     return td.get(key, None)
-
-
-# ---------------------------------------------------------------------- shared memory
-def _rows_view(mem: SharedMemory, shape: tuple[int, int]) -> Tensor:
-    return mem.tensor.view(shape)
-
-
-class SharedBuffer:
-    """A ``uint8`` tensor ``[n, row_bytes]`` (:attr:`tensor`) in anonymous shared memory
-    (:class:`~steersman.envs.batched.shm.SharedMemory`: a ``memfd`` on Linux, never left
-    behind in ``/dev/shm``). Pickling it (only while a ``multiprocessing`` process is being
-    started) gives the child the same memory, as that tensor; with fork, children inherit
-    the mapping."""
-
-    def __init__(self, shape: tuple[int, int]) -> None:
-        self.shape = (int(shape[0]), int(shape[1]))
-        self._mem = SharedMemory(self.shape[0] * self.shape[1], name="steersman-batched-env")
-        self.tensor = self._mem.tensor.view(self.shape)
-
-    def release_fd(self) -> None:
-        """Closes the descriptor once every worker has mapped the memory (the mapping stays)."""
-        self._mem.close_fd()
-
-    def __reduce__(self) -> Any:
-        return (_rows_view, (self._mem, self.shape))

@@ -113,10 +113,8 @@ class EnvCreator:
     The specs are read from a probe env built on first access to ``meta_data`` and
     closed right after, so the process that holds the creator (e.g. the parent of a
     :class:`~steersman.envs.ParallelEnv`) does not keep an env alive. The creator
-    pickles as its function, its keyword arguments and the metadata; the function must
-    be picklable for the ``spawn``/``forkserver`` start methods (a module-level function,
-    a class or a ``functools.partial`` of one; lambdas and closures are not, unless
-    ``mp_start_method="fork"``).
+    pickles as its function, its keyword arguments and the metadata (the worker pools
+    use cloudpickle for functions the standard pickler refuses: lambdas, closures).
 
     Args:
         create_env_fn: a callable returning an :class:`~steersman.envs.EnvBase`

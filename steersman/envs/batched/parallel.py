@@ -22,8 +22,8 @@ import torch
 
 from ..utils import _splitmix64
 from ._base import BatchedEnvBase, CreateEnvFn, EnvWorkerError, make_creators
-from ._buffers import SharedBuffer
 from .pool import WorkerPool, check_start_method, default_start_method, dumps, frame
+from .shm import SharedMemory
 from .worker import DATA_COMMANDS, OK_RESET, SEED, STEP, STEP_RESET, worker_main
 
 __all__ = ["ParallelEnv", "default_start_method"]
@@ -141,25 +141,23 @@ class ParallelEnv(BatchedEnvBase):
                                 float(close_timeout))
         lay = self._layout
         shape = (num_workers, lay.row_bytes)
-        shm = SharedBuffer(shape) if self.shared_memory else None
-        buf = shm.tensor if shm is not None else torch.zeros(shape, dtype=torch.uint8)
+        # anonymous (a memfd on Linux): no name in /dev/shm at any time, freed by the kernel
+        # when the last process mapping it exits; each worker maps it once at start-up
+        shm = SharedMemory(shape[0] * shape[1], name="steersman-batched-env") if self.shared_memory else None
+        buf = shm.tensor.view(shape) if shm is not None else torch.zeros(shape, dtype=torch.uint8)
         self._bind_buffer(buf)
         self._buf_np = buf.numpy()
         self._in_range = lay.ranges["in"]
         self._out_range = (lay.ranges["next"][0], lay.ranges["root"][1])
-        worker_buf: Any = None
-        if shm is not None:
-            worker_buf = shm.tensor if method == "fork" else shm
-        payloads: dict[int, Any] = {}
+        payloads: dict[int, bytes] = {}
         try:
             for creator in creators:  # each distinct creator is pickled once, here
                 if id(creator) not in payloads:
-                    obj = (creator, lay, meta)
-                    payloads[id(creator)] = obj if method == "fork" else dumps(
-                        obj, owner, f"create_env_fn {creator.name} (or its kwargs)")
+                    payloads[id(creator)] = dumps((creator, lay, meta), owner,
+                                                  f"create_env_fn {creator.name} (or its kwargs)")
             base_seed = int(torch.randint(0, 2**62, ()).item())
             replies = self._pool.start(
-                worker_main, [(payloads[id(c)], worker_buf) for c in creators],
+                worker_main, [(payloads[id(c)], shm) for c in creators],
                 [_splitmix64(base_seed + i) >> 1 for i in range(num_workers)], method=method,
                 daemon=True, num_threads=num_sub_threads, start_timeout=start_timeout,
                 preload=("steersman.envs.batched.worker",))
@@ -175,7 +173,7 @@ class ParallelEnv(BatchedEnvBase):
             raise
         finally:
             if shm is not None:
-                shm.release_fd()  # every worker has mapped the memory by now
+                shm.close_fd()  # every worker has mapped the memory by now
         self._frames = {cmd: frame(bytes((cmd, 0))) for cmd in (STEP, STEP_RESET)}
 
     # ------------------------------------------------------------------ properties

@@ -231,10 +231,19 @@ def bootstrap(target: Callable[..., None], idx: int, conn: Any, expected_ppid: i
     target(idx, conn, *args)
 
 
-def serve(fd: int, handle: Callable[[bytes], bytes | None], close: Callable[[], None]) -> None:
-    """The worker's command loop: ``handle(message)`` returns the reply (``None``: it has
-    replied itself); an exception is sent packed. ``CLOSE`` runs ``close()``, replies and
-    returns; so does EOF (the parent is gone). ``close()`` runs whatever ends the loop."""
+def serve(fd: int, setup: Callable[[], tuple[Callable[[bytes], bytes | None], Callable[[], Any], bytes]]
+          ) -> None:
+    """The worker's life after :func:`bootstrap`: ``setup()`` builds what it serves and
+    returns ``(handle, close, hello)``; ``hello`` is the first reply (a failing setup is
+    reported packed instead). Then the command loop: ``handle(message)`` returns the reply
+    (``None``: it has replied itself), an exception is sent packed; ``CLOSE`` runs
+    ``close()``, replies and returns; so does EOF (the parent is gone)."""
+    try:
+        handle, close, hello = setup()
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        send_frame(fd, frame(pack_error(exc)))
+        return
+    send_frame(fd, frame(hello))
     recv = FrameReader(fd).recv
     frames: dict[bytes, bytes] = {}
     closed = False

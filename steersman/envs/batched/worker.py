@@ -5,11 +5,10 @@ writing its outputs to the sub-env's row of the exchange buffer (see ``_buffers`
 ``SerialEnv`` calls runners in a loop in-process; ``ParallelEnv`` runs one per worker
 process (:func:`worker_main`, served by ``pool.serve``), so both produce identical data.
 
-Wire protocol (``multiprocessing`` pipes, bytes only, nothing pickled per step):
-parent -> worker ``[command, flags] (+ in-section bytes without shared memory)
-(+ pickled extra: reset kwargs, seeds)``; worker -> parent ``b"K" (+ out-section bytes
-without shared memory) (+ pickled result)`` or ``b"E" + pickle((type, message,
-traceback))``.
+Wire protocol (framed messages, see ``pool``; nothing pickled per step): parent ->
+worker ``[command, flags] (+ in-section bytes without shared memory) (+ pickled extra:
+reset kwargs, seeds)``; worker -> parent ``K``/``R`` (+ out-section bytes without shared
+memory) (+ pickled result), or ``pool.pack_error``'s ``E`` message.
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ from steersman.tensordict import TensorDictBase
 
 from ..common import EnvBase
 from ._buffers import BufferLayout, build_td, get_entry
-from .env_creator import EnvCreator, EnvMetaData
-from .pool import OK, pack_error, serve
+from .env_creator import EnvMetaData
+from .pool import OK, serve
+from .shm import SharedMemory
 
 __all__ = ["EnvRunner", "worker_main"]
 
@@ -135,40 +135,36 @@ def _spec_keys(spec: Any) -> list:
 
 
 # ---------------------------------------------------------------------- worker body
-def worker_main(idx: int, conn: Any, payload: bytes | tuple[EnvCreator, BufferLayout, EnvMetaData],
-                buf: Any) -> None:
+def worker_main(idx: int, conn: Any, payload: bytes, shm: SharedMemory | None) -> None:
     """The body of a worker process (run by ``pool.bootstrap``): builds the env, then
     serves commands until told to close or until the parent goes away.
 
-    ``payload``: ``(creator, layout, expected metadata)``, pickled by the parent (standard
-    pickle, tensors by value; cloudpickle for lambdas), or the objects themselves under
-    ``fork``. ``buf``: the shared exchange buffer (None: data travels through the pipe).
+    ``payload``: the pickled ``(creator, layout, expected metadata)`` (standard pickle,
+    tensors by value; cloudpickle for lambdas). ``shm``: the exchange buffer (None: data
+    travels through the pipe).
     """
-    env: EnvBase | None = None
+    serve(conn.fileno(), lambda: _setup(idx, payload, shm))
+
+
+def _setup(idx: int, payload: bytes, shm: SharedMemory | None) -> tuple[Any, Any, bytes]:
+    """Builds the env and its handler; replies ``OK``, or ``OK`` + the env's metadata when
+    its specs differ from the parent's (the parent then raises, naming the difference)."""
+    creator, layout, expected = pickle.loads(payload)
+    shared = shm is not None
+    row = shm.tensor.view(-1, layout.row_bytes)[idx] if shared else torch.zeros(layout.row_bytes, dtype=torch.uint8)
+    env = creator()
     try:
-        if isinstance(payload, bytes):
-            payload = pickle.loads(payload)
-        creator, layout, expected = payload
-        shared = buf is not None
-        row = buf[idx] if shared else torch.zeros(layout.row_bytes, dtype=torch.uint8)
-        env = creator()
         meta = EnvMetaData.from_env(env)
-        if expected.mismatch(meta) is not None:  # the parent raises, naming the difference
-            conn.send_bytes(OK + pickle.dumps(meta))
-            try:
-                conn.recv_bytes()  # exit when told to (or when the parent goes away)
-            except (EOFError, OSError):
-                pass
-            env.close()
-            return
-        runner = EnvRunner(env, layout, row)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        conn.send_bytes(pack_error(exc))
-        if env is not None:
-            env.close()
-        return
-    conn.send_bytes(OK)
-    serve(conn.fileno(), _handler(runner, row.numpy(), layout, shared), env.close)
+        if expected.mismatch(meta) is not None:
+            return _mismatched, env.close, OK + pickle.dumps(meta)
+        return _handler(EnvRunner(env, layout, row), row.numpy(), layout, shared), env.close, OK
+    except BaseException:
+        env.close()
+        raise
+
+
+def _mismatched(msg: bytes) -> bytes:
+    raise RuntimeError("this worker's env has other specs than the parent's; it serves nothing")
 
 
 def _handler(runner: EnvRunner, row_np: np.ndarray, layout: BufferLayout, shared: bool) -> Any:
