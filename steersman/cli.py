@@ -428,10 +428,10 @@ def cmd_resume(args: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key=value changes (total_frames, quiet, logger.*, eval.*, checkpoint.*)")
     p.add_argument("--allow-import", action="store_true", help=_ALLOW_IMPORT_HELP)
     ns = p.parse_args(args)
-    from .recipes import run_recipe
-    from .recipes.run import RunFinished, read_run_config
+    from .recipes import load_run_config, run_recipe
+    from .recipes.run import RunFinished
 
-    algo, _ = read_run_config(ns.run_dir)
+    algo, _ = load_run_config(ns.run_dir, allow_import=ns.allow_import)
     check_overrides(algo, ns.overrides)
     try:
         result = run_recipe(algo, ns.overrides, ns.run_dir, resume=True, allow_import=ns.allow_import)

@@ -8,6 +8,10 @@ through :func:`steersman.cli.main` in-process: the same code without the start-u
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,10 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from steersman.cli import main
-from steersman.recipes import get_recipe
+from steersman.cli import main, version
+from steersman.recipes import get_recipe, run_recipe
 from steersman.recipes.checkpoint import latest_checkpoint, load_checkpoint
 from steersman.record import read_metrics_csv
 from tests.recipes._tiny import cli_overrides, tiny_config
@@ -26,15 +31,56 @@ from tests.recipes._tiny import cli_overrides, tiny_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-def steersman(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "steersman", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # this tree's steersman, from any working directory
+
+
+def steersman(*args: str, timeout: float = 600, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "steersman", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def steersman_all(cases: list[tuple[str, ...]], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """Runs several commands side by side (each starts Python, torch and Hydra: seconds)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "steersman", *args], cwd=cwd, env=ENV, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for args in cases]
+    out = []
+    for args, proc in zip(cases, procs):
+        stdout, stderr = proc.communicate(timeout=600)
+        out.append(subprocess.CompletedProcess(args, proc.returncode, stdout, stderr))
+    return out
+
+
+def one_error_line(out: subprocess.CompletedProcess) -> str:
+    """The single ``error: ...`` line of a failed command (exit status 2)."""
+    assert out.returncode == 2, (out.args, out.returncode, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), (out.args, out.stderr)
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` and a hash of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished tiny PPO run (256 frames, one checkpoint), through the shared entry point."""
+    path = tmp_path_factory.mktemp("tiny") / "run"
+    result = run_recipe("ppo", cli_overrides("ppo", export_format="none"), path)
+    assert result.dir == path and result.summary["frames"] == 256 and (path / "config.yaml").is_file()
+    return path
+
+
+def copy_run(run: Path, tmp_path: Path, name: str = "run") -> Path:
+    return Path(shutil.copytree(run, tmp_path / name))
 
 
 def test_sweep_then_eval_plot_resume(tmp_path, capsys):
     """``train -m`` over two seeds; then the run-directory commands on the result."""
     sweep = tmp_path / "sweep"
-    out = steersman("train", "ppo", "-m", "seed=0,1", *cli_overrides("ppo", **{"logger.backends": ["csv"]}),
+    out = steersman("train", "-m", "ppo", "seed=0,1", *cli_overrides("ppo", **{"logger.backends": ["csv"]}),
                     "export_format=none", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("done: ppo on CartPole-v1: 256 frames") == 2  # the printed summaries
@@ -53,6 +99,10 @@ def test_sweep_then_eval_plot_resume(tmp_path, capsys):
 
     assert main(["plot", str(sweep / "0"), str(sweep / "1"), "--out", str(tmp_path / "curves.png")]) == 0
     assert (tmp_path / "curves.png").stat().st_size > 0
+    (sweep / "0" / "plots" / "learning_curve.png").unlink()
+    assert main(["plot", str(sweep / "0")]) == 0  # where training writes it
+    assert (sweep / "0" / "plots" / "learning_curve.png").stat().st_size > 0
+    assert not (sweep / "0" / "learning_curve.png").exists()
 
     before = load_checkpoint(sweep / "0" / "checkpoints").path
     assert main(["resume", str(sweep / "0"), "optim.lr=0.5"]) == 2
@@ -149,3 +199,148 @@ def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
     assert ckpt.meta["frames"] >= 512
     assert f"continue with: steersman resume {run}" in out
     assert "SIGINT: finishing the iteration and saving a checkpoint" in err
+
+
+# ---------------------------------------------------------------- untrusted run folders, bad input
+EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('pwned')\n"
+
+
+def test_run_folder_env_id_cannot_import_code(tiny_run, tmp_path):
+    """A run folder's config naming ``gym:evilmod:X-v0`` (Gymnasium imports ``evilmod``) with
+    ``evilmod.py`` beside it: eval/resume/export refuse it in one line, nothing runs."""
+    run = copy_run(tiny_run, tmp_path)
+    marker = tmp_path / "pwned"
+    (run / "evilmod.py").write_text(EVIL.format(marker=str(marker)))
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["env"]["name"] = "gym:evilmod:X-v0"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    before = snapshot(run)
+    # from inside the folder: `python -m` puts it first on sys.path, so the import would find evilmod.py
+    outs = steersman_all([("eval", "."), ("resume", "."), ("export", ".")], cwd=run)
+    for out in outs:
+        line = one_error_line(out)
+        assert "would import the Python module 'evilmod'" in line and "--allow-import" in line, line
+    assert not marker.exists() and snapshot(run) == before
+    # the flag is what lets it through: the module then runs (and the id is still unknown)
+    out = steersman("eval", ".", "--allow-import", cwd=run)
+    assert marker.read_text() == "pwned"
+    assert "unknown Gymnasium env id" in one_error_line(out)
+
+
+def test_module_env_id_typed_on_train_is_allowed(tmp_path):
+    """On ``train``'s command line such an id is the user's choice: the module is imported."""
+    marker = tmp_path / "imported"
+    (tmp_path / "mymod.py").write_text(EVIL.format(marker=str(marker)))
+    out = steersman("train", "ppo", "env.name=gym:mymod:X-v0", cwd=tmp_path)
+    assert marker.exists()
+    assert "unknown Gymnasium env id 'mymod:X-v0'" in one_error_line(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imported", "mymod.py"]  # no run folder
+
+
+def test_every_config_error_is_one_line_and_makes_no_folder(tmp_path):
+    cases = {
+        "total_frames=abc": "total_frames: Value 'abc' of type 'str' could not be converted to Integer",
+        "optim.lr=fast": "optim.lr: Value 'fast' of type 'str' could not be converted to Float",
+        "total_frames=-5": "total_frames must be an integer >= 1, got -5",
+        "env.name=gym:NoSuchEnv-v0": "unknown Gymnasium env id 'NoSuchEnv-v0'",
+        "env.num_envs=0": "env.num_envs must be an integer >= 1, got 0",
+        "minibatch_size=7": "minibatch_size (7) must divide env.num_envs x n_steps (8 x 32 = 256)",
+        "env.name=gym:LunarLander-v3": 'pip install "gymnasium[box2d]"',  # Box2D is not a test dependency
+        "seed=0,1": "sweeps need -m",
+    }
+    outs = steersman_all([("train", "ppo", ov) for ov in cases], cwd=tmp_path)
+    for (ov, needle), out in zip(cases.items(), outs):
+        line = one_error_line(out)
+        assert needle in line, (ov, line)
+        assert out.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder
+
+
+def _tamper_meta(run: Path, change) -> None:
+    ckpt = run / "checkpoints" / json.loads((run / "checkpoints" / "LATEST").read_text())["current"]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    change(meta)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+
+
+def _wrong_shape(run: Path) -> None:
+    path = run / "checkpoints" / "ckpt-000001" / "state.pt"
+    state = torch.load(path, weights_only=True)
+    first = next(iter(state["policy"]))
+    state["policy"][first] = torch.zeros(3, 3)
+    torch.save(state, path)
+
+
+def test_tampered_checkpoints_are_one_line_and_write_nothing(tiny_run, tmp_path):
+    runs = {
+        "frames": (copy_run(tiny_run, tmp_path, "frames"), "resume", "'frames' must be an integer >= 0, got 'abc'"),
+        "iteration": (copy_run(tiny_run, tmp_path, "iteration"), "resume", "'iteration' is missing"),
+        "dotdot": (copy_run(tiny_run, tmp_path, "dotdot"), "eval", "is not a checkpoint pointer"),
+        "absolute": (copy_run(tiny_run, tmp_path, "absolute"), "eval", "is not a checkpoint pointer"),
+        "symlink": (copy_run(tiny_run, tmp_path, "symlink"), "eval", "leads outside"),
+        "shape": (copy_run(tiny_run, tmp_path, "shape"), "eval", "entry 'policy' does not fit this run"),
+    }
+    _tamper_meta(runs["frames"][0], lambda m: m.update(frames="abc"))
+    _tamper_meta(runs["iteration"][0], lambda m: m.pop("iteration"))
+    (runs["dotdot"][0] / "checkpoints" / "LATEST").write_text('{"current": "../../victim"}')
+    (runs["absolute"][0] / "checkpoints" / "LATEST").write_text(json.dumps({"current": str(tmp_path)}))
+    outside = tmp_path / "elsewhere"
+    shutil.move(runs["symlink"][0] / "checkpoints" / "ckpt-000001", outside)
+    (runs["symlink"][0] / "checkpoints" / "ckpt-000001").symlink_to(outside)
+    _wrong_shape(runs["shape"][0])
+    before = {name: snapshot(run) for name, (run, _, _) in runs.items()}
+    outs = steersman_all([(cmd, str(run), "total_frames=512") if cmd == "resume" else (cmd, str(run))
+                          for run, cmd, _ in runs.values()], cwd=tmp_path)
+    for (name, (run, _, needle)), out in zip(runs.items(), outs):
+        assert needle in one_error_line(out), (name, out.stderr)
+        assert snapshot(run) == before[name], name
+
+
+def test_resume_of_a_finished_run_writes_nothing(tiny_run, tmp_path):
+    run = copy_run(tiny_run, tmp_path)
+    before = snapshot(run)
+    out = steersman("resume", str(run))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (f"{run} already finished at 256 frames; pass total_frames=512 "
+                                  "(or any value above 256) to extend")
+    assert snapshot(run) == before
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint(tmp_path):
+    """SIGKILL before any checkpoint: ``resume`` starts the run again from scratch, saying so in
+    one line, and cleans the pointer temp file a dead writer left."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "steersman", "train", "ppo", *cli_overrides("ppo", total_frames=10_000_000),
+         f"hydra.run.dir={run}"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not ((run / "metrics.csv").exists() and (run / "metrics.csv").read_text().count("\n") >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert latest_checkpoint(run / "checkpoints") is None
+    (run / "checkpoints").mkdir(exist_ok=True)
+    leftover = run / "checkpoints" / f".LATEST.{proc.pid}.0123abcd.tmp"  # a dead writer's pointer temp file
+    leftover.write_text('{"current": "ckpt-0000')
+    out = steersman("resume", str(run), "total_frames=256", "quiet=false")
+    assert out.returncode == 0, out.stderr
+    assert [ln for ln in out.stderr.splitlines() if "from scratch" in ln] == [
+        f"{run} has no checkpoint yet (stopped before its first one): starting it from scratch"]
+    assert load_checkpoint(run / "checkpoints").meta["frames"] == 256 and not leftover.exists()
+    steps = read_metrics_csv(run / "metrics.csv")["step"]
+    assert steps == sorted(set(steps)) and steps[-1] == 256  # the killed session's rows are gone
+
+
+def test_version():
+    out = steersman("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"steersman {version()}"
+    from importlib.metadata import version as dist_version
+
+    assert version() == dist_version("steersman")
+
+
+def test_argparse_misuse_is_one_line(capsys):
+    assert main(["eval"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: steersman eval: the following arguments are required: run_dir") and "\n" not in err

@@ -224,7 +224,7 @@ def validate_config(cfg: Any, prefix: str = "") -> None:
         >>> validate_config(EvalConfig(episodes=0))
         Traceback (most recent call last):
         ...
-        steersman.recipes.config.ConfigError: eval.episodes must be an integer >= 1, got 0
+        steersman.recipes.config.ConfigError: episodes must be an integer >= 1, got 0
     """
     hints = _type_hints(type(cfg))
     for f in dataclasses.fields(cfg):

@@ -39,6 +39,11 @@ def tiny_config(algo: str, **overrides: Any) -> Any:
     return cfg
 
 
+def tiny_config_dict(algo: str, **overrides: Any) -> dict[str, Any]:
+    """The same settings as a dict of dotted keys (what ``run_recipe`` takes)."""
+    return {**COMMON, **TINY[algo], **overrides}
+
+
 def cli_overrides(algo: str, **overrides: Any) -> list[str]:
     """The same settings as ``key=value`` command-line overrides."""
     out = []

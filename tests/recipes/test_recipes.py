@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 
 import pytest
@@ -17,7 +18,7 @@ from steersman.recipes.envs import make_env
 from steersman.recipes.evaluation import evaluate
 from steersman.recipes.run import Run, RunDirError
 from steersman.record import read_metrics_csv
-from tests.recipes._tiny import tiny_config
+from tests.recipes._tiny import tiny_config, tiny_config_dict
 
 #: recipes whose tiny run also exports its policy (one discrete, one Q-value, one
 #: stochastic continuous and one deterministic continuous policy); the rest skip it
@@ -167,3 +168,43 @@ def test_ppo_counts_below_one_are_a_config_error(field, tmp_path):
     with pytest.raises(ConfigError, match=f"{field} must be an integer >= 1, got 0"):
         get_recipe("ppo").train(tiny_config("ppo", **{field: 0}), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_total_frames_round_up_to_whole_batches_without_a_warning(tmp_path):
+    """250 frames in batches of 64: the run stops at 256, says so once in the summary, and
+    nothing warns (the collector gets a whole number of batches)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = get_recipe("ppo").train(tiny_config("ppo", total_frames=250, export_format="none"), tmp_path / "run")
+    assert [str(w.message) for w in caught if "multiple" in str(w.message)] == []
+    assert summary["frames"] == 256
+    assert summary["note"] == "total_frames=250 rounded up to 256: whole batches of 64 frames"
+    assert Run("ppo", tiny_config("ppo", total_frames=250), tmp_path / "other", frames_per_batch=64).total_frames == 256
+
+
+def test_run_recipe_takes_overrides_as_strings_or_a_dict(tmp_path):
+    from steersman.recipes import make_config, run_recipe
+
+    overrides = {**tiny_config_dict("a2c"), "export_format": "none"}
+    result = run_recipe("a2c", overrides, tmp_path / "run")
+    assert result.dir == tmp_path / "run" and result.algo == "a2c" and result.summary["frames"] == 200
+    assert result.config == make_config("a2c", overrides)
+    for bad, needle in [({"optim": {"lr": "fast"}}, "optim.lr: Value 'fast'"),
+                        (["env.num_envs=3", "frames_per_batch=64"], "frames_per_batch (64) must be a multiple"),
+                        (["n_steps=0"], "n_steps must be an integer >= 1, got 0")]:
+        algo = "dqn" if "frames_per_batch=64" in bad else "a2c"
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            run_recipe(algo, bad, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_td3_update_counter_is_checkpointed(tmp_path):
+    """A 0-dim tensor tracked by the run (TD3's update count, which paces the delayed actor
+    updates) is saved and restored with the rest."""
+    td3 = get_recipe("td3")
+    td3.train(tiny_config("td3", total_frames=64, export_format="none"), tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoints").state["num_updates"].item() == 3 * 16  # batches at 32, 48, 64
+    td3.train(tiny_config("td3", total_frames=128, export_format="none"), tmp_path / "run", resume=True)
+    assert load_checkpoint(tmp_path / "run" / "checkpoints").state["num_updates"].item() == 7 * 16
