@@ -352,3 +352,52 @@ def test_mlflow_logger_calls(monkeypatch, tmp_path):
         ("log_param", "r1", "name", "ppo"), ("log_text", "r1", "hi", "texts/notes_1.txt"),
         ("set_terminated", "r1"),
     ]
+
+
+# --- the real packages, offline (run where the extras are installed) ----------------------
+
+
+def needs_extra(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: pip install 'steersman[{extra}]'")
+
+
+def test_mlflow_file_store_round_trip(tmp_path, monkeypatch):
+    """MLflow with a local file store: metrics, params and the run's end, read back with
+    MLflow's own client. No server, no network."""
+    needs_extra("mlflow", "mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # only the logger's own URI counts
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # the logger opts in to MLflow's file store itself
+    log = get_logger("mlflow", tmp_path, "exp")
+    for step, value in [(0, 1.0), (10, 2.5), (20, 4.0)]:
+        log.log_scalar("train/return", torch.tensor(value), step)
+    log.log_hparams({"optim": {"lr": 0.1}, "algo": "ppo"})
+    log.close()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=(tmp_path / "mlruns").absolute().as_uri())
+    run = client.get_run(log.run_id)
+    history = client.get_metric_history(log.run_id, "train/return")
+    assert [(m.step, m.value) for m in history] == [(0, 1.0), (10, 2.5), (20, 4.0)]
+    assert run.data.params == {"optim.lr": "0.1", "algo": "ppo"}
+    assert run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "exp"
+
+
+def test_wandb_offline_run(tmp_path, monkeypatch):
+    """W&B in offline mode writes its run under the logger's folder; nothing is sent."""
+    needs_extra("wandb", "wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    log = get_logger("wandb", tmp_path, "exp", project="steersman-test")
+    for step in range(3):
+        log.log_metrics({"train/return": float(step), "train/loss": torch.tensor(0.5)}, step=step)
+    log.log_hparams({"lr": 0.1})
+    run_dir = Path(log.experiment.dir).parent
+    log.close()
+    assert run_dir.is_relative_to(tmp_path) and run_dir.name.startswith("offline-run-")
+    assert list(run_dir.glob("*.wandb")), f"no offline run file in {run_dir}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +24,9 @@ class MLFlowLogger(Logger):
 
     Args:
         exp_name: the MLflow experiment (created if missing).
-        tracking_uri: where runs go (default: ``file:./mlruns``, local files).
+        tracking_uri: where runs go (default: ``file:./mlruns``, local files; MLflow's
+            file store is opted into with ``MLFLOW_ALLOW_FILE_STORE=true`` unless that
+            variable is already set).
         tags: tags of the run.
         video_fps: frames per second of logged videos.
     """
@@ -32,6 +35,10 @@ class MLFlowLogger(Logger):
                  *, video_fps: int = 30) -> None:
         mlflow = import_optional("mlflow", extra="mlflow", purpose="MLFlowLogger")
         tracking_uri = tracking_uri or Path("mlruns").absolute().as_uri()
+        if tracking_uri.startswith("file:"):
+            # MLflow >= 3.7 refuses its file store unless opted in; local files are the point
+            # here (no server, no database). An explicit MLFLOW_ALLOW_FILE_STORE is respected.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         super().__init__(exp_name, tracking_uri)
         self.video_fps = video_fps
         self.client = mlflow.MlflowClient(tracking_uri=tracking_uri)
