@@ -307,6 +307,12 @@ def cmd_train(args: list[str]) -> int:
     if not any(f in flags for f in ("--cfg", "-c", "--info", "-i")):  # those only print
         for a in algos:
             check_configs(a, overrides, multirun)
+        run_dir = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")), None)
+        if run_dir and not multirun and (Path(run_dir) / "config.yaml").exists():  # before Hydra writes into it
+            from .recipes.run import RunDirError
+
+            raise RunDirError(f"{run_dir} already holds a run; continue it with `steersman resume {run_dir}` "
+                              "or choose another directory")
     hydra_args = flags + overrides  # Hydra's argparse wants its flags before the overrides
     if not algo_ov:
         hydra_args.insert(len(flags), f"algo={algo}")

@@ -105,6 +105,10 @@ def test_sweep_then_eval_plot_resume(tmp_path, capsys):
     assert not (sweep / "0" / "learning_curve.png").exists()
 
     before = load_checkpoint(sweep / "0" / "checkpoints").path
+    hydra_files = snapshot(sweep / "0" / ".hydra")
+    assert main(["train", "ppo", f"hydra.run.dir={sweep / '0'}"]) == 2
+    assert "already holds a run; continue it with `steersman resume" in capsys.readouterr().err
+    assert snapshot(sweep / "0" / ".hydra") == hydra_files  # Hydra did not write into it
     assert main(["resume", str(sweep / "0"), "optim.lr=0.5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot resume") and "optim.lr: 0.001 -> 0.5" in err and "\n" not in err

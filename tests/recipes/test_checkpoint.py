@@ -85,9 +85,14 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path):
     dead = tmp_path / ".ckpt-000002.999999999.deadbeef.tmp"
     dead.mkdir()
     (dead / "state.pt").write_bytes(b"half a file")
+    dead_pointer = tmp_path / f".{POINTER}.999999999.0123abcd.tmp"  # a pointer write killed before its rename
+    dead_pointer.write_text('{"current": "ckpt-00')
+    live_pointer = tmp_path / f".{POINTER}.1.0123abcd.tmp"  # pid 1 runs: its writer may still finish
+    live_pointer.write_text("")
     assert load_checkpoint(tmp_path).state["v"].item() == 1
     save_checkpoint(tmp_path, {"v": torch.tensor(2)})
     assert not dead.exists() and load_checkpoint(tmp_path).state["v"].item() == 2
+    assert not dead_pointer.exists() and live_pointer.exists()
 
 
 def test_pointer_to_deleted_folder_falls_back(tmp_path):
