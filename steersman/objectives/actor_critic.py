@@ -4,7 +4,7 @@ The keyword arguments common to :class:`~steersman.objectives.A2CLoss`,
 :class:`~steersman.objectives.PPOLoss`, :class:`~steersman.objectives.ClipPPOLoss` and
 :class:`~steersman.objectives.KLPENPPOLoss` are declared and documented here, once; each
 subclass lists only the keywords it adds and passes the rest on (its ``__init__``
-signature shows all of them: see :func:`~steersman.objectives.common.LossModule`).
+signature shows all of them; see :mod:`steersman.objectives.common`).
 
 Pieces shared by the losses: the advantage (from the batch or the value estimator), the
 actor's log-probabilities, the entropy bonus, the (optionally clipped) critic loss and

@@ -77,7 +77,8 @@ TORCHRL_COMPAT_IGNORED: dict[str, str] = {
     "(PPO, A2C); both compute the same loss, and networks are called directly here.",
     "separate_losses": "(SAC, DiscreteSAC, IQL, REDQ) the terms are always separated here, as "
     "with TorchRL's separate_losses=True: the critic ensemble holds its own copies of the "
-    "critic's parameters, so no term reaches another's parameters. (PPO and A2C do use it.)",
+    "critic's parameters, so no term reaches another's parameters (a critic that shares "
+    "parameters with the actor gets a warning: TorchRL keeps them shared). PPO and A2C use it.",
     "deactivate_vmap": "TorchRL's Python loop over the critic ensemble instead of vmap; the "
     "values are the same, and the ensemble is always vmapped here.",
 }
@@ -208,10 +209,10 @@ class LossModule(nn.Module):
 
     def _initialize_lazy(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
         td = args[0] if args else next(iter(kwargs.values()))
-        deferred, self._deferred = self._deferred, []
-        for module, _ in deferred:
+        for module, _ in self._deferred:  # a batch the networks cannot read raises here; retried next call
             if _is_lazy(module):
                 _dry_run(module, td)
+        deferred, self._deferred = self._deferred, []
         for _, setup in deferred:
             setup()
         self._lazy_hook.remove()

@@ -37,6 +37,7 @@ from ..data import Categorical as CategoricalSpec
 from ..data import OneHot as OneHotSpec
 from ..tensordict import TensorDict, TensorDictBase, ensemble_call
 from ..tensordict.nn import ExplorationType, set_exploration_type
+from .actor_critic import shared_parameter_names
 from .common import (
     LossModule,
     NestedKey,
@@ -432,6 +433,13 @@ def _actor_and_critics(loss: LossModule, actor_network: nn.Module, qvalue_networ
     """What every soft actor-critic loss (SAC, DiscreteSAC, IQL, CQL, REDQ) sets up first:
     its option checks, the actor and the vmapped critic ensemble (see :func:`register_critics`)."""
     check_options(loss, loss_function=loss_function, reduction=reduction, num_qvalue_nets=num_qvalue_nets)
+    shared = shared_parameter_names(qvalue_network, actor_network)
+    if shared:  # TorchRL keeps them shared with the actor; the stacked ensemble here copies them
+        warnings.warn(
+            f"{type(loss).__name__}: qvalue_network shares {shared[:3]} with actor_network; the critic "
+            "ensemble holds its own copies of them, so the actor and the critics no longer share them",
+            stacklevel=3,
+        )
     loss.actor_network = actor_network
     loss.num_qvalue_nets = int(num_qvalue_nets)
     loss.delay_qvalue = delay_qvalue

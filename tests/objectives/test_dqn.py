@@ -410,3 +410,35 @@ def test_renamed_reward_reaches_the_value_estimator():
         loss(td.clone())
     loss.set_keys(reward="r")
     torch.testing.assert_close(loss(td)["loss"], expected)
+
+
+@pytest.mark.parametrize("warm_policy_first", [False, True])
+def test_torchrl_style_lazy_mlp_policy(warm_policy_first):
+    """TorchRL's script: ``DQNLoss(value_network=policy)`` with a lazy ``MLP``. Users either run
+    the policy once on a reset TensorDict before building the optimizer (TorchRL's examples),
+    or let the loss's first call set up the target; both train, and ``SoftUpdate`` made before
+    any call moves the target that the first call creates."""
+    from steersman.modules import MLP, QValueActor
+
+    torch.manual_seed(0)
+    policy = QValueActor(MLP(out_features=2, num_cells=[64]), in_keys=["observation"], spec=OneHot(2))
+    loss = DQNLoss(value_network=policy, action_space="one_hot")  # no parameter touched yet
+    updater = SoftUpdate(loss, eps=0.5)
+    batch = transitions((6,), F.one_hot(torch.randint(2, (6,)), 2))
+    if warm_policy_first:
+        policy(batch.select("observation"))  # what TorchRL users do: policy(env.reset())
+    else:
+        loss(batch.clone())  # the first call sets the lazy layers and the target up
+    optim = torch.optim.Adam(loss.parameters(), lr=1e-2)
+    trained = {id(p) for p in optim.param_groups[0]["params"] if p.requires_grad}
+    assert trained == {id(p) for p in policy.parameters()}  # the online network, materialized
+    out = loss(batch.clone())
+    out["loss"].backward()
+    optim.step()
+    assert loss.target_value_network_params["module", "0", "module", "0", "weight"].shape[-1] == OBS
+    before = loss.target_value_network_params.clone()
+    updater.step()
+    after = loss.target_value_network_params
+    online = loss.value_network_params
+    for key in after.keys(include_nested=True, leaves_only=True):
+        torch.testing.assert_close(after[key], 0.5 * before[key] + 0.5 * online[key])

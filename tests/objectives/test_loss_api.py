@@ -108,3 +108,35 @@ def test_compat_keywords_are_accepted_and_change_nothing(name):
     expected, got = _forward(plain, batch), _forward(compat, batch)
     for key in expected.keys():
         torch.testing.assert_close(got[key], expected[key], msg=f"{name}: {key} changed with {ignored}")
+
+
+class _SharedTrunkCritic(torch.nn.Module):
+    def __init__(self, trunk: torch.nn.Module) -> None:
+        super().__init__()
+        self.trunk, self.head = trunk, torch.nn.Linear(8 + sac.ACT, 1)
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.trunk(observation), action], -1))
+
+
+@pytest.mark.parametrize("separate_losses", [False, True])
+def test_critic_sharing_parameters_with_the_actor_is_said_to_be_copied(separate_losses):
+    """Where TorchRL's semantics differ (it keeps a trunk shared by actor and critic shared;
+    the stacked ensemble here copies it), the loss says so, whatever separate_losses is."""
+    from steersman.tensordict.nn import (
+        NormalParamExtractor,
+        ProbabilisticTensorDictModule,
+        ProbabilisticTensorDictSequential,
+        TanhNormal,
+        TensorDictModule,
+    )
+
+    trunk = torch.nn.Linear(sac.OBS, 8)
+    actor = ProbabilisticTensorDictSequential(
+        TensorDictModule(torch.nn.Sequential(trunk, torch.nn.Linear(8, 2 * sac.ACT), NormalParamExtractor()),
+                         ["observation"], ["loc", "scale"]),
+        ProbabilisticTensorDictModule(["loc", "scale"], ["action"], TanhNormal),
+    )
+    critic = TensorDictModule(_SharedTrunkCritic(trunk), ["observation", "action"], ["state_action_value"])
+    with pytest.warns(UserWarning, match=r"shares \['module.trunk.weight', 'module.trunk.bias'\].*own copies"):
+        SACLoss(actor, critic, target_entropy=-2.0, separate_losses=separate_losses)

@@ -352,3 +352,21 @@ def test_lazy_target_attribute_before_the_first_call_says_when_it_exists():
     target, online = loss.target_value_network_params, loss.value_network_params
     assert target["module", "0", "weight"].shape == (8, 4)
     assert torch.equal(target["module", "0", "weight"], online["module", "0", "weight"])
+
+
+def test_lazy_first_call_on_a_bad_batch_is_retried():
+    """A first call the lazy networks cannot read raises and sets nothing up; the next good
+    call does."""
+    from tests.objectives.cases_value_based import discrete_batch, q_network
+
+    torch.manual_seed(0)
+    with lazy_inputs():
+        loss = DQNLoss(q_network(), action_space="categorical")
+    batch = discrete_batch(loss, (4,))
+    with pytest.raises(KeyError, match="observation"):
+        loss(batch.exclude("observation"))
+    assert not hasattr(loss, "target_value_network")
+    out = loss(batch)
+    assert torch.isfinite(out["loss"])
+    assert torch.equal(loss.target_value_network_params["module", "0", "weight"],
+                       loss.value_network_params["module", "0", "weight"])
