@@ -31,10 +31,12 @@ import torch
 
 from steersman.recipes import ALGOS, config_class, get_recipe
 from steersman.recipes.checkpoint import latest_checkpoint, load_checkpoint
-from steersman.recipes.config import ConfigError, config_from_dict
+from steersman.recipes.config import ConfigError
 from steersman.recipes.envs import action_spec_unbatched, check_env_id, make_env
 from steersman.recipes.evaluation import evaluate as _evaluate
-from steersman.recipes.run import RunDirError, default_run_dir, read_run_config
+from steersman.recipes.launch import check_config, load_run_config, run_recipe
+from steersman.recipes.launch import make_config as _make_config
+from steersman.recipes.run import RunDirError, default_run_dir
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
@@ -63,6 +65,12 @@ def make_config(algo: str, **overrides: Any) -> Any:
         ...
         steersman.recipes.config.ConfigError: unknown config key 'total_frame' for ppo; valid keys: checkpoint, compile, env, epochs, eval, export_format, hidden_sizes, logger, loss, minibatch_size, n_steps, num_threads, optim, ortho_init, quiet, seed, total_frames
     """
+    return _make_config(algo, _overrides(algo, overrides))
+
+
+def _overrides(algo: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Keyword overrides as the nested dict the recipes take; unknown keys and env ids are
+    a :class:`ConfigError` that lists the valid ones."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; valid: {', '.join(sorted(ALGOS))}")
     cls = config_class(algo)
@@ -72,18 +80,11 @@ def make_config(algo: str, **overrides: Any) -> Any:
             key, value = "env.name", value
         _check_key(algo, cls, key, value)
         _set_dotted(nested, key, value)
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls()), nested)
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", "") or "?"
-        msg = str(err).splitlines()[0]
-        raise ConfigError(f"bad value for config key {key!r} of {algo}: {msg}") from None
-    check_env_id(cfg.env.name)
-    return cfg
+    env = nested.get("env")
+    name = env.get("name") if isinstance(env, dict) else None
+    if isinstance(name, str):
+        check_env_id(name, allow_import=True)  # the caller's own id: `gym:module:Env-v0` may import
+    return nested
 
 
 def _fields(cls: type) -> dict[str, Any]:
@@ -175,10 +176,11 @@ def train(algo: str = "ppo", *, run_dir: str | os.PathLike | None = None, **over
     anything is written) and :class:`~steersman.recipes.run.RunDirError` when ``run_dir``
     already holds a run.
     """
-    cfg = make_config(algo, **overrides)
+    nested = _overrides(algo, overrides)
+    check_config(algo, _make_config(algo, nested))  # builds the env and policy once: fails before any file
     path = Path(run_dir) if run_dir is not None else _fresh_run_dir(algo)
-    summary = get_recipe(algo).train(cfg, path)
-    return TrainedRun(algo=algo, run_dir=path, config=cfg, summary=summary)
+    result = run_recipe(algo, nested, path, allow_import=True)  # what `steersman train` runs
+    return TrainedRun(algo=result.algo, run_dir=result.dir, config=result.config, summary=result.summary)
 
 
 def _fresh_run_dir(algo: str) -> Path:
@@ -298,23 +300,18 @@ class Agent:
         return Evaluation(mean=sum(values) / len(values), returns=values)
 
 
-def load(run_dir: str | os.PathLike) -> Agent:
+def load(run_dir: str | os.PathLike, *, allow_import: bool = False) -> Agent:
     """The policy of a run directory (its latest checkpoint) as an :class:`Agent`.
 
-    Reads ``config.yaml`` and the checkpoint's ``state.pt`` with
-    ``torch.load(weights_only=True)``: no code from the files runs. Raises
-    :class:`~steersman.recipes.run.RunDirError` when ``run_dir`` is not a run directory
-    or has no checkpoint yet.
+    Reads ``config.yaml`` (``yaml.safe_load``) and the checkpoint's ``state.pt`` with
+    ``torch.load(weights_only=True)``: no code from the files runs. An env id of the form
+    ``gym:module:Env-v0`` (which imports ``module``) is refused unless ``allow_import``.
+    Raises :class:`~steersman.recipes.run.RunDirError` when ``run_dir`` is not a run
+    directory or has no checkpoint yet, :class:`~steersman.recipes.config.ConfigError`
+    when its config is not valid.
     """
     run_dir = Path(run_dir)
-    algo, data = read_run_config(run_dir)
-    if algo not in ALGOS:
-        raise RunDirError(f"{run_dir / 'config.yaml'} names algorithm {algo!r}; valid: {', '.join(sorted(ALGOS))}")
-    try:
-        cfg = config_from_dict(config_class(algo), data)
-    except (KeyError, TypeError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        raise RunDirError(f"{run_dir / 'config.yaml'} does not match the {algo} config: {msg}") from None
+    algo, cfg = load_run_config(run_dir, allow_import=allow_import)
     root = run_dir / "checkpoints"
     if latest_checkpoint(root) is None:
         raise RunDirError(f"{run_dir} has no checkpoint yet (nothing under {root})")

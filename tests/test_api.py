@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,7 +155,9 @@ def test_evaluate_and_env(ppo_run, sac_run):
     ({"total_frame": 10}, r"unknown config key 'total_frame' for ppo; valid keys: checkpoint, .*total_frames"),
     ({"optim": {"lrr": 1.0}}, r"unknown config key 'optim.lrr' for ppo; valid keys under 'optim': .*lr"),
     ({"optim.lrr": 1.0}, r"unknown config key 'optim.lrr'"),
-    ({"total_frames": "abc"}, r"bad value for config key 'total_frames' of ppo"),
+    ({"total_frames": "abc"}, r"total_frames: Value 'abc' of type 'str' could not be converted to Integer"),
+    ({"total_frames": -5}, r"total_frames"),
+    ({"env": {"num_envs": 0}}, r"env.num_envs"),
     ({"seed": {"a": 1}}, r"config key 'seed' of ppo is a value, got a dict"),
     ({"env": "Cartpole"}, r"unknown env id 'Cartpole'"),
 ])
@@ -205,3 +208,20 @@ def test_load_executes_no_code(ppo_run, tmp_path, monkeypatch):
     with pytest.raises(Exception, match="(?i)weights_only|unsupported|global"):
         steersman.load(run)
     assert not marker.exists()
+
+
+def test_one_version():
+    """pyproject.toml reads the version from steersman.__version__; the installed metadata agrees."""
+    import importlib.metadata
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python >= 3.11")
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "steersman.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+([.-]?\w+)?", steersman.__version__)
+    try:
+        installed = importlib.metadata.version("steersman")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("steersman is not installed (pip install -e .)")
+    assert installed == steersman.__version__, "reinstall: pip install -e ."
