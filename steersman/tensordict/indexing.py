@@ -39,6 +39,8 @@ TENSOR = "tensor"  #: an integer tensor of 1+ dims: gathers positions of one dim
 MASK = "mask"  #: a bool tensor (or a Python bool) over ``mask.ndim`` dims: keeps the True ones
 
 _FULL = slice(None)
+#: builds a NamedTuple from a tuple of all its fields (``IndexStep(...)`` costs 5x more)
+_new_tuple = tuple.__new__
 
 
 class IndexStep(NamedTuple):
@@ -134,35 +136,46 @@ def plan_index(index: Any, ndim: int) -> IndexPlan:
     Raises IndexError when the index consumes more than ``ndim`` dims or holds a float
     tensor, TypeError for an element that is no index (``...`` must be expanded first).
     """
-    items = index if type(index) is tuple else (index,)
-    kinds = [_classify(it) for it in items]
-    used = sum(n for _, _, n in kinds)
+    # one pass to classify (no generator expressions: lazy[i] runs this on every call)
+    kinds = []  # (kind, item, input dims consumed), one per element
+    advanced = []  # the positions in ``kinds`` of the TENSOR and MASK elements
+    block_ndim = 0  # the dims of their broadcast block
+    used = 0
+    for it in index if type(index) is tuple else (index,):
+        kind, it, n_in = _classify(it)
+        if kind == TENSOR or kind == MASK:
+            advanced.append(len(kinds))
+            block_ndim = max(block_ndim, 1 if kind == MASK else it.ndim)
+        kinds.append((kind, it, n_in))
+        used += n_in
     if used > ndim:
         raise IndexError(
             f"too many indices for the batch: the index addresses {used} dims but the batch "
             f"has {ndim} (index {index!r})"
         )
     kinds += [(SLICE, _FULL, 1)] * (ndim - used)
-    advanced = [i for i, (kind, _, _) in enumerate(kinds) if kind in (TENSOR, MASK)]
-    block_ndim = max((1 if kinds[i][0] == MASK else kinds[i][1].ndim for i in advanced), default=0)
-    apart = any(kinds[i][0] in (SLICE, NEW) for i in range(advanced[0], advanced[-1])) if advanced else False
+    apart = False  # a SLICE or NEW between two advanced elements: the block goes first
+    if len(advanced) > 1:
+        for kind, _, _ in kinds[advanced[0] : advanced[-1]]:
+            apart = apart or kind == SLICE or kind == NEW
     block_dim = 0 if apart else None  # else: set at the first advanced step
     out_dim = block_ndim if apart else 0
     steps = []
     in_dim = 0
     for kind, it, n_in in kinds:
         if kind == INT:
-            steps.append(IndexStep(kind, it, in_dim, n_in, None))
-        elif kind in (TENSOR, MASK):
+            out = None
+        elif kind == TENSOR or kind == MASK:
             if block_dim is None:  # the first advanced step of an in-place block
                 block_dim = out_dim
                 out_dim += block_ndim
-            steps.append(IndexStep(kind, it, in_dim, n_in, block_dim))
+            out = block_dim
         else:
-            steps.append(IndexStep(kind, it, in_dim, n_in, out_dim))
+            out = out_dim
             out_dim += 1
+        steps.append(_new_tuple(IndexStep, (kind, it, in_dim, n_in, out)))
         in_dim += n_in
-    return IndexPlan(tuple(steps), ndim, out_dim, len(advanced), block_dim)
+    return _new_tuple(IndexPlan, (tuple(steps), ndim, out_dim, len(advanced), block_dim))
 
 
 def as_index(items: list | tuple) -> Any:

@@ -735,22 +735,25 @@ class LazyStackedTensorDict(TensorDictBase):
         None when the index can't be split: several tensor indices (their dims mix the
         members), or a tensor or mask of more than one dim over the stack dim.
         """
-        plan = plan_index(index, len(self._batch_size))
-        if plan.n_advanced > 1:
-            return None
-        step = plan.step_at(self._stack_dim)
-        if (step.kind == TENSOR and step.item.ndim != 1) or (step.kind == MASK and step.n_in != 1):
-            return None
-        member_index = as_index([s.item for s in plan.steps if s is not step])
+        if self._stack_dim == 0 and (type(index) is int or type(index) is slice):  # lazy[i]: no plan needed
+            kind, item, out_dim, member_index = (INT if type(index) is int else SLICE), index, 0, ()
+        else:
+            plan = plan_index(index, len(self._batch_size))
+            if plan.n_advanced > 1:
+                return None
+            step = plan.step_at(self._stack_dim)
+            if (step.kind == TENSOR and step.item.ndim != 1) or (step.kind == MASK and step.n_in != 1):
+                return None
+            kind, item, out_dim = step.kind, step.item, step.out_dim
+            member_index = as_index([s.item for s in plan.steps if s is not step])
         n = len(self.tensordicts)
-        item = step.item
-        if step.kind == INT:
+        if kind == INT:
             if not -n <= item < n:
                 raise IndexError(f"index {item} is out of range for the stack dim {self._stack_dim} of size {n}")
             return _MemberSplit([item % n], None, member_index)
-        if step.kind == SLICE:
+        if kind == SLICE:
             ids = list(range(*item.indices(n)))
-        elif step.kind == MASK:
+        elif kind == MASK:
             if item.shape[0] != n:
                 raise IndexError(
                     f"the mask has {item.shape[0]} elements but the stack dim {self._stack_dim} has size {n}"
@@ -762,7 +765,7 @@ class LazyStackedTensorDict(TensorDictBase):
                 if not -n <= i < n:
                     raise IndexError(f"index {i} is out of range for the stack dim {self._stack_dim} of size {n}")
                 ids[j] = i % n
-        return _MemberSplit(ids, step.out_dim, member_index)
+        return _MemberSplit(ids, out_dim, member_index)
 
     def _index(self, index: Any) -> TensorDictBase:
         split = self._split_index(index)
