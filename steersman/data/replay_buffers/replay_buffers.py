@@ -42,6 +42,8 @@ from ._checkpoint import (
     FORMAT,
     VERSION,
     CheckpointError,
+    inside,
+    prepared,
     read_component,
     read_json,
 )
@@ -478,43 +480,49 @@ class ReplayBuffer:
 
     @staticmethod
     def _read_pointer(root: Path) -> str:
-        ptr = read_json(root / _POINTER)
+        pointer = root / _POINTER
+        ptr = read_json(pointer, root)
         if not isinstance(ptr, dict) or ptr.get("format") != FORMAT:
-            raise CheckpointError(f"{root / _POINTER} is not a replay-buffer checkpoint pointer")
+            raise CheckpointError(f"{pointer} is not a replay-buffer checkpoint pointer", file=pointer, field="format")
         current = ptr.get("current")
         if not isinstance(current, str) or not _CKPT.match(current):
-            raise CheckpointError(f"{root / _POINTER} points at an invalid checkpoint name {current!r}")
+            raise CheckpointError(f"{pointer} points at an invalid checkpoint name {current!r:.80}", file=pointer,
+                                  field="current")
         return current
 
     def loads(self, path: Any) -> None:
         """Loads the checkpoint under ``path`` (written by :meth:`dumps`).
 
-        Everything is read and validated first (raising :class:`ValueError` on a corrupted,
-        foreign or incompatible folder); only then is the buffer changed.
+        Everything is read and validated first; only then is the buffer changed. A corrupted,
+        foreign or incompatible folder, or one whose files or symlinks lead outside ``path``,
+        raises :class:`CheckpointError` (a :class:`~steersman.tensordict.LoadError`, so a
+        ``ValueError``) and leaves the buffer as it was.
         """
         root = Path(path)
         if not (root / _POINTER).exists():
-            raise CheckpointError(f"{root} holds no replay-buffer checkpoint ({_POINTER} is missing)")
-        d = root / self._read_pointer(root)
-        meta = read_json(d / "buffer.json")
+            raise CheckpointError(f"{root} holds no replay-buffer checkpoint ({_POINTER} is missing)", file=root)
+        d = inside(root, root / self._read_pointer(root))
+        meta = read_json(d / "buffer.json", root)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise CheckpointError(f"{d / 'buffer.json'} is not replay-buffer metadata of version {VERSION}")
+            raise CheckpointError(f"{d / 'buffer.json'} is not replay-buffer metadata of version {VERSION}",
+                                  file=d / "buffer.json", field="format")
         for part, obj in (("storage", self._storage), ("sampler", self._sampler), ("writer", self._writer)):
             saved = meta.get(part)
             ok = saved == type(obj).__name__ or (part == "storage" and saved in obj._checkpoint_types())
             if not ok:
-                raise CheckpointError(f"{d} was written with a {saved}; this buffer's {part} is a {type(obj).__name__}")
+                raise CheckpointError(f"{d} was written with a {saved!r:.80}; this buffer's {part} is a "
+                                      f"{type(obj).__name__}", file=d / "buffer.json", field=part)
         parts = []
         for part, obj in (("storage", self._storage), ("sampler", self._sampler), ("writer", self._writer)):
             types = obj._checkpoint_types() if part == "storage" else type(obj).__name__
-            m, t = read_component(d / part, types)
-            parts.append((obj, obj._prepare_load(m, t, d / part)))
+            m, t = read_component(d / part, types, root)
+            parts.append((obj, prepared(d / part, obj._prepare_load, m, t, d / part)))
+        bs = meta.get("batch_size")
         with self._lock:
             self._clear_prefetch()
-            for obj, prepared in parts:
-                obj._commit_load(prepared)
-            bs = meta.get("batch_size")
-            if self._batch_size is None and isinstance(bs, int):
+            for obj, ready in parts:
+                obj._commit_load(ready)
+            if self._batch_size is None and type(bs) is int and bs > 0:
                 self._batch_size = bs
 
     def __repr__(self) -> str:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from steersman.tensordict import NestedKey, TensorDict, unravel_key
 
-from ._checkpoint import CheckpointError, get_field, read_component, write_component
+from ._checkpoint import CheckpointError, get_field, prepared, read_component, write_component
 from .segment_tree import PriorityTree
 from .storages import _EMPTY, Storage, TensorStorage
 
@@ -87,7 +87,7 @@ class Sampler:
 
     def loads(self, path: Any) -> None:
         meta, tensors = read_component(path, type(self).__name__)
-        self._commit_load(self._prepare_load(meta, tensors, path))
+        self._commit_load(prepared(path, self._prepare_load, meta, tensors, path))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -189,10 +189,11 @@ class SamplerWithoutReplacement(Sampler):
         n = get_field(meta, "len_storage", int, path)
         ran_out = get_field(meta, "ran_out", bool, path)
         lst = None
-        if meta.get("has_list"):
-            if tensors is None or "sample_list" not in tensors.keys():
-                raise CheckpointError(f"{path}: the sample list is missing")
-            lst = tensors.get("sample_list").clone()
+        if get_field(meta, "has_list", bool, path):
+            lst = None if tensors is None else tensors.get("sample_list", None)
+            if not isinstance(lst, Tensor):
+                raise CheckpointError(f"{path}: the sample list is missing", file=path, field="has_list")
+            lst = lst.clone()
             if lst.dtype is not torch.long or lst.ndim != 1 or (lst.numel() and (lst.min() < 0 or lst.max() >= n)):
                 raise CheckpointError(f"{path}: the sample list is not a list of indices below {n}")
         return lst, n, ran_out
@@ -482,7 +483,7 @@ class PrioritizedSampler(Sampler):
                 raise CheckpointError(f"{where}: the {name}-tree leaves do not fit a sampler of capacity {size}")
         if bool((sum_leaves < 0).any()) or bool(sum_leaves.isnan().any()) or bool(sum_leaves.isinf().any()):
             raise CheckpointError(f"{where}: the stored priorities are not all finite and >= 0")
-        if max_priority is not None and not isinstance(max_priority, (int, float)):
+        if max_priority is not None and (type(max_priority) not in (int, float) or not 0 <= max_priority < math.inf):
             raise CheckpointError(f"{where}: bad max priority {max_priority!r}")
         return (sum_leaves.to(self.dtype).clone(), min_leaves.to(self.dtype).clone(), float(alpha), float(beta),
                 float(eps), max_priority)

@@ -40,7 +40,14 @@ from steersman.tensordict import (
     is_tensor_collection,
 )
 
-from ._checkpoint import CheckpointError, get_field, read_component, write_component
+from ._checkpoint import (
+    CheckpointError,
+    get_cursor,
+    get_field,
+    prepared,
+    read_component,
+    write_component,
+)
 
 __all__ = [
     "Storage",
@@ -156,7 +163,7 @@ class Storage:
     def loads(self, path: Any) -> None:
         """Reads a folder written by :meth:`dumps`; on a bad folder raises and changes nothing."""
         meta, tensors = read_component(path, self._checkpoint_types())
-        self._commit_load(self._prepare_load(meta, tensors, path))
+        self._commit_load(prepared(path, self._prepare_load, meta, tensors, path))
 
     def _checkpoint_types(self) -> tuple[str, ...]:
         return (type(self).__name__,)
@@ -322,13 +329,14 @@ class ListStorage(Storage):
             if kind == "json":
                 items.append(e.get("value"))
             elif kind in ("tensor", "td"):
-                if tensors is None or str(i) not in tensors.keys():
-                    raise CheckpointError(f"{path}: the tensors of item {i} are missing")
-                sub = tensors.get(str(i)).to_tensordict().clone()
+                sub = None if tensors is None else tensors.get(str(i), None)
+                if not isinstance(sub, TensorDictBase) or (kind == "tensor" and not isinstance(sub.get("t", None), Tensor)):
+                    raise CheckpointError(f"{path}: the tensors of item {i} are missing", file=path, field=f"entries.{i}")
+                sub = sub.to_tensordict().clone()
                 items.append(sub.get("t") if kind == "tensor" else sub)
             else:
-                raise CheckpointError(f"{path}: item {i} has an unknown kind {kind!r}")
-        last = meta.get("last_cursor")
+                raise CheckpointError(f"{path}: item {i} has an unknown kind {kind!r}", file=path, field=f"entries.{i}")
+        last = get_cursor(meta, "last_cursor", max(len(items), 1), path)
         return items, last
 
     def _commit_load(self, prepared: Any) -> None:
@@ -827,6 +835,7 @@ class TensorStorage(Storage):
         return meta, part
 
     def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        """Validates a checkpoint's fields against this storage (nothing is changed)."""
         ndim = get_field(meta, "ndim", int, path)
         if ndim != self.ndim:
             raise CheckpointError(f"{path}: saved with ndim={ndim}, this storage has ndim={self.ndim}")
@@ -835,15 +844,16 @@ class TensorStorage(Storage):
         if tensors is None:
             raise CheckpointError(f"{path}: the storage's tensors are missing")
         filled = get_field(meta, "filled_rows", int, path)
-        if meta.get("is_tensor"):
-            if "_tensor" not in tensors.keys():
-                raise CheckpointError(f"{path}: the stored tensor is missing")
+        last = get_cursor(meta, "last_cursor", self.max_size, path)
+        if get_field(meta, "is_tensor", bool, path):
+            if not isinstance(tensors.get("_tensor", None), Tensor):
+                raise CheckpointError(f"{path}: the stored tensor is missing", file=path, field="is_tensor")
             tensors = tensors.get("_tensor")
-        return self._prepare_data(tensors, filled, meta.get("last_cursor"), path)
+        return self._prepare_data(tensors, filled, last, path)
 
     def loads(self, path: Any) -> None:
         meta, tensors = read_component(path, self._checkpoint_types())
-        self._commit_load(self._prepare_load(meta, tensors, path))
+        self._commit_load(prepared(path, self._prepare_load, meta, tensors, path))
 
     def __repr__(self) -> str:
         if self._storage is None:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from steersman.tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
 
-from ._checkpoint import CheckpointError, get_field, read_component, write_component
+from ._checkpoint import CheckpointError, get_field, prepared, read_component, write_component
 from .storages import Storage, TensorStorage
 
 __all__ = ["Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter", "TensorDictMaxValueWriter"]
@@ -103,7 +103,7 @@ class Writer:
 
     def loads(self, path: Any) -> None:
         meta, tensors = read_component(path, type(self).__name__)
-        self._commit_load(self._prepare_load(meta, tensors, path))
+        self._commit_load(prepared(path, self._prepare_load, meta, tensors, path))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cursor={self._cursor}, full_storage={self._storage is not None and len(self._storage) == self._storage.max_size})"
@@ -334,9 +334,11 @@ class TensorDictMaxValueWriter(Writer):
         base = super()._prepare_load(meta, tensors, path)
         ranks = None
         if tensors is not None:
-            if "ranks" not in tensors.keys():
-                raise CheckpointError(f"{path}: the ranks are missing")
-            ranks = tensors.get("ranks").clone()
+            ranks = tensors.get("ranks", None)
+            if not isinstance(ranks, Tensor) or ranks.ndim != 1 or not ranks.dtype.is_floating_point:
+                raise CheckpointError(f"{path}: the ranks are missing or not a 1-D float tensor", file=path,
+                                      field="ranks")
+            ranks = ranks.to(torch.float64, copy=True)
         return base, ranks
 
     def _commit_load(self, prepared: Any) -> None:
