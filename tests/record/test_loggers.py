@@ -288,7 +288,7 @@ def test_missing_optional_package_names_the_extra(monkeypatch, tmp_path, kind, e
         get_logger(kind, tmp_path, "exp")
 
 
-def test_wandb_logger_calls(monkeypatch, tmp_path):
+def test_wandb_logger_calls(monkeypatch, tmp_path, capsys):
     """The W&B calls, against a stand-in module (wandb itself is not a test dependency)."""
     calls = []
 
@@ -301,6 +301,7 @@ def test_wandb_logger_calls(monkeypatch, tmp_path):
         def finish(self):
             calls.append(("finish",))
 
+    Run.dir = str(tmp_path / "wandb" / "offline-run-x" / "files")
     fake = types.ModuleType("wandb")
     fake.init = lambda **kw: calls.append(("init", kw)) or Run()
     fake.Html = lambda s: ("html", s)
@@ -316,6 +317,8 @@ def test_wandb_logger_calls(monkeypatch, tmp_path):
                                  "mode": "offline", "resume": None})
     assert calls[1:] == [("log", {"a": 1.0}, 3), ("config", {"lr": 1}), ("log", {"s": ("html", "<pre>x</pre>")}, 4),
                          ("log", {"v": ("video", (2, 3, 4, 6), 30, "mp4")}, 5), ("finish",)]
+    run_dir = tmp_path / "wandb" / "offline-run-x"
+    assert capsys.readouterr().err == f"wandb: offline run saved in {run_dir}; upload it with `wandb sync {run_dir}`\n"
 
 
 def test_mlflow_logger_calls(monkeypatch, tmp_path):
@@ -387,7 +390,7 @@ def test_mlflow_file_store_round_trip(tmp_path, monkeypatch):
     assert client.get_experiment(run.info.experiment_id).name == "exp"
 
 
-def test_wandb_offline_run(tmp_path, monkeypatch):
+def test_wandb_offline_run(tmp_path, monkeypatch, capsys):
     """W&B in offline mode writes its run under the logger's folder; nothing is sent."""
     needs_extra("wandb", "wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -401,3 +404,4 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     log.close()
     assert run_dir.is_relative_to(tmp_path) and run_dir.name.startswith("offline-run-")
     assert list(run_dir.glob("*.wandb")), f"no offline run file in {run_dir}"
+    assert f"wandb: offline run saved in {run_dir}; upload it with `wandb sync {run_dir}`" in capsys.readouterr().err

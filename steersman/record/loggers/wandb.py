@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -37,6 +39,7 @@ class WandbLogger(Logger):
         save_dir = None if save_dir is None else os.fspath(save_dir)
         super().__init__(exp_name, save_dir)
         self.video_fps = video_fps
+        self.offline = offline
         self.experiment = self._wandb.init(
             name=exp_name, dir=save_dir, id=id, project=project,
             mode="offline" if offline else "online", resume="allow" if id else None, **kwargs,
@@ -65,4 +68,10 @@ class WandbLogger(Logger):
         self.experiment.log({name: self._wandb.Video(frames, fps=fps, format="mp4")}, step=step)
 
     def close(self) -> None:
+        """Finishes the run; an offline run says where it went and how to upload it."""
+        files = getattr(self.experiment, "dir", None)
         self.experiment.finish()
+        if self.offline and files:
+            run_dir = Path(files).parent
+            print(f"wandb: offline run saved in {run_dir}; upload it with `wandb sync {run_dir}`",
+                  file=sys.stderr, flush=True)
