@@ -193,29 +193,50 @@ class LossModule(nn.Module):
         self._value_estimator: nn.Module | None = None
         #: the networks given a target by :meth:`make_target` (made or awaiting lazy parameters)
         self.target_names: list[str] = []
-        self._deferred: list[tuple[nn.Module, Callable[[], Any]]] = []
+        self._deferred: list[tuple[nn.Module, Callable[[], Any], str | None]] = []
         self._lazy_hook: Any = None
 
     # ------------------------------------------------------------ lazy networks
-    def when_initialized(self, module: nn.Module, setup: Callable[[], Any]) -> None:
+    def when_initialized(self, module: nn.Module, setup: Callable[[], Any], *, stacked_as: str | None = None) -> None:
         """Runs ``setup()`` now, or, when ``module`` has uninitialized (lazy) parameters, on
-        the loss's first call, after a no-grad pass of ``module`` over that batch."""
+        the loss's first call, after a no-grad pass of ``module`` over that batch, or when a
+        state dict is loaded first (the lazy tensors take the stored shapes). ``stacked_as``:
+        the state-dict name of ``module``'s stacked copies (an ensemble), if it is not a
+        submodule of the loss."""
         if not _is_lazy(module):
             setup()
             return
-        self._deferred.append((module, setup))
+        self._deferred.append((module, setup, stacked_as))
         if self._lazy_hook is None:
-            self._lazy_hook = self.register_forward_pre_hook(self._initialize_lazy, with_kwargs=True)
+            self._lazy_hook = (
+                self.register_forward_pre_hook(self._initialize_lazy, with_kwargs=True),
+                self.register_load_state_dict_pre_hook(self._initialize_lazy_from_state),
+            )
 
     def _initialize_lazy(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
         td = args[0] if args else next(iter(kwargs.values()))
-        for module, _ in self._deferred:  # a batch the networks cannot read raises here; retried next call
+        for module, _, _ in self._deferred:  # a batch the networks cannot read raises here; retried next call
             if _is_lazy(module):
                 _dry_run(module, td)
+        self._run_deferred()
+
+    def _initialize_lazy_from_state(self, _module: nn.Module, state_dict: dict, prefix: str, *_: Any) -> None:
+        names = {id(m): n for n, m in self._modules.items()}
+        for module, _, stacked_as in self._deferred:
+            root = f"{prefix}{stacked_as or names.get(id(module))}."
+            for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
+                stored = state_dict.get(root + name)
+                if nn.parameter.is_lazy(t) and stored is not None:
+                    t.materialize(stored.shape[1:] if stacked_as else stored.shape)  # values: loaded next
+        if not any(_is_lazy(m) for m, _, _ in self._deferred):
+            self._run_deferred()  # targets and stacks now exist, so their entries load too
+
+    def _run_deferred(self) -> None:
         deferred, self._deferred = self._deferred, []
-        for _, setup in deferred:
+        for _, setup, _ in deferred:
             setup()
-        self._lazy_hook.remove()
+        for hook in self._lazy_hook:
+            hook.remove()
         self._lazy_hook = None
 
     def _params_of(self, network: str, target: bool = False) -> TensorDictBase:
@@ -417,7 +438,7 @@ def register_critics(loss: LossModule, qvalue_network: nn.Module, num: int, dela
         if delay:
             loss.make_target("qvalue_network_params")
 
-    loss.when_initialized(qvalue_network, stack)
+    loss.when_initialized(qvalue_network, stack, stacked_as="qvalue_network_params")
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:

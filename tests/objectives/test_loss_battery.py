@@ -370,3 +370,27 @@ def test_lazy_first_call_on_a_bad_batch_is_retried():
     assert torch.isfinite(out["loss"])
     assert torch.equal(loss.target_value_network_params["module", "0", "weight"],
                        loss.value_network_params["module", "0", "weight"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_lazy_loss_loads_a_state_dict_before_its_first_call(case):
+    """Resuming with lazy networks: a fresh lazy loss takes a used one's state dict (lazy
+    tensors take the stored shapes, targets and stacks are made) and computes the same loss."""
+    shape = case.batch_shapes[0]
+    torch.manual_seed(0)
+    with lazy_inputs():
+        used = case.make_loss()
+    batch = case.make_batch(used, shape)
+    _forward(used, batch)  # the first call sets the lazy layers up (their init draws random numbers)
+    expected = _forward(used, batch)
+    torch.manual_seed(1)
+    with lazy_inputs():
+        fresh = case.make_loss()
+    assert _lazy_tensors(fresh)
+    fresh.load_state_dict(used.state_dict())  # strict: every entry has a place
+    assert not _lazy_tensors(fresh), f"{case.name}: lazy tensors left after loading"
+    assert fresh.state_dict().keys() == used.state_dict().keys()
+    got = _forward(fresh, batch)
+    if case.deterministic:
+        for key in expected.keys():
+            torch.testing.assert_close(got[key], expected[key], msg=f"{case.name}: {key} differs after loading")
