@@ -16,8 +16,8 @@ Example:
     >>> plan = plan_index((0, None, slice(1, 3)), ndim=3)
     >>> [(s.kind, s.in_dim, s.out_dim) for s in plan.steps]
     [('int', 0, None), ('new', 1, 0), ('slice', 1, 1), ('slice', 2, 2)]
-    >>> plan.out_shape(torch.Size([4, 5, 6]))
-    torch.Size([1, 2, 6])
+    >>> plan.out_ndim, torch.empty(4, 5, 6)[0, None, 1:3].shape
+    (3, torch.Size([1, 2, 6]))
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-
-from ._utils import broadcast_shapes
 
 __all__ = ["IndexStep", "IndexPlan", "plan_index", "as_index", "on_cpu", "INT", "SLICE", "NEW", "TENSOR", "MASK"]
 
@@ -85,25 +83,6 @@ class IndexPlan(NamedTuple):
             if step.in_dim <= dim < step.in_dim + step.n_in:
                 return step
         raise IndexError(f"dim {dim} is out of range for an index over {self.ndim} dims")
-
-    def out_shape(self, shape: torch.Size) -> torch.Size:
-        """The shape of ``x[index]`` for an ``x`` of shape ``shape`` (positions aren't
-        range-checked; a mask's dim is its number of True elements)."""
-        out = [0] * self.out_ndim
-        block = []
-        for step in self.steps:
-            if step.kind == SLICE:
-                out[step.out_dim] = len(range(*step.item.indices(shape[step.in_dim])))
-            elif step.kind == NEW:
-                out[step.out_dim] = 1
-            elif step.kind == TENSOR:
-                block.append(step.item.shape)
-            elif step.kind == MASK:
-                block.append((int(step.item.sum()),))
-        if block:
-            b = broadcast_shapes(*block)
-            out[self.block_dim : self.block_dim + len(b)] = b
-        return torch.Size(out)
 
 
 def _classify(item: Any) -> tuple[str, Any, int]:
