@@ -21,6 +21,7 @@ File layout (plain HDF5, readable by any tool):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -48,6 +49,7 @@ from .base import (
     _is_non_tensor,
     is_tensor_collection,
 )
+from .files import LoadError
 from .indexing import MASK, NEW, TENSOR, on_cpu, plan_index
 from .td import TensorDict, _other_entry
 
@@ -535,6 +537,53 @@ def _read_bs_attr(group: Any) -> torch.Size | None:
         return None
 
 
+def _stored_batch_size(group: Any) -> torch.Size | None:
+    """The batch size recorded on ``group`` (``None`` if none is); a malformed one raises."""
+    stored = _read_bs_attr(group)
+    if stored is None and group.attrs.get(_BS_ATTR) is not None:
+        where = group.file.filename
+        raise LoadError(f"{where}: attribute {_BS_ATTR!r} of {group.name!r} is not a batch size: "
+                        f"{group.attrs.get(_BS_ATTR)!r:.80}", file=where, field=_BS_ATTR)
+    return stored
+
+
+def _check_reads_only_this_file(group: Any, stored: torch.Size | None) -> None:
+    """Refuses a file whose entries would make reading ``group`` touch other files or loop.
+
+    A saved file is untrusted input: an external link, a dataset stored in external raw
+    files or a virtual dataset (mapped from other HDF5 files) reads files elsewhere, and a
+    group reachable twice (a hard or soft link back to a group) makes key walks loop; each
+    raises :class:`LoadError` naming the entry. A ``stored`` batch size must be a prefix of
+    every tensor dataset's shape. Runs once, when the file is opened.
+    """
+    h5py = _h5py()
+    where = group.file.filename
+    groups = {group.id}
+    nb = None if stored is None else len(stored)
+
+    def problem(name: str, link: Any) -> tuple[str, str] | None:  # (entry, why); a result stops the walk
+        if isinstance(link, h5py.ExternalLink):
+            return name, f"is an external link to {link.filename}:{link.path}; only entries of this file are read"
+        obj = group.get(name)
+        if obj is None:  # a dangling soft link: reading it fails as a missing key
+            return None
+        if isinstance(obj, h5py.Group):
+            if isinstance(link, h5py.SoftLink) or obj.id in groups:
+                return name, "links back to a group reachable by another path (a loop)"
+            groups.add(obj.id)
+        elif obj.is_virtual or obj.external:
+            return name, "is stored in other files (a virtual dataset or external storage)"
+        elif nb is not None and obj.shape[:nb] != tuple(stored) and _ds_kind(obj) in ("tensor", "non_tensor_stack"):
+            return name, (f"has shape {list(obj.shape)}, which does not start with the stored batch size "
+                          f"{list(stored)} (attribute {_BS_ATTR!r})")
+        return None
+
+    found = group.visititems_links(problem)  # (raising inside h5py's visit would not unwind cleanly)
+    if found is not None:
+        name, why = found
+        raise LoadError(f"{where}: entry {name!r} {why}", file=where, field=name)
+
+
 def _auto_batch_size(group: Any) -> torch.Size:
     """The longest shape prefix shared by every tensor (and per-element string) dataset."""
     h5py = _h5py()
@@ -721,7 +770,8 @@ class PersistentTensorDict(TensorDictBase):
                 grp = file[group]
                 if not isinstance(grp, h5py.Group):
                     raise KeyError(f"{group!r} in {file.filename} is a dataset, not a group")
-            stored = _read_bs_attr(grp)
+            stored = _stored_batch_size(grp) if batch_size is None else _read_bs_attr(grp)
+            _check_reads_only_this_file(grp, stored if batch_size is None else None)
             if batch_size is not None:
                 bs = as_size(batch_size)
                 if bs != stored:
@@ -1495,6 +1545,12 @@ def _same(a: Any, b: Any) -> bool:
 
 def _in_memory(v: Any) -> Any:
     return v.to_tensordict() if isinstance(v, PersistentTensorDict) else v
+
+
+if importlib.util.find_spec("h5py") is None:  # pragma: no cover - only without the optional h5py
+    # the class example opens an HDF5 file: without h5py it is dropped from the docstring, so
+    # that doctest runs (pytest --doctest-modules) do not fail on a missing optional package
+    PersistentTensorDict.__doc__ = (PersistentTensorDict.__doc__ or "").split("    Example:")[0]
 
 
 def _rebuild(filename, group_name, mode, device, sel, stored_bs, is_root, locked, ds_kwargs, file_kwargs):

@@ -423,3 +423,69 @@ def test_fuzzed_meta_json_loads_or_raises_load_error_without_big_allocations(fuz
             if isinstance(leaf, torch.Tensor):
                 assert leaf.shape[: out.batch_dims] == out.batch_size
         assert (fuzz_folder.parent / "victim" / "x.memmap").exists() and victim_unchanged(fuzz_folder.parent / "victim")
+
+
+# ----------------------------------------------------------------------------- HDF5 files
+@pytest.fixture
+def h5(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    from steersman.tensordict.persistent import PersistentTensorDict
+
+    outside = tmp_path / "outside.h5"
+    with h5py.File(outside, "w") as f:
+        f["secret"] = torch.arange(3.0).numpy()
+    (tmp_path / "raw.bin").write_bytes(torch.arange(3.0, dtype=torch.float64).numpy().tobytes())
+    path = tmp_path / "data.h5"
+    PersistentTensorDict.from_dict(TensorDict({"obs": torch.zeros(3, 2), "n": {"x": torch.ones(3)}}, [3]),
+                                   path).close()
+    return h5py, PersistentTensorDict, path, outside
+
+
+def _h5_edit(h5py, path, fn):
+    with h5py.File(path, "r+") as f:
+        fn(f)
+
+
+@pytest.mark.parametrize("attack", ["external_link", "external_storage", "virtual", "hard_loop", "soft_loop"])
+def test_h5_entries_that_read_other_files_or_loop_are_refused(h5, attack):
+    h5py, PTD, path, outside = h5
+    raw = str(path.parent / "raw.bin")
+
+    def edit(f):
+        if attack == "external_link":
+            f["stolen"] = h5py.ExternalLink(str(outside), "/secret")
+        elif attack == "external_storage":
+            f.create_dataset("stolen", shape=(3,), dtype="f8", external=[(raw, 0, 24)])
+        elif attack == "virtual":
+            layout = h5py.VirtualLayout(shape=(3,), dtype="f8")
+            layout[:] = h5py.VirtualSource(str(outside), "secret", shape=(3,))
+            f.create_virtual_dataset("stolen", layout)
+        elif attack == "hard_loop":
+            f["n"]["loop"] = f["n"]
+        else:
+            f["n"]["loop"] = h5py.SoftLink("/n")
+
+    _h5_edit(h5py, path, edit)
+    for mode in ("r", "r+"):
+        with pytest.raises(LoadError, match="'(stolen|n/loop)'") as err:
+            PTD.from_h5(path, mode=mode)
+        assert err.value.file == str(path)
+
+
+def test_h5_stored_batch_size_must_fit_the_datasets(h5):
+    h5py, PTD, path, _ = h5
+    for bad, match in (("[5]", "does not start with the stored batch size"), ("[-2]", "not a batch size"),
+                       ("{]", "not a batch size")):
+        _h5_edit(h5py, path, lambda f, bad=bad: f.attrs.__setitem__("steersman.batch_size", bad))
+        with pytest.raises(LoadError, match=match):
+            PTD.from_h5(path)
+    # an explicit batch size is still checked against the datasets (as before)
+    with pytest.raises(ValueError, match="does not fit"):
+        PTD(filename=path, batch_size=[4])
+
+
+def test_h5_soft_link_to_a_dataset_in_the_file_still_opens(h5):
+    h5py, PTD, path, _ = h5
+    _h5_edit(h5py, path, lambda f: f.__setitem__("alias", h5py.SoftLink("/obs")))
+    with PTD.from_h5(path) as td:
+        assert td.batch_size == (3,) and torch.equal(td["alias"], torch.zeros(3, 2))
