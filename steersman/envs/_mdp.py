@@ -82,7 +82,7 @@ def _step_mdp_fast(td: TensorDict, excl_root: frozenset, excl_next: frozenset) -
         if cur is not None and isinstance(cur, TensorDictBase) and isinstance(v, TensorDictBase):
             v = cur.copy().update(v)
         out[k] = v
-    return TensorDict._new_unsafe(out, td.batch_size, td.device)
+    return TensorDict.from_trusted(out, td.batch_size, td.device)
 
 
 def step_mdp(

@@ -742,7 +742,7 @@ class EnvBase:
     def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
         """Writes a random action (``action_spec.rand()``, torch's global RNG) into ``tensordict``."""
         if tensordict is None:
-            tensordict = TensorDict._new_unsafe({}, self._batch_size, self._device)
+            tensordict = TensorDict.from_trusted({}, self._batch_size, self._device)
         for key, spec in self._full_action_spec.items(include_nested=True, leaves_only=True):
             tensordict.set(key, spec.rand())
         return tensordict
@@ -750,7 +750,7 @@ class EnvBase:
     def rand_step(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
         """A step with a random action (``rand_action`` then ``step``)."""
         if tensordict is None:
-            tensordict = TensorDict._new_unsafe({}, self._batch_size, self._device)
+            tensordict = TensorDict.from_trusted({}, self._batch_size, self._device)
         return self.step(self.rand_action(tensordict))
 
     # ------------------------------------------------------------------ fake data

@@ -787,7 +787,7 @@ class GymWrapper(EnvBase):
         if self._flat:
             src = {leaf.key[0]: v for leaf, v in zip(self._obs_leaves, obs_vals)}
             src.update(extra)
-            td = TensorDict._new_unsafe(src, bs, self.device if self._cpu else None)
+            td = TensorDict.from_trusted(src, bs, self.device if self._cpu else None)
         else:
             src = dict(extra)
             for leaf, v in zip(self._obs_leaves, obs_vals):
@@ -795,7 +795,7 @@ class GymWrapper(EnvBase):
                 for k in leaf.key[:-1]:
                     d = d.setdefault(k, {})
                 d[leaf.key[-1]] = v
-            td = TensorDict._new_unsafe(_nest(src, bs), bs, self.device if self._cpu else None)
+            td = TensorDict.from_trusted(_nest(src, bs), bs, self.device if self._cpu else None)
         if not self._cpu:
             td = td.to(self.device, non_blocking=True)
         return td
@@ -830,7 +830,7 @@ class GymWrapper(EnvBase):
         if mask is not None:
             m = mask.reshape(-1).cpu().numpy()
             if not m.any():
-                return TensorDict._new_unsafe({}, self.batch_size, None)
+                return TensorDict.from_trusted({}, self.batch_size, None)
             if self._is_vec and not m.all() or self._mode == "same_step":
                 return self._partial_reset(tensordict, m, seed, options)
         obs, _ = self._env.reset(seed=self._seed_arg(seed), options=options)
@@ -942,7 +942,7 @@ class GymWrapper(EnvBase):
             a = tensordict.get("action")
         if self._fast:
             o, r, d, te, tr = self._fast_step(a)
-            return TensorDict._new_unsafe(
+            return TensorDict.from_trusted(
                 {self._obs_name: o, "reward": r, "done": d, "terminated": te, "truncated": tr},
                 self._batch_size, self._device,
             )
@@ -1055,7 +1055,7 @@ class GymWrapper(EnvBase):
                     self._assert_open()
                 o, r, d, te, tr = self._fast_step(a)
                 name = self._obs_name
-                root["next"] = TensorDict._new_unsafe(
+                root["next"] = TensorDict.from_trusted(
                     {name: o, "reward": r, "done": d, "terminated": te, "truncated": tr},
                     self._batch_size, self._device,
                 )
@@ -1064,7 +1064,7 @@ class GymWrapper(EnvBase):
                 src = {name: o, "done": d, "terminated": te, "truncated": tr}
                 if root.keys() != self._std_root_keys:
                     self._carry_root_entries(root, src)
-                return tensordict, TensorDict._new_unsafe(src, tensordict._batch_size, tensordict._device)
+                return tensordict, TensorDict.from_trusted(src, tensordict.batch_size, tensordict.device)
         if type(tensordict) is TensorDict and self._flat and self._cpu and "next" not in tensordict._tensordict:
             if self._is_closed:
                 self._assert_open()
@@ -1075,7 +1075,7 @@ class GymWrapper(EnvBase):
             del src["reward"]
             if root.keys() != self._std_root_keys:
                 self._carry_root_entries(root, src)
-            td_ = TensorDict._new_unsafe(src, tensordict.batch_size, tensordict.device)
+            td_ = TensorDict.from_trusted(src, tensordict.batch_size, tensordict.device)
         else:
             tensordict = self.step(tensordict)
             td_ = self._step_mdp(tensordict)
@@ -1121,7 +1121,7 @@ def _where_rows(sel: Tensor, a: Any, b: Any) -> Any:
 
 def _nest(src: dict, bs: torch.Size) -> dict:
     return {
-        k: TensorDict._new_unsafe(_nest(v, bs), bs, None) if isinstance(v, dict) else v
+        k: TensorDict.from_trusted(_nest(v, bs), bs, None) if isinstance(v, dict) else v
         for k, v in src.items()
     }
 

@@ -454,7 +454,7 @@ class NativeEnv(EnvBase):
         """
         out = {name: self._state[i].clone() for i, name in enumerate(self.state_names)}
         out["step_count"] = self._steps.to(torch.int64)
-        return TensorDict._new_unsafe(out, self._batch_size, self._device)
+        return TensorDict.from_trusted(out, self._batch_size, self._device)
 
     def set_state(self, state: TensorDictBase | Mapping | Tensor) -> None:
         """Overwrites the state: a mapping of component names (any subset, and
@@ -555,7 +555,7 @@ class NativeEnv(EnvBase):
             self._steps = torch.where(mask, 0, self._steps)
             self._rng = torch.where(mask, rng_adv, self._rng)
         done, term, trunc = self._done_flags()
-        return TensorDict._new_unsafe(
+        return TensorDict.from_trusted(
             {self._obs_key: type(self)._observe(self._state, self._c_tensor), "done": done,
              "terminated": term, "truncated": trunc},
             self._batch_size, self._device,
@@ -628,7 +628,7 @@ class NativeEnv(EnvBase):
         action = self._get_action(tensordict)
         self._state, self._steps, self._rng, nxt, _ = self._run(action, False)
         obs, reward, done, term, trunc = nxt
-        return TensorDict._new_unsafe(
+        return TensorDict.from_trusted(
             {self._obs_key: obs, "reward": reward, "done": done, "terminated": term, "truncated": trunc},
             self._batch_size, self._device,
         )
@@ -657,14 +657,14 @@ class NativeEnv(EnvBase):
         self._state, self._steps, self._rng = state, steps, rng
         obs, reward, done, term, trunc = nxt
         bs, dev, ok = self._batch_size, self._device, self._obs_key
-        root["next"] = TensorDict._new_unsafe(
+        root["next"] = TensorDict.from_trusted(
             {ok: obs, "reward": reward, "done": done, "terminated": term, "truncated": trunc}, bs, dev
         )
         excl = self._excl_root
         out = {k: v for k, v in root.items() if k not in excl}
         out[ok] = robs
         out["done"], out["terminated"], out["truncated"] = self._done_flags()
-        return tensordict, TensorDict._new_unsafe(out, bs, dev)
+        return tensordict, TensorDict.from_trusted(out, bs, dev)
 
     # ------------------------------------------------------------------ device
     def to(self, device: Any) -> NativeEnv:

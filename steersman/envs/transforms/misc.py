@@ -353,7 +353,7 @@ class BatchSizeTransform(Transform):
     def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
         batch_size = torch.Size(batch_size)
         if self.reshape_fn is not None:
-            new = self.reshape_fn(TensorDict._new_unsafe({}, batch_size, None)).batch_size
+            new = self.reshape_fn(TensorDict.from_trusted({}, batch_size, None)).batch_size
         else:
             new = self.batch_size
         if new.numel() != batch_size.numel():
