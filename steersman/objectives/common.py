@@ -295,14 +295,30 @@ class LossModule(nn.Module):
             raise self._missing_key(td, name)
         return value
 
-    def _missing_key(self, td: TensorDictBase, name: str) -> KeyError:
-        key = getattr(self.tensor_keys, name)
+    def _missing_key(self, td: TensorDictBase, name: str, key: NestedKey | None = None) -> KeyError:
+        under = "" if key is None else ", read under 'next'"
+        key = getattr(self.tensor_keys, name) if key is None else key
         present = sorted(str(k) if isinstance(k, str) else repr(k) for k in td.keys(include_nested=True, leaves_only=True))
         return KeyError(
-            f"{type(self).__name__} needs {key!r} (its {name!r} key) in the batch, which has "
+            f"{type(self).__name__} needs {key!r} (its {name!r} key{under}) in the batch, which has "
             f"{present}. If your data stores it under another name, call "
             f"loss.set_keys({name}=<your key>)."
         )
+
+    def _get_next(self, td: TensorDictBase, name: str) -> Any:
+        """``td["next", tensor_keys.<name>]``, checked to be ``[*batch, 1]`` (without the
+        trailing dim it would broadcast silently against the values)."""
+        key = getattr(self.tensor_keys, name)
+        full = ("next", key) if isinstance(key, str) else ("next", *key)
+        value = td.get(full, None)
+        if value is None:
+            raise self._missing_key(td, name, full)
+        if value.shape != (*td.batch_size, 1):
+            raise ValueError(
+                f"{type(self).__name__}: {full!r} has shape {list(value.shape)}, expected "
+                f"{[*td.batch_size, 1]} (the batch shape plus a trailing singleton dim; add it with .unsqueeze(-1))"
+            )
+        return value
 
     # --------------------------------------------------------------- targets
     def make_target(self, name: str) -> nn.Module | None:

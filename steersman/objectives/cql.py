@@ -47,7 +47,6 @@ from .sac import (
     _alpha,
     _auto_target_entropy,
     _call_critics,
-    _check_next,
     _clamp_log_alpha,
     _output,
     _register_alpha,
@@ -177,7 +176,7 @@ class CQLLoss(LossModule):
         # critics: TD term, then the conservative term on the same predictions
         with torch.no_grad():
             next_value = self._next_value(td, alpha)
-            _check_next(self, td, next_value)
+            self._get_next(td, "reward")  # shape-checked: [*batch, 1] like next_value
             target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
         q = _call_critics(self, td, action, self.qvalue_network_params).squeeze(-1)  # [N, *batch]
         loss_qvalue = distance_loss(q, target.expand_as(q), self.loss_function).sum(0)

@@ -309,8 +309,8 @@ class DistributionalDQNLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = self._get(tensordict, "action")
-        reward = self._next_entry(tensordict, "reward")                       # [*B, 1]
-        terminated = self._next_entry(tensordict, "terminated")               # [*B, 1]
+        reward = self._get_next(tensordict, "reward")                       # [*B, 1]
+        terminated = self._get_next(tensordict, "terminated")               # [*B, 1]
         next_td = tensordict.get("next")
 
         log_p = self._log_probs(self.value_network, tensordict)               # [*B, K, n]
@@ -335,22 +335,6 @@ class DistributionalDQNLoss(LossModule):
         loss = -(m * log_p_a).sum(-1)                                          # [*B]
         tensordict.set(self.tensor_keys.priority, loss.detach().unsqueeze(-1))
         return TensorDict({"loss": reduce_loss(loss, self.reduction)}, [])
-
-    def _next_entry(self, td: TensorDictBase, name: str) -> Tensor:
-        key = getattr(self.tensor_keys, name)
-        full = ("next", key) if isinstance(key, str) else ("next", *key)
-        value = td.get(full, None)
-        if value is None:
-            raise KeyError(
-                f"DistributionalDQNLoss needs {full!r} (its {name!r} key, under 'next') in the batch. "
-                f"If your data stores it under another name, call loss.set_keys({name}=<your key>)."
-            )
-        if value.shape != td.batch_size + (1,):
-            raise ValueError(
-                f"DistributionalDQNLoss: {full!r} has shape {list(value.shape)}; expected "
-                f"{[*td.batch_size, 1]} (a trailing singleton dim: unsqueeze(-1) it)"
-            )
-        return value
 
     def _log_probs(self, net: nn.Module, td: TensorDictBase) -> Tensor:
         """``net``'s log-probabilities on a shallow copy of ``td``: ``[*B, n_atoms, n_actions]``."""

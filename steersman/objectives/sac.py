@@ -191,7 +191,7 @@ class SACLoss(LossModule):
             else:
                 value_net = self.target_value_network if self.delay_value else self.value_network
                 next_value = _call(value_net, td.get("next"), self.tensor_keys.value)
-            _check_next(self, td, next_value)
+            self._get_next(td, "reward")  # shape-checked: [*batch, 1] like next_value
             target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
         q = _call_critics(self, td, action, self.qvalue_network_params).squeeze(-1)  # [N, *batch]
         loss = distance_loss(q, target.expand_as(q), self.loss_function).sum(0)
@@ -358,7 +358,7 @@ class DiscreteSACLoss(LossModule):
             params = self.target_qvalue_network_params if self.delay_qvalue else self.qvalue_network_params
             next_q = self._action_values(next_td, params).min(0).values
             next_value = (next_p * (next_q - alpha * next_log_p)).sum(-1, keepdim=True)
-            _check_next(self, td, next_value)
+            self._get_next(td, "reward")  # shape-checked: [*batch, 1] like next_value
             target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
         q_all = self._action_values(td, self.qvalue_network_params)  # [N, *batch, A]
         q = self._chosen(q_all, action)  # [N, *batch]
@@ -521,32 +521,6 @@ def _find_action_space(action_space: Any) -> tuple[str, int | None]:
     raise ValueError(
         f"action_space must be 'one-hot', 'categorical', a OneHot or a Categorical spec, got {action_space!r}"
     )
-
-
-def _next_key(loss: LossModule, name: str) -> tuple:
-    key = getattr(loss.tensor_keys, name)
-    return ("next", key) if isinstance(key, str) else ("next", *key)
-
-
-def _check_next(loss: LossModule, td: TensorDictBase, next_value: Tensor) -> None:
-    """``("next", reward)`` exists and is shaped like ``next_value`` (``[*batch, 1]``): a
-    reward without its trailing dim would otherwise broadcast silently. (The value estimator
-    checks done/terminated.)"""
-    key = _next_key(loss, "reward")
-    reward = td.get(key, None)
-    if reward is None:
-        present = sorted(str(k) for k in td.keys(include_nested=True, leaves_only=True))
-        raise KeyError(
-            f"{type(loss).__name__} needs {key!r} (its 'reward' key, read under 'next') in the "
-            f"batch, which has {present}. If your data stores it under another name, call "
-            "loss.set_keys(reward=<your key>)."
-        )
-    if reward.shape != next_value.shape:
-        raise ValueError(
-            f"{type(loss).__name__}: {key!r} has shape {list(reward.shape)}, expected "
-            f"{list(next_value.shape)} (the batch shape {list(td.batch_size)} plus a trailing "
-            "singleton dim); add it with .unsqueeze(-1)"
-        )
 
 
 def _output(loss: LossModule, td: TensorDictBase, losses: dict[str, Tensor],
