@@ -557,31 +557,40 @@ def _check_reads_only_this_file(group: Any, stored: torch.Size | None) -> None:
     every tensor dataset's shape. Runs once, when the file is opened.
     """
     h5py = _h5py()
-    where = group.file.filename
-    groups = {group.id}
+    h5d, h5l, h5o = h5py.h5d, h5py.h5l, h5py.h5o
+    gid = group.id
     nb = None if stored is None else len(stored)
 
-    def problem(name: str, link: Any) -> tuple[str, str] | None:  # (entry, why); a result stops the walk
-        if isinstance(link, h5py.ExternalLink):
-            return name, f"is an external link to {link.filename}:{link.path}; only entries of this file are read"
-        obj = group.get(name)
-        if obj is None:  # a dangling soft link: reading it fails as a missing key
+    def link_problem(name: bytes, info: Any) -> tuple[bytes, str] | None:  # a result stops the walk
+        if info.type == h5l.TYPE_EXTERNAL:
+            return name, "is an external link to another file; only entries of this file are read"
+        if info.type == h5l.TYPE_SOFT and h5o.get_info(gid, name).type == h5o.TYPE_GROUP:
+            return name, "is a soft link to a group (a loop or a second path to it)"
+        return None
+
+    def object_problem(name: bytes, info: Any) -> tuple[bytes, str] | None:
+        if info.type == h5o.TYPE_GROUP:
+            return (name, "is a group reachable by another path (a loop)") if info.rc > 1 else None
+        if info.type != h5o.TYPE_DATASET:
             return None
-        if isinstance(obj, h5py.Group):
-            if isinstance(link, h5py.SoftLink) or obj.id in groups:
-                return name, "links back to a group reachable by another path (a loop)"
-            groups.add(obj.id)
-        elif obj.is_virtual or obj.external:
+        ds = h5d.open(gid, name)
+        plist = ds.get_create_plist()
+        if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count():
             return name, "is stored in other files (a virtual dataset or external storage)"
-        elif nb is not None and obj.shape[:nb] != tuple(stored) and _ds_kind(obj) in ("tensor", "non_tensor_stack"):
-            return name, (f"has shape {list(obj.shape)}, which does not start with the stored batch size "
+        if nb is not None and ds.shape[:nb] != tuple(stored) and _ds_kind(group[name.decode()]) in (
+                "tensor", "non_tensor_stack"):
+            return name, (f"has shape {list(ds.shape)}, which does not start with the stored batch size "
                           f"{list(stored)} (attribute {_BS_ATTR!r})")
         return None
 
-    found = group.visititems_links(problem)  # (raising inside h5py's visit would not unwind cleanly)
+    # (low-level walks: no high-level object per entry; raising inside a walk would not
+    # unwind cleanly through h5py, so the first problem is returned, which stops it)
+    found = gid.links.visit(link_problem, info=True) or h5o.visit(gid, object_problem, info=True)
+    if found is None and h5o.get_info(gid).rc > 1:
+        found = b".", "is a group reachable by another path (a loop)"
     if found is not None:
-        name, why = found
-        raise LoadError(f"{where}: entry {name!r} {why}", file=where, field=name)
+        where, name = group.file.filename, found[0].decode()
+        raise LoadError(f"{where}: entry {name!r} {found[1]}", file=where, field=name)
 
 
 def _auto_batch_size(group: Any) -> torch.Size:
