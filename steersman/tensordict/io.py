@@ -273,10 +273,10 @@ def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
                         f"{type(err).__name__}: {err}", file=meta_file) from None
     if not isinstance(meta, dict) or meta.get("_type") not in _KINDS:
         kind = meta.get("_type") if isinstance(meta, dict) else type(meta).__name__
-        raise LoadError(f"{meta_file}: unknown container type {kind!r} (not a saved steersman TensorDict)",
+        raise LoadError(f"{meta_file}: unknown container type {_short(kind)} (not a saved steersman TensorDict)",
                         file=meta_file, field="_type")
     if meta.get("_format") != _FORMAT:
-        raise LoadError(f"{meta_file} has format {meta.get('_format')!r}; this steersman reads format {_FORMAT}",
+        raise LoadError(f"{meta_file} has format {_short(meta.get('_format'))}; this steersman reads format {_FORMAT}",
                         file=meta_file, field="_format")
     out = _Reader(meta_file, path, mmap).build(meta, path, (), None)
     if mmap:
