@@ -346,7 +346,7 @@ def test_missing_or_misshaped_action(parallel_toy):
 
 
 def test_unpicklable_create_env_fn():
-    with pytest.raises(TypeError, match=r"create_env_fn .*Unpicklable.* cannot be pickled, not even by cloudpickle"):
+    with pytest.raises(TypeError, match=r"create_env_fn .*Unpicklable.* cannot be pickled .*not even by cloudpickle"):
         ParallelEnv(2, Unpicklable(), mp_start_method="forkserver")
 
 

@@ -397,3 +397,30 @@ def test_spawn_start_method_works():
         torch.manual_seed(1)
         b = ser.rollout(10, break_when_any_done=False)
         assert (a == b).all()
+
+
+# ---------------------------------------------------------------------- factories from __main__
+MAIN_FACTORY = textwrap.dedent("""
+    from steersman.collectors import MultiSyncDataCollector
+    from steersman.envs import CartPoleEnv
+    from steersman.envs.batched import ParallelEnv
+
+    def make_env():  # defined in the __main__ of `python -c`, as in a notebook: no worker can import it
+        return CartPoleEnv(batch_size=[2])
+
+    if __name__ == "__main__":
+        with ParallelEnv(2, make_env) as env:
+            print(list(env.rollout(3).batch_size))
+        c = MultiSyncDataCollector(make_env, num_workers=2, frames_per_batch=8, total_frames=8)
+        print([list(b.batch_size) for b in c])
+        c.shutdown()
+""")
+
+
+@pytest.mark.slow  # a fresh interpreter and fork server
+def test_factory_defined_in_main_is_sent_by_value():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", MAIN_FACTORY], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["[2, 2, 3]", "[[2, 2, 2]]"]

@@ -59,8 +59,8 @@ class ParallelEnv(BatchedEnvBase):
             a module-level function, a ``functools.partial`` of one, an
             :class:`EnvCreator`, a lambda or closure), or a list of ``num_workers`` of
             them. It is pickled once per distinct factory at start-up (with
-            ``cloudpickle`` when the standard pickler cannot: lambdas, closures, local
-            functions). A probe env is built (then closed) in this process to read the
+            ``cloudpickle`` when the standard pickler cannot, for lambdas, closures and
+            local functions, or when it refers to ``__main__``, e.g. a notebook's). A probe env is built (then closed) in this process to read the
             specs.
         create_env_kwargs: keyword arguments for ``create_env_fn`` (a dict or a list of
             ``num_workers`` dicts).

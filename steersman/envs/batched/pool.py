@@ -151,27 +151,30 @@ def unpack_error(msg: bytes) -> tuple[str, str, str]:
 
 def dumps(obj: Any, owner: str, what: str) -> bytes:
     """``obj`` pickled for a worker: the standard pickler (tensors by value), or
-    ``cloudpickle`` for what it cannot serialize (lambdas, closures, local functions).
+    ``cloudpickle`` for what it cannot serialize (lambdas, closures, local functions) and
+    for what refers to ``__main__`` (sent by value: a worker cannot import the ``__main__``
+    of a notebook or of ``python -c``).
 
     Raises ``TypeError`` naming ``what`` when neither can."""
+    data: bytes | None = None
+    first: Exception | None = None
     try:
-        return pickle.dumps(obj)
+        data = pickle.dumps(obj)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         first = exc
+    if data is not None and b"__main__" not in data:
+        return data
     try:
         import cloudpickle
-    except ImportError:
-        raise TypeError(
-            f"{owner}: {what} cannot be pickled ({first}); lambdas, closures and local functions "
-            "need the cloudpickle package (pip install cloudpickle), or pass a module-level "
-            "function, a class or a functools.partial of one"
-        ) from first
-    try:
+
         return cloudpickle.dumps(obj)
-    except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
+    except Exception as exc:  # noqa: BLE001 - ImportError, or cloudpickle's many kinds
+        if data is not None:
+            return data
+        hint = ("not even by cloudpickle" if not isinstance(exc, ImportError)
+                else "and cloudpickle, which sends lambdas and closures, is not installed")
         raise TypeError(
-            f"{owner}: {what} cannot be pickled, not even by cloudpickle ({exc}), which the "
-            "worker processes need"
+            f"{owner}: {what} cannot be pickled ({first}), {hint}; the worker processes need it"
         ) from first
 
 
