@@ -61,5 +61,3 @@ class LossCase:
     required_key: str = "action"
     #: False for losses whose forward samples actions without a seedable path
     deterministic: bool = True
-    #: False only with a reason (e.g. torch cannot compile some distribution's sampler)
-    compiles: bool = True
