@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from steersman.data import Bounded, Categorical, Composite
+from steersman.data import Bounded, Categorical, Composite, OneHot
 from steersman.envs import EnvBase
 from steersman.tensordict import TensorDict
 
@@ -18,15 +18,17 @@ class PixelToyEnv(EnvBase):
       [*b, H, W, 3]`` (HWC, as a renderer gives them), ``"action_mask"``: ``bool [*b, 4]``
       (with ``mask="fixed"``: sub-env ``i`` never allows action ``i % 4``; ``"dynamic"``:
       action ``count % 4`` is not allowed).
-    * action: ``Categorical(4) [*b]`` (default) or ``Bounded(-1, 1, [*b, 2])`` of
-      ``action_dtype`` with ``continuous=True``.
-    * reward ``[*b, 1]`` (``dtype``): ``0.5 + count / 10``; sub-env ``i`` terminates after
+    * action: ``Categorical(4) [*b]`` (default), ``OneHot(4) [*b, 4]`` with
+      ``onehot=True`` or ``Bounded(-1, 1, [*b, 2])`` of ``action_dtype`` with
+      ``continuous=True``.
+    * reward ``[*b, reward_dim]`` (``dtype``): ``(0.5 + count / 10) * (j + 1) / reward_dim``
+      for objective ``j`` (one objective by default); sub-env ``i`` terminates after
       ``3 + i % 4`` steps (partial resets in batched rollouts).
     """
 
     def __init__(self, batch_size: Any = (), dtype: torch.dtype = torch.float32, mask: str | None = None,
                  continuous: bool = False, action_dtype: torch.dtype = torch.float32,
-                 height: int = 8, width: int = 10) -> None:
+                 height: int = 8, width: int = 10, onehot: bool = False, reward_dim: int = 1) -> None:
         super().__init__(batch_size=batch_size)
         bs = self.batch_size
         self.dtype, self.mask, self.H, self.W = dtype, mask, height, width
@@ -39,9 +41,12 @@ class PixelToyEnv(EnvBase):
         self.observation_spec = Composite(specs, shape=bs)
         if continuous:
             self.action_spec = Bounded(-1.0, 1.0, shape=(*bs, 2), dtype=action_dtype)
+        elif onehot:
+            self.action_spec = OneHot(4, shape=(*bs, 4))
         else:
             self.action_spec = Categorical(4, shape=bs)
-        self.reward_spec = Bounded(0.0, 2.0, shape=(*bs, 1), dtype=dtype)
+        self.reward_spec = Bounded(0.0, 2.0, shape=(*bs, reward_dim), dtype=dtype)
+        self.reward_weights = torch.arange(1, reward_dim + 1, dtype=dtype) / reward_dim
         n = bs.numel()
         self.length = (3 + torch.arange(n) % 4).reshape(*bs, 1)
         self.index = torch.arange(n).reshape(*bs, 1)
@@ -78,7 +83,7 @@ class PixelToyEnv(EnvBase):
         self.actions_seen.append(action.clone())
         self.count = self.count + 1
         out = self._obs()
-        out["reward"] = (0.5 + self.count.to(self.dtype) / 10).clamp(0, 2)
+        out["reward"] = (0.5 + self.count.to(self.dtype) / 10).clamp(0, 2) * self.reward_weights
         out.update(self._flags(self.count >= self.length))
         return TensorDict(out, batch_size=self.batch_size)
 
@@ -102,6 +107,10 @@ def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
         return PixelToyEnv(batch_size, dtype=torch.float64, continuous=True, action_dtype=torch.float64)
     if kind == "toy_mask":
         return PixelToyEnv(batch_size, mask="fixed")
+    if kind == "toy_onehot":
+        return PixelToyEnv(batch_size, onehot=True)
+    if kind == "toy_mo":
+        return PixelToyEnv(batch_size, reward_dim=3)
     raise ValueError(kind)
 
 

@@ -5,8 +5,10 @@ transformed env), works on batched envs (per-sub-env state, partial resets) and
 applies to a TensorDict outside any env with ``transform(td)``.
 """
 
+from .actions import ActionScaling, DiscreteActionProjection
 from .base import Compose, ObservationTransform, Transform, TransformedEnv
 from .counters import InitTracker, StepCounter
+from .elementwise import ClipTransform, SignTransform
 from .image import CenterCrop, GrayScale, Resize, ToTensorImage
 from .keys import (
     CatTensors,
@@ -21,6 +23,8 @@ from .norm import ObservationNorm, VecNorm
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
+from .reward_maps import BinarizeReward, LineariseRewards
+from .shapes import FlattenObservation, PermuteTransform
 
 __all__ = [
     "Transform",
@@ -54,4 +58,12 @@ __all__ = [
     "NoopResetEnv",
     "ActionMask",
     "BatchSizeTransform",
+    "ClipTransform",
+    "SignTransform",
+    "BinarizeReward",
+    "LineariseRewards",
+    "ActionScaling",
+    "DiscreteActionProjection",
+    "FlattenObservation",
+    "PermuteTransform",
 ]

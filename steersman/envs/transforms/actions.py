@@ -1,0 +1,245 @@
+"""Action-space transforms: the policy sees another action space than the env.
+
+``ActionScaling`` (a normalized box), ``DiscreteActionProjection`` (a larger one-hot
+space). Both map the policy's action to the env's on the way in (``inv``); their
+``forward`` maps env actions (e.g. in a replay-buffer sample) to the policy's space.
+Inside an env they leave the env's outputs alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steersman.data import Bounded, Composite, OneHot
+from steersman.tensordict import TensorDictBase
+from steersman.tensordict._utils import NestedKey, unravel_key
+
+from ._utils import missing_spec_key
+from .base import Transform
+
+__all__ = ["ActionScaling", "DiscreteActionProjection"]
+
+
+def _seeded_generator(seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    g = torch.Generator()
+    g.manual_seed(int(seed) & ((1 << 63) - 1))
+    return g
+
+
+class ActionScaling(Transform):
+    """Exposes a normalized action box to the policy; rescales actions to the env's bounds.
+
+    With the env's ``Bounded`` action spec ``[low, high]``: ``loc = (high + low) / 2``,
+    ``scale = (high - low) / 2``. With ``standard_normal=True`` (default) the policy's
+    actions live in ``[-1, 1]`` and the env receives ``a * scale + loc``; with
+    ``standard_normal=False`` they live in ``[0, 1]`` (0 is ``low``, 1 is ``high``).
+    ``forward`` (env action -> normalized, e.g. on replay-buffer samples) is the inverse map.
+
+    Args:
+        in_keys_inv: the env's action entry (default ``["action"]``); one key per instance.
+        out_keys_inv: the entry the policy writes (default ``in_keys_inv``).
+        in_keys, out_keys: the entries ``forward`` reads and writes (default
+            ``in_keys_inv`` and ``in_keys``).
+
+    Keyword Args:
+        loc, scale: explicit affine parameters (both or neither; ``scale`` nonzero);
+            otherwise they come from the action spec when the env computes its specs.
+        standard_normal: ``[-1, 1]`` (True) or ``[0, 1]`` (False) policy space.
+
+    Example:
+        >>> import torch
+        >>> from steersman.envs import PendulumEnv, check_env_specs
+        >>> from steersman.envs.transforms import ActionScaling, TransformedEnv
+        >>> env = TransformedEnv(PendulumEnv(seed=0), ActionScaling())   # torque in [-2, 2]
+        >>> check_env_specs(env)
+        >>> env.action_spec.low, env.action_spec.high
+        (tensor([-1.]), tensor([1.]))
+        >>> from steersman import TensorDict
+        >>> env.transform.inv(TensorDict(action=torch.tensor([0.5]), batch_size=[]))["action"]
+        tensor([1.])
+    """
+
+    _check_spec_in_keys = False
+
+    def __init__(self, in_keys_inv: Any = None, out_keys_inv: Any = None, in_keys: Any = None,
+                 out_keys: Any = None, *, loc: float | Tensor | None = None,
+                 scale: float | Tensor | None = None, standard_normal: bool = True) -> None:
+        in_keys_inv = ["action"] if in_keys_inv is None else in_keys_inv
+        super().__init__(in_keys_inv if in_keys is None else in_keys, out_keys, in_keys_inv, out_keys_inv)
+        for what, keys in (("in_keys_inv", self.in_keys_inv), ("out_keys_inv", self.out_keys_inv),
+                           ("in_keys", self.in_keys), ("out_keys", self.out_keys)):
+            if len(keys) != 1:
+                raise ValueError(f"ActionScaling scales one action entry; {what} has {len(keys)}: {keys} "
+                                 "(compose several ActionScaling for several actions)")
+        if (loc is None) != (scale is None):
+            raise ValueError("ActionScaling: pass both loc and scale, or neither (then they come from the "
+                             f"action spec); got loc={loc!r}, scale={scale!r}")
+        self.standard_normal = bool(standard_normal)
+        self.__dict__["_explicit"] = loc is not None
+        self.register_buffer("loc", None)
+        self.register_buffer("scale", None)
+        if loc is not None:
+            dt = torch.get_default_dtype()
+            loc_t = loc if isinstance(loc, Tensor) else torch.as_tensor(loc, dtype=dt)
+            scale_t = scale if isinstance(scale, Tensor) else torch.as_tensor(scale, dtype=dt)
+            if bool((scale_t == 0).any()) or not bool(scale_t.isfinite().all() & loc_t.isfinite().all()):
+                raise ValueError(f"ActionScaling: scale must be finite and nonzero and loc finite, got "
+                                 f"loc={loc_t.tolist()}, scale={scale_t.tolist()}")
+            self.loc, self.scale = loc_t.clone(), scale_t.clone()
+
+    def _affine(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """``(mult, offset)`` with ``env = policy * mult + offset``, as ``like``'s dtype/device."""
+        loc, scale = self.loc, self.scale
+        if loc is None:
+            raise RuntimeError("ActionScaling: loc and scale are not known yet; pass them, or use the "
+                               "transform in a TransformedEnv (they come from its action spec)")
+        if self.standard_normal:
+            return scale.to(like), loc.to(like)
+        return (2 * scale).to(like), (loc - scale).to(like)
+
+    def _apply_transform(self, x: Tensor) -> Tensor:  # env action -> normalized
+        mult, offset = self._affine(x)
+        return (x - offset) / mult
+
+    def _inv_apply_transform(self, x: Tensor) -> Tensor:  # normalized -> env action
+        mult, offset = self._affine(x)
+        return x * mult + offset
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict  # the env's outputs hold no action
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Env actions -> normalized ones (at the root and under ``"next"``), e.g. on replay samples."""
+        return self._forward_pairs(tensordict)
+
+    def transform_action_spec(self, action_spec: Composite) -> Composite:
+        ik, ok = self._pairs_inv[0]
+        spec = action_spec.get(ik, None)
+        if spec is None or isinstance(spec, Composite):
+            raise missing_spec_key(self, ik, "action spec", list(action_spec.keys(True, True)))
+        if not self.__dict__["_explicit"]:
+            if not isinstance(spec, Bounded) or not spec.dtype.is_floating_point:
+                raise TypeError(f"ActionScaling: the action {ik!r} needs a continuous Bounded spec to derive "
+                                f"loc and scale, got {type(spec).__name__}; pass loc and scale")
+            low, high = spec.low, spec.high
+            if not bool(low.isfinite().all() & high.isfinite().all()) or bool((high <= low).any()):
+                raise ValueError(f"ActionScaling: the bounds of {ik!r} must be finite with low < high, got "
+                                 f"low={low.tolist()}, high={high.tolist()}")
+            nb = len(action_spec.shape)
+            feat = spec.shape[nb:]
+            first_lo, first_hi = low.reshape(-1, *feat)[0], high.reshape(-1, *feat)[0]
+            if bool((low == first_lo).all() & (high == first_hi).all()):
+                low, high = first_lo, first_hi  # one box for every sub-env: also fits any batch
+            self.loc, self.scale = (high + low) / 2, (high - low) / 2
+        lo = -1.0 if self.standard_normal else 0.0
+        dt = spec.dtype if spec.dtype.is_floating_point else torch.get_default_dtype()
+        new = Bounded(lo, 1.0, shape=spec.shape, device=spec.device, dtype=dt)
+        if ik != ok:
+            action_spec.del_(ik)
+        action_spec.set(ok, new)
+        return action_spec
+
+    def __repr__(self) -> str:
+        return (f"ActionScaling(in_keys_inv={self.in_keys_inv}, out_keys_inv={self.out_keys_inv}, "
+                f"standard_normal={self.standard_normal})")
+
+
+class DiscreteActionProjection(Transform):
+    """Lets a policy with ``max_actions`` one-hot actions drive an env with fewer.
+
+    The policy writes one-hot actions over ``max_actions``; the env receives one-hot
+    actions over ``num_actions_effective``: an action index ``>= num_actions_effective``
+    is replaced by a uniformly drawn valid one (seeded by ``env.set_seed``). With
+    ``include_forward=True``, ``forward`` pads the env's one-hot actions (e.g. in a
+    replay sample) with zeros to ``max_actions``; otherwise it returns the data as is.
+
+    Args:
+        num_actions_effective: the env's number of actions.
+        max_actions: the policy's number of actions (``>= num_actions_effective``).
+        action_key: the action entry (default ``"action"``).
+        include_forward: ``forward`` maps env actions to the policy's space.
+
+    The env's action spec must be ``OneHot(num_actions_effective)``; the transformed one
+    is ``OneHot(max_actions)`` of the same dtype.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.envs.transforms import DiscreteActionProjection
+        >>> t = DiscreteActionProjection(3, 5)
+        >>> t.inv(TensorDict(action=torch.tensor([0, 1, 0, 0, 0]), batch_size=[]))["action"]
+        tensor([0, 1, 0])
+        >>> t(TensorDict(action=torch.tensor([0, 0, 1]), batch_size=[]))["action"]
+        tensor([0, 0, 1, 0, 0])
+    """
+
+    _check_spec_in_keys = False
+
+    def __init__(self, num_actions_effective: int, max_actions: int, action_key: NestedKey = "action",
+                 include_forward: bool = True) -> None:
+        for name, v in (("num_actions_effective", num_actions_effective), ("max_actions", max_actions)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"DiscreteActionProjection: {name} must be a positive int, got {v!r}")
+        if num_actions_effective > max_actions:
+            raise ValueError(f"DiscreteActionProjection: num_actions_effective={num_actions_effective} is "
+                             f"larger than max_actions={max_actions}")
+        key = unravel_key(action_key)
+        super().__init__([key] if include_forward else [], None, [key])
+        self.num_actions_effective = num_actions_effective
+        self.max_actions = max_actions
+        self.action_key = key
+        self.include_forward = include_forward
+        self.__dict__["_gen"] = None
+
+    def _set_seed(self, seed: int | None) -> None:
+        self.__dict__["_gen"] = _seeded_generator(seed)
+
+    def _apply_transform(self, x: Tensor) -> Tensor:  # env one-hot -> padded
+        n = x.shape[-1]
+        if n != self.num_actions_effective:
+            raise ValueError(f"DiscreteActionProjection: the action {self.action_key!r} has {n} entries "
+                             f"(last dim), expected num_actions_effective={self.num_actions_effective}")
+        pad = x.new_zeros((*x.shape[:-1], self.max_actions - n))
+        return torch.cat([x, pad], -1)
+
+    def _inv_apply_transform(self, x: Tensor) -> Tensor:  # policy one-hot -> env one-hot
+        if x.shape[-1] != self.max_actions:
+            raise ValueError(f"DiscreteActionProjection: the action {self.action_key!r} has {x.shape[-1]} "
+                             f"entries (last dim), expected max_actions={self.max_actions}")
+        n = self.num_actions_effective
+        idx = (x.to(torch.uint8) if x.dtype == torch.bool else x).argmax(-1)
+        bad = idx >= n
+        if bool(bad.any()):
+            draw = torch.randint(n, idx.shape, generator=self.__dict__["_gen"]).to(idx.device)
+            idx = torch.where(bad, draw, idx)
+        return torch.nn.functional.one_hot(idx, n).to(x.dtype)
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict  # the env's outputs hold no action
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Pads env one-hot actions to ``max_actions`` (``include_forward``), root and ``"next"``."""
+        if not self.include_forward:
+            return tensordict
+        return self._forward_pairs(tensordict)
+
+    def transform_action_spec(self, action_spec: Composite) -> Composite:
+        key = self.action_key
+        spec = action_spec.get(key, None)
+        if spec is None or isinstance(spec, Composite):
+            raise missing_spec_key(self, key, "action spec", list(action_spec.keys(True, True)))
+        if not isinstance(spec, OneHot) or spec.n != self.num_actions_effective:
+            raise TypeError(f"DiscreteActionProjection: the action {key!r} must have a "
+                            f"OneHot({self.num_actions_effective}) spec, got {spec!r}")
+        action_spec.set(key, OneHot(self.max_actions, shape=(*spec.shape[:-1], self.max_actions),
+                                    device=spec.device, dtype=spec.dtype))
+        return action_spec
+
+    def __repr__(self) -> str:
+        return (f"DiscreteActionProjection(num_actions_effective={self.num_actions_effective}, "
+                f"max_actions={self.max_actions}, action_key={self.action_key!r})")
