@@ -9,6 +9,7 @@ TorchRL code). Imports only ``steersman.tensordict`` (L0) and torch.
 
 from ..module_params import ensemble_call, from_module, from_modules, shared_copy, to_module
 from ..params import TensorDictParams
+from . import optim
 from .common import TensorDictModule, TensorDictModuleBase, WrapModule, dispatch
 from .distributions import (
     Delta,
@@ -63,4 +64,5 @@ __all__ = [
     "MaskedCategorical",
     "MaskedOneHotCategorical",
     "ReparamGradientStrategy",
+    "optim",
 ]

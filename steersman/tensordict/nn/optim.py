@@ -1,0 +1,221 @@
+"""Functional optimizers over TensorDicts: ``(params, grads, state) -> (params, state)``.
+
+:class:`Adam`, :class:`AdamW` and :class:`SGD` follow ``torch.optim``'s update rules and
+hyper-parameters (the single-tensor path, op for op, so eager results are bitwise equal
+to ``torch.optim`` with ``foreach=False``). Nothing is modified in place and the step
+counter is a tensor, so a step traces into one ``torch.compile(fullgraph=True)`` graph
+that does not recompile as training advances. The state is a TensorDict
+(``state.state_dict()`` / ``load_state_dict`` round-trip it); ``lr`` may be a 0-dim
+tensor that the caller anneals in place. :func:`clip_grad_norm` is
+``torch.nn.utils.clip_grad_norm_`` without the in-place write.
+
+Example:
+    >>> import torch
+    >>> from steersman.tensordict import TensorDict
+    >>> params = TensorDict({"w": torch.ones(3)}, batch_size=[])
+    >>> opt = SGD(lr=0.1)
+    >>> state = opt.init(params)
+    >>> grads = TensorDict({"w": torch.ones(3)}, batch_size=[])
+    >>> params, state = opt.step(params, grads, state)
+    >>> params["w"]
+    tensor([0.9000, 0.9000, 0.9000])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..base import TensorDictBase
+from ..td import TensorDict
+
+__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm", "tree_from_leaves"]
+
+
+def tree_from_leaves(keys: list, values: list, batch_size: Any) -> TensorDict:
+    """A nested TensorDict from ``keys`` (strings or tuples, as ``keys(True, True)``
+    gives them) and their ``values``."""
+    root: dict = {}
+    for key, value in zip(keys, values):
+        path = key if isinstance(key, tuple) else (key,)
+        node = root
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = value
+    return TensorDict(root, batch_size=batch_size)
+
+
+def _leaves(td: TensorDictBase) -> tuple[list, list]:
+    keys = td.keys(include_nested=True, leaves_only=True)
+    return keys, [td.get(k) for k in keys]
+
+
+def clip_grad_norm(grads: TensorDictBase, max_norm: float, norm_type: float = 2.0) -> tuple[TensorDict, Tensor]:
+    """``grads`` scaled so that their global ``norm_type``-norm is at most ``max_norm``,
+    and that norm (before clipping): ``torch.nn.utils.clip_grad_norm_`` (``foreach=False``)
+    without modifying ``grads``."""
+    keys, values = _leaves(grads)
+    norms = [torch.linalg.vector_norm(g, norm_type) for g in values]
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return tree_from_leaves(keys, [g * coef for g in values], grads.batch_size), total
+
+
+def _check(name: str, value: Any, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _as_f64(lr: float | Tensor) -> Tensor:
+    return lr.to(torch.float64) if isinstance(lr, Tensor) else torch.tensor(lr, dtype=torch.float64)
+
+
+class Adam:
+    """Adam (``torch.optim.Adam``): L2 ``weight_decay`` added to the gradient.
+
+    Args:
+        lr: learning rate (a float, or a 0-dim tensor read at each step).
+        betas: running-average coefficients of the gradient and its square.
+        eps: added to the denominator.
+        weight_decay: L2 penalty coefficient.
+        amsgrad: use the running maximum of the second moment.
+        maximize: ascend instead of descend.
+    """
+
+    decoupled = False
+
+    def __init__(self, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, amsgrad: bool = False, maximize: bool = False) -> None:
+        _check("lr", lr, isinstance(lr, Tensor) or lr >= 0.0, "a float >= 0 or a 0-dim tensor")
+        _check("betas", betas, len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas), "two floats in [0, 1)")
+        _check("eps", eps, eps >= 0.0, ">= 0")
+        _check("weight_decay", weight_decay, weight_decay >= 0.0, ">= 0")
+        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+        self.amsgrad, self.maximize = amsgrad, maximize
+
+    def init(self, params: TensorDictBase) -> TensorDict:
+        """The initial state: ``step`` 0 and zero moments shaped as ``params``."""
+        keys, values = _leaves(params)
+        zeros = [torch.zeros_like(p, memory_format=torch.preserve_format).detach() for p in values]
+        state = {"step": torch.zeros((), dtype=torch.float32),
+                 "exp_avg": tree_from_leaves(keys, zeros, params.batch_size),
+                 "exp_avg_sq": tree_from_leaves(keys, [z.clone() for z in zeros], params.batch_size)}
+        if self.amsgrad:
+            state["max_exp_avg_sq"] = tree_from_leaves(keys, [z.clone() for z in zeros], params.batch_size)
+        return TensorDict(state, batch_size=[])
+
+    def step(self, params: TensorDictBase, grads: TensorDictBase, state: TensorDictBase) -> tuple[TensorDict, TensorDict]:
+        """One update: the new parameters and the new state (inputs untouched)."""
+        beta1, beta2 = self.betas
+        keys, ps = _leaves(params)
+        step = state["step"] + 1
+        lr = _as_f64(self.lr)
+        # torch.optim computes these in Python doubles; float64 0-dim tensors keep that
+        # precision and, like Python scalars, are cast to the parameters' dtype per op.
+        step64 = step.to(torch.float64)
+        bias_correction1 = 1 - torch.pow(beta1, step64)
+        bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64))
+        neg_step_size = -(lr / bias_correction1)
+        decay = 1 - lr * self.weight_decay
+        new_p, new_m, new_v, new_vmax = [], [], [], []
+        for key, p in zip(keys, ps):
+            g = grads.get(key)
+            if self.maximize:
+                g = -g
+            if self.weight_decay != 0:
+                if self.decoupled:
+                    p = p * decay
+                else:
+                    g = g.add(p, alpha=self.weight_decay)
+            m = torch.lerp(state.get(("exp_avg", *_tup(key))), g, 1 - beta1)
+            v = state.get(("exp_avg_sq", *_tup(key))).mul(beta2).addcmul(g, g, value=1 - beta2)
+            if self.amsgrad:
+                vmax = torch.maximum(state.get(("max_exp_avg_sq", *_tup(key))), v)
+                new_vmax.append(vmax)
+                denom = vmax.sqrt() / bias_correction2_sqrt + self.eps
+            else:
+                denom = v.sqrt() / bias_correction2_sqrt + self.eps
+            # addcdiv(p, m, denom, value=s) is p + s * m / denom, in that order
+            new_p.append(p + neg_step_size * m / denom)
+            new_m.append(m)
+            new_v.append(v)
+        bs = params.batch_size
+        out = {"step": step, "exp_avg": tree_from_leaves(keys, new_m, bs),
+               "exp_avg_sq": tree_from_leaves(keys, new_v, bs)}
+        if self.amsgrad:
+            out["max_exp_avg_sq"] = tree_from_leaves(keys, new_vmax, bs)
+        return tree_from_leaves(keys, new_p, bs), TensorDict(out, batch_size=[])
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(lr={self.lr}, betas={self.betas}, eps={self.eps}, "
+                f"weight_decay={self.weight_decay}, amsgrad={self.amsgrad}, maximize={self.maximize})")
+
+
+class AdamW(Adam):
+    """AdamW (``torch.optim.AdamW``): Adam with decoupled weight decay
+    (``p *= 1 - lr * weight_decay`` before the step); same arguments as :class:`Adam`."""
+
+    decoupled = True
+
+    def __init__(self, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, *, amsgrad: bool = False, maximize: bool = False) -> None:
+        super().__init__(lr, betas, eps, weight_decay, amsgrad=amsgrad, maximize=maximize)
+
+
+class SGD:
+    """SGD (``torch.optim.SGD``) with optional (Nesterov) momentum, dampening and L2
+    ``weight_decay``. As in torch, the first step's momentum buffer is the gradient."""
+
+    def __init__(self, lr: float | Tensor = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, *, nesterov: bool = False, maximize: bool = False) -> None:
+        _check("lr", lr, isinstance(lr, Tensor) or lr >= 0.0, "a float >= 0 or a 0-dim tensor")
+        _check("momentum", momentum, momentum >= 0.0, ">= 0")
+        _check("weight_decay", weight_decay, weight_decay >= 0.0, ">= 0")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"nesterov needs momentum > 0 and dampening 0, got momentum={momentum}, "
+                             f"dampening={dampening}")
+        self.lr, self.momentum, self.dampening, self.weight_decay = lr, momentum, dampening, weight_decay
+        self.nesterov, self.maximize = nesterov, maximize
+
+    def init(self, params: TensorDictBase) -> TensorDict:
+        """The initial state: ``step`` 0 and (with momentum) a zero momentum buffer."""
+        state: dict = {"step": torch.zeros((), dtype=torch.float32)}
+        if self.momentum != 0:
+            keys, values = _leaves(params)
+            state["momentum_buffer"] = tree_from_leaves(keys, [torch.zeros_like(p).detach() for p in values],
+                                                        params.batch_size)
+        return TensorDict(state, batch_size=[])
+
+    def step(self, params: TensorDictBase, grads: TensorDictBase, state: TensorDictBase) -> tuple[TensorDict, TensorDict]:
+        """One update: the new parameters and the new state (inputs untouched)."""
+        keys, ps = _leaves(params)
+        first = state["step"] == 0
+        lr_is_float = not isinstance(self.lr, Tensor)
+        new_p, new_buf = [], []
+        for key, p in zip(keys, ps):
+            g = grads.get(key)
+            if self.maximize:
+                g = -g
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                old = state.get(("momentum_buffer", *_tup(key)))
+                buf = torch.where(first, g, old.mul(self.momentum).add(g, alpha=1 - self.dampening))
+                new_buf.append(buf)
+                g = g.add(buf, alpha=self.momentum) if self.nesterov else buf
+            new_p.append(p.add(g, alpha=-self.lr) if lr_is_float else p - self.lr * g)
+        out: dict = {"step": state["step"] + 1}
+        if self.momentum != 0:
+            out["momentum_buffer"] = tree_from_leaves(keys, new_buf, params.batch_size)
+        return tree_from_leaves(keys, new_p, params.batch_size), TensorDict(out, batch_size=[])
+
+    def __repr__(self) -> str:
+        return (f"SGD(lr={self.lr}, momentum={self.momentum}, dampening={self.dampening}, "
+                f"weight_decay={self.weight_decay}, nesterov={self.nesterov}, maximize={self.maximize})")
+
+
+def _tup(key: Any) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
