@@ -570,7 +570,7 @@ class WorkerPool:
                 if msg[:1] == ERR:
                     if not keep_open:
                         self._raised(i, msg, what, fatal=True)
-                    if raised is None:
+                    if raised is None or i < raised[0]:  # the lowest index, whatever the order
                         raised = (i, msg)
                     continue
                 out[i] = msg
