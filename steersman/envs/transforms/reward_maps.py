@@ -87,7 +87,7 @@ class LineariseRewards(Transform):
         >>> from steersman.envs.transforms import LineariseRewards
         >>> td = TensorDict(reward=torch.tensor([[1.0, 2.0], [3.0, -1.0]]), batch_size=[2])
         >>> LineariseRewards(["reward"], weights=[0.5, 2.0])(td)["reward"]
-        tensor([[4.5000],
+        tensor([[ 4.5000],
                 [-0.5000]])
     """
 

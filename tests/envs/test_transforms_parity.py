@@ -1,0 +1,368 @@
+"""TorchRL-parity transforms: each one's documented behaviour against a hand-computed reference,
+and its bad input (a clear error naming the key/value, the transform left usable).
+
+ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
+DiscreteActionProjection, FlattenObservation, PermuteTransform. The transform battery
+(``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from steersman import TensorDict
+from steersman.data import Binary, Bounded, Unbounded
+from steersman.envs import PendulumEnv, check_env_specs
+from steersman.envs.transforms import (
+    ActionScaling,
+    BinarizeReward,
+    ClipTransform,
+    DiscreteActionProjection,
+    FlattenObservation,
+    LineariseRewards,
+    PermuteTransform,
+    SignTransform,
+    TransformedEnv,
+)
+from tests.envs._transform_envs import PixelToyEnv
+
+
+# ---------------------------------------------------------------------- ClipTransform
+def test_clip_outputs_reference_and_spec():
+    base = PendulumEnv(batch_size=[2], seed=0)
+    env = TransformedEnv(base, ClipTransform(in_keys=["observation", "reward"], out_keys=["obs_c", "r_c"],
+                                             low=-1.0, high=0.1))
+    td = env.rollout(6)
+    torch.testing.assert_close(td["obs_c"], td["observation"].clamp(-1.0, 0.1))
+    torch.testing.assert_close(td["next", "obs_c"], td["next", "observation"].clamp(-1.0, 0.1))
+    torch.testing.assert_close(td["next", "r_c"], td["next", "reward"].clamp(-1.0, 0.1))
+    assert bool((td["observation"] > 0.1).any())  # the clip did something
+    assert "r_c" not in td.keys()  # rewards are not reset outputs
+    env = TransformedEnv(PendulumEnv(batch_size=[2], seed=0), ClipTransform(in_keys=["observation"], low=-1.0,
+                                                                           high=0.1))
+    spec = env.observation_spec["observation"]
+    # pendulum's bounds [-1, -1, -8] .. [1, 1, 8] intersected with [-1, 0.1]
+    torch.testing.assert_close(spec.low, torch.full((2, 3), -1.0))
+    torch.testing.assert_close(spec.high, torch.full((2, 3), 0.1))
+
+
+def test_clip_inverse_clips_the_env_action_only():
+    base = PixelToyEnv(continuous=True)
+    env = TransformedEnv(base, ClipTransform(in_keys_inv=["action"], low=-0.25, high=0.5))
+    env.reset()
+    td = env.reset()
+    td["action"] = torch.tensor([-0.9, 0.7])
+    out = env.step(td)
+    torch.testing.assert_close(base.actions_seen[-1], torch.tensor([-0.25, 0.5]))
+    torch.testing.assert_close(out["action"], torch.tensor([-0.9, 0.7]))  # the policy's value is kept
+    # the policy-facing spec is the env's
+    assert env.action_spec == base.action_spec
+    # inv on a plain TensorDict
+    inv = env.transform.inv(TensorDict(action=torch.tensor([3.0, -3.0]), batch_size=[]))
+    torch.testing.assert_close(inv["action"], torch.tensor([0.5, -0.25]))
+
+
+def test_clip_one_sided_and_int_spec():
+    t = ClipTransform(in_keys=["x"], high=2)
+    td = TensorDict(x=torch.tensor([-5, 1, 7]), batch_size=[3])
+    assert t(td)["x"].tolist() == [-5, 1, 2]
+    env = TransformedEnv(PixelToyEnv(), ClipTransform(in_keys=["pixels"], high=100))
+    spec = env.observation_spec["pixels"]
+    assert spec.dtype == torch.uint8 and int(spec.high.max()) == 100 and int(spec.low.min()) == 0
+    assert int(env.rollout(3)["next", "pixels"].max()) <= 100
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "low and/or high"),
+    ({"low": 1.0, "high": 1.0}, "strictly lower"),
+    ({"low": 2.0, "high": -1.0}, "low=2.0, high=-1.0"),
+    ({"low": "a"}, "low must be a number"),
+    ({"high": float("nan")}, "high must be a number"),
+])
+def test_clip_bad_parameters(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ClipTransform(in_keys=["observation"], **kwargs)
+
+
+def test_clip_missing_key_named():
+    with pytest.raises(KeyError, match="'obs'"):
+        TransformedEnv(PendulumEnv(seed=0), ClipTransform(in_keys=["obs"], low=0.0))
+    t = ClipTransform(in_keys=["obs"], low=0.0)
+    td = TensorDict(observation=torch.ones(2, 3), batch_size=[2])
+    with pytest.raises(KeyError, match="ClipTransform.*'obs'"):
+        t(td)
+    assert td["observation"].eq(1).all()
+
+
+# ---------------------------------------------------------------------- SignTransform
+def test_sign_reference_spec_and_inverse():
+    x = torch.tensor([[-2.5, 0.0, 3.0], [0.1, -0.0, -7.0]])
+    out = SignTransform(in_keys=["x"], out_keys=["s"])(TensorDict(x=x, batch_size=[2]))
+    assert out["s"].tolist() == [[-1.0, 0.0, 1.0], [1.0, 0.0, -1.0]]
+    assert out["x"] is x
+    base = PixelToyEnv(continuous=True)
+    env = TransformedEnv(base, SignTransform(in_keys=["observation"], in_keys_inv=["action"]))
+    spec = env.observation_spec["observation"]
+    assert spec.low.eq(-1).all() and spec.high.eq(1).all() and spec.dtype == torch.float32
+    td = env.reset()
+    td["action"] = torch.tensor([-0.3, 0.6])
+    out = env.step(td)
+    torch.testing.assert_close(base.actions_seen[-1], torch.tensor([-1.0, 1.0]))
+    # toy observation after one step: [count, -count, index / 2] = [1, -1, 0]
+    assert out["next", "observation"].tolist() == [1.0, -1.0, 0.0]
+
+
+def test_sign_needs_keys():
+    with pytest.raises(ValueError, match="in_keys and/or in_keys_inv"):
+        SignTransform()
+
+
+# ---------------------------------------------------------------------- BinarizeReward
+def test_binarize_reward_reference():
+    r = torch.tensor([[-2.0], [0.0], [1e-6], [3.0]])
+    td = TensorDict(reward=r, misc=r.clone(), batch_size=[4])
+    out = BinarizeReward()(td)
+    assert out["reward"].dtype == torch.int8
+    assert out["reward"].squeeze(-1).tolist() == [0, 0, 1, 1]
+    assert out["misc"].equal(r)
+    out = BinarizeReward(dtype=torch.float32)(TensorDict(reward=r, batch_size=[4]))
+    assert out["reward"].squeeze(-1).tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_binarize_reward_in_env():
+    env = TransformedEnv(PendulumEnv(batch_size=[3], seed=0), BinarizeReward())
+    assert isinstance(env.full_reward_spec["reward"], Binary)
+    td = env.rollout(4)
+    # pendulum rewards are <= 0: all map to 0
+    assert td["next", "reward"].dtype == torch.int8 and not td["next", "reward"].any()
+    env = TransformedEnv(PixelToyEnv(batch_size=[2]), BinarizeReward())  # toy rewards > 0
+    assert env.rollout(3)["next", "reward"].eq(1).all()
+
+
+def test_binarize_reward_bad_shape():
+    with pytest.raises(ValueError, match=r"'reward' must have a last dim of size 1.*\[2, 3\]"):
+        BinarizeReward()(TensorDict(reward=torch.ones(2, 3), batch_size=[2]))
+    with pytest.raises(ValueError, match="last dim of size 1"):
+        TransformedEnv(PixelToyEnv(reward_dim=3), BinarizeReward())
+    with pytest.raises(TypeError, match="dtype"):
+        BinarizeReward(dtype="int8")
+
+
+# ---------------------------------------------------------------------- LineariseRewards
+def test_linearise_rewards_reference_and_spec():
+    base = PixelToyEnv(batch_size=[2], reward_dim=3)
+    w = [1.0, -0.5, 2.0]
+    env = TransformedEnv(base, LineariseRewards(["reward"], ["r"], weights=w))
+    td = env.rollout(3, break_when_any_done=False)
+    raw = td["next", "reward"]  # [2, 3, 3] kept
+    expected = raw[..., 0:1] * 1.0 + raw[..., 1:2] * -0.5 + raw[..., 2:3] * 2.0
+    torch.testing.assert_close(td["next", "r"], expected)
+    spec = env.reward_spec["r"]
+    # reward bounds [0, 2] per objective: low = -0.5 * 2, high = 1 * 2 + 2 * 2
+    assert spec.shape == (2, 1)
+    torch.testing.assert_close(spec.low, torch.full((2, 1), -1.0))
+    torch.testing.assert_close(spec.high, torch.full((2, 1), 6.0))
+    # default weights: plain sum; in place
+    out = LineariseRewards(["reward"])(TensorDict(reward=torch.tensor([[1.0, 2.0, 3.0]]), batch_size=[1]))
+    assert out["reward"].tolist() == [[6.0]]
+
+
+def test_linearise_rewards_unbounded_and_int():
+    t = LineariseRewards(["reward"], weights=torch.tensor([2, 3]))
+    out = t(TensorDict(reward=torch.tensor([[1, 1]]), batch_size=[1]))
+    assert out["reward"].dtype == torch.get_default_dtype() and out["reward"].tolist() == [[5.0]]
+    s = t._transform_spec_leaf(Unbounded(shape=(4, 2)), "reward")
+    assert isinstance(s, Unbounded) and s.shape == (4, 1)
+
+
+def test_linearise_rewards_bad_input():
+    with pytest.raises(ValueError, match="needs in_keys"):
+        LineariseRewards([])
+    with pytest.raises(ValueError, match="1-D"):
+        LineariseRewards(["reward"], weights=[[1.0, 2.0]])
+    with pytest.raises(ValueError, match="finite"):
+        LineariseRewards(["reward"], weights=[1.0, float("inf")])
+    t = LineariseRewards(["reward"], weights=[1.0, 2.0])
+    td = TensorDict(reward=torch.ones(2, 3), batch_size=[2])
+    with pytest.raises(ValueError, match=r"'reward' has 3 objectives.*2 weights"):
+        t(td)
+    assert td["reward"].shape == (2, 3)  # unchanged
+    with pytest.raises(ValueError, match=r"'reward' has 3 objectives.*2 weights"):
+        TransformedEnv(PixelToyEnv(reward_dim=3), t)
+
+
+# ---------------------------------------------------------------------- ActionScaling
+def test_action_scaling_maps_to_env_bounds():
+    base = PixelToyEnv(continuous=True)
+    base.action_spec = Bounded(torch.tensor([-1.0, 0.0]), torch.tensor([3.0, 10.0]), shape=(2,))
+    env = TransformedEnv(base, ActionScaling())
+    assert env.action_spec.low.tolist() == [-1.0, -1.0] and env.action_spec.high.tolist() == [1.0, 1.0]
+    td = env.reset()
+    td["action"] = torch.tensor([-1.0, 0.5])
+    env.step(td)
+    # loc = [1, 5], scale = [2, 5]: a * scale + loc
+    torch.testing.assert_close(base.actions_seen[-1], torch.tensor([-1.0, 7.5]))
+    # forward (env -> normalized) is the inverse, on a replay-like sample
+    sample = TensorDict(action=torch.tensor([[3.0, 0.0], [1.0, 5.0]]), batch_size=[2])
+    torch.testing.assert_close(env.transform.clone()(sample)["action"], torch.tensor([[1.0, -1.0], [0.0, 0.0]]))
+    check_env_specs(env)
+
+
+def test_action_scaling_unit_interval_and_explicit():
+    base = PixelToyEnv(continuous=True)
+    base.action_spec = Bounded(-2.0, 6.0, shape=(2,))
+    env = TransformedEnv(base, ActionScaling(standard_normal=False))
+    assert env.action_spec.low.eq(0).all() and env.action_spec.high.eq(1).all()
+    td = env.reset()
+    td["action"] = torch.tensor([0.0, 0.75])
+    env.step(td)
+    torch.testing.assert_close(base.actions_seen[-1], torch.tensor([-2.0, 4.0]))  # 0 -> low, 1 -> high
+    t = ActionScaling(loc=1.0, scale=0.5)
+    out = t.inv(TensorDict(action=torch.tensor([2.0]), batch_size=[]))
+    torch.testing.assert_close(out["action"], torch.tensor([2.0]))
+    torch.testing.assert_close(t(TensorDict(action=torch.tensor([2.0]), batch_size=[]))["action"],
+                               torch.tensor([2.0]))
+    out = ActionScaling(loc=1.0, scale=0.5).inv(TensorDict(action=torch.tensor([-1.0]), batch_size=[]))
+    torch.testing.assert_close(out["action"], torch.tensor([0.5]))
+
+
+def test_action_scaling_other_key_and_state_dict():
+    env = TransformedEnv(PendulumEnv(seed=0), ActionScaling(out_keys_inv=["a_norm"]))
+    assert "a_norm" in env.full_action_spec.keys() and "action" not in env.full_action_spec.keys()
+    td = env.rollout(3)
+    assert td["a_norm"].abs().max() <= 1.0
+    sd = env.transform.state_dict()
+    torch.testing.assert_close(sd["loc"], torch.tensor([0.0]))
+    torch.testing.assert_close(sd["scale"], torch.tensor([2.0]))
+
+
+def test_action_scaling_bad_input():
+    with pytest.raises(ValueError, match="both loc and scale"):
+        ActionScaling(loc=0.0)
+    with pytest.raises(ValueError, match="nonzero"):
+        ActionScaling(loc=0.0, scale=0.0)
+    with pytest.raises(ValueError, match="one action entry"):
+        ActionScaling(in_keys_inv=["a", "b"])
+    with pytest.raises(TypeError, match=r"'action' needs a continuous Bounded spec.*Categorical"):
+        TransformedEnv(PixelToyEnv(), ActionScaling())
+    with pytest.raises(KeyError, match="'act'"):
+        TransformedEnv(PendulumEnv(seed=0), ActionScaling(["act"]))
+    with pytest.raises(RuntimeError, match="loc and scale are not known"):
+        ActionScaling()(TensorDict(action=torch.ones(1), batch_size=[]))
+    base = PixelToyEnv(continuous=True)
+    base.action_spec = Bounded(-float("inf"), 1.0, shape=(2,))
+    with pytest.raises(ValueError, match="finite"):
+        TransformedEnv(base, ActionScaling())
+
+
+# ---------------------------------------------------------------------- DiscreteActionProjection
+def test_discrete_action_projection_inverse_and_forward():
+    base = PixelToyEnv(onehot=True)
+    env = TransformedEnv(base, DiscreteActionProjection(4, 7))
+    assert env.action_spec.n == 7 and env.action_spec.shape == (7,)
+    td = env.reset()
+    td["action"] = torch.nn.functional.one_hot(torch.tensor(2), 7).bool()
+    out = env.step(td)
+    assert base.actions_seen[-1].tolist() == [False, False, True, False]
+    assert out["action"].shape == (7,)  # the policy's action is recorded
+    # out-of-range indices become a valid random one
+    env.set_seed(3)
+    seen = []
+    for _ in range(30):
+        td = env.reset()
+        td["action"] = torch.nn.functional.one_hot(torch.tensor(6), 7).bool()
+        env.step(td)
+        a = base.actions_seen[-1]
+        assert a.shape == (4,) and int(a.sum()) == 1
+        seen.append(int(a.long().argmax()))
+    assert set(seen) == {0, 1, 2, 3}
+    # forward: padded with zeros (replay sample of env actions)
+    sample = TensorDict(action=torch.eye(4)[[1, 3]], batch_size=[2])
+    out = DiscreteActionProjection(4, 7)(sample)["action"]
+    assert out.tolist() == [[0, 1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0]]
+    assert DiscreteActionProjection(4, 7, include_forward=False)(
+        TensorDict(action=torch.eye(4)[[1]], batch_size=[1]))["action"].shape == (1, 4)
+
+
+def test_discrete_action_projection_seeded():
+    def draws(seed):
+        t = DiscreteActionProjection(3, 5)
+        t._set_seed(seed)
+        a = torch.nn.functional.one_hot(torch.full((50,), 4), 5)
+        return t.inv(TensorDict(action=a, batch_size=[50]))["action"].argmax(-1)
+
+    assert draws(1).equal(draws(1)) and not draws(1).equal(draws(2))
+
+
+def test_discrete_action_projection_bad_input():
+    with pytest.raises(ValueError, match="larger than max_actions"):
+        DiscreteActionProjection(5, 3)
+    with pytest.raises(ValueError, match="max_actions must be a positive int"):
+        DiscreteActionProjection(2, 0)
+    with pytest.raises(TypeError, match=r"'action' must have a OneHot\(4\) spec.*Categorical"):
+        TransformedEnv(PixelToyEnv(), DiscreteActionProjection(4, 6))
+    with pytest.raises(TypeError, match=r"OneHot\(3\)"):
+        TransformedEnv(PixelToyEnv(onehot=True), DiscreteActionProjection(3, 6))
+    t = DiscreteActionProjection(3, 5)
+    with pytest.raises(ValueError, match="has 4 entries.*max_actions=5"):
+        t.inv(TensorDict(action=torch.eye(4)[0], batch_size=[]))
+
+
+# ---------------------------------------------------------------------- FlattenObservation
+def test_flatten_observation_reference_and_spec():
+    env = TransformedEnv(PixelToyEnv(batch_size=[2]), FlattenObservation(-3, -2, in_keys=["pixels"]))
+    spec = env.observation_spec["pixels"]
+    assert spec.shape == (2, 80, 3) and spec.dtype == torch.uint8
+    td = env.rollout(3)
+    raw = PixelToyEnv(batch_size=[2]).rollout(3)["pixels"]
+    assert td["pixels"].equal(raw.reshape(2, 3, 80, 3))
+    check_env_specs(env)
+
+
+def test_flatten_observation_positive_dims_follow_batch():
+    t = FlattenObservation(0, 1, allow_positive_dim=True)
+    x = torch.arange(2 * 5 * 4 * 3 * 2).reshape(2, 5, 4, 3, 2)
+    td = TensorDict(pixels=x, batch_size=[2, 5])
+    assert t(td)["pixels"].equal(x.reshape(2, 5, 12, 2))
+
+
+def test_flatten_observation_bad_input():
+    with pytest.raises(ValueError, match="must be negative"):
+        FlattenObservation(0, -1)
+    with pytest.raises(ValueError, match="comes after"):
+        FlattenObservation(-1, -3)
+    with pytest.raises(ValueError, match="must both be negative or both non-negative"):
+        FlattenObservation(-2, 1, allow_positive_dim=True)
+    t = FlattenObservation(-5, -1, in_keys=["observation"])
+    td = TensorDict(observation=torch.ones(2, 3), batch_size=[2])
+    with pytest.raises(ValueError, match=r"'observation' \(shape \[2, 3\], 1 batch dims\)"):
+        t(td)
+    assert td["observation"].shape == (2, 3)
+
+
+# ---------------------------------------------------------------------- PermuteTransform
+def test_permute_reference_spec_and_inverse():
+    env = TransformedEnv(PixelToyEnv(batch_size=[2]), PermuteTransform([-1, -3, -2], in_keys=["pixels"]))
+    spec = env.observation_spec["pixels"]
+    assert spec.shape == (2, 3, 8, 10)
+    td = env.rollout(2)
+    raw = PixelToyEnv(batch_size=[2]).rollout(2)["pixels"]
+    assert td["pixels"].equal(raw.permute(0, 1, 4, 2, 3))
+    t = PermuteTransform([-2, -3, -1], in_keys_inv=["x"])
+    y = torch.arange(24.0).reshape(2, 3, 4)
+    back = t.inv(TensorDict(x=y, batch_size=[]))["x"]
+    assert back.equal(y.permute(1, 0, 2))
+    # inverse of a 3-cycle: forward then inverse is the identity
+    t = PermuteTransform([-1, -3, -2], in_keys=["x"], in_keys_inv=["x"])
+    z = torch.randn(5, 2, 3, 4)
+    assert t._inv_apply_transform(t._apply_transform(z)).equal(z)
+
+
+def test_permute_bad_input():
+    with pytest.raises(ValueError, match=r"reordering of \[-3, -2, -1\], got \[-1, -2, 0\]"):
+        PermuteTransform([-1, -2, 0], in_keys=["x"])
+    with pytest.raises(TypeError, match="sequence of ints"):
+        PermuteTransform(3, in_keys=["x"])
+    with pytest.raises(ValueError, match="in_keys and/or in_keys_inv"):
+        PermuteTransform([-2, -1])
