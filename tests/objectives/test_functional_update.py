@@ -1,0 +1,185 @@
+"""FunctionalUpdate: ClipPPOLoss with two small MLPs (a categorical actor, a critic) and the
+functional Adam, as one pure step. It equals the eager torch.optim path (zero_grad,
+backward, clip_grad_norm_, Adam), traces with no graph break, and compiles to one graph
+that is reused across calls, annealed learning rates and clip ranges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.testing import CompileCounter
+
+from steersman.objectives import ClipPPOLoss
+from steersman.objectives.functional_update import FunctionalUpdate, OptimizerState
+from steersman.tensordict import TensorDict
+from steersman.tensordict.nn import (
+    ProbabilisticTensorDictModule,
+    ProbabilisticTensorDictSequential,
+    TensorDictModule,
+)
+from steersman.tensordict.nn.optim import SGD, Adam
+
+OBS, N_ACT, H, B = 4, 2, 16, 32
+MAX_NORM = 0.2
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _loss(seed: int = 0) -> ClipPPOLoss:
+    torch.manual_seed(seed)
+    pi = nn.Sequential(nn.Linear(OBS, H), nn.Tanh(), nn.Linear(H, H), nn.Tanh(), nn.Linear(H, N_ACT))
+    v = nn.Sequential(nn.Linear(OBS, H), nn.Tanh(), nn.Linear(H, H), nn.Tanh(), nn.Linear(H, 1))
+    actor = ProbabilisticTensorDictSequential(
+        TensorDictModule(pi, ["observation"], ["logits"]),
+        ProbabilisticTensorDictModule(["logits"], ["action"], torch.distributions.Categorical,
+                                      {"validate_args": False}, return_log_prob=True),
+    )
+    critic = TensorDictModule(v, ["observation"], ["state_value"])
+    return ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.01, critic_coeff=0.5,
+                       loss_critic_type="l2", diagnostics=False)
+
+
+def _batches(n: int) -> list[TensorDict]:
+    g = torch.Generator().manual_seed(1)
+    return [TensorDict({"observation": torch.randn(B, OBS, generator=g),
+                        "action": torch.randint(0, N_ACT, (B,), generator=g),
+                        "action_log_prob": -torch.rand(B, generator=g) - 0.3,
+                        "advantage": torch.randn(B, 1, generator=g),
+                        "value_target": torch.randn(B, 1, generator=g)}, batch_size=[B]) for _ in range(n)]
+
+
+def _eager_torch_optim(n: int, lr: float = 1e-2) -> dict[str, torch.Tensor]:
+    loss_fn = _loss()
+    params = [p for p in loss_fn.parameters() if p.requires_grad]
+    optim = torch.optim.Adam(params, lr=lr, eps=1e-5, foreach=False)
+    for mb in _batches(n):
+        out = loss_fn(mb)
+        total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+        optim.zero_grad()
+        total.backward()
+        nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=False)
+        optim.step()
+    return {k: v.detach().clone() for k, v in loss_fn.named_parameters()}
+
+
+def _functional(n: int, step=None, lr: float = 1e-2) -> tuple[FunctionalUpdate, dict[str, torch.Tensor]]:
+    loss_fn = _loss()
+    update = FunctionalUpdate(loss_fn, Adam(lr=lr, eps=1e-5), max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    step = step or update
+    for mb in _batches(n):
+        params, state, metrics = step(params, state, mb)
+    assert int(state["step"]) == n
+    assert set(metrics.keys()) == {"loss_objective", "loss_critic", "loss_entropy", "loss", "grad_norm"}
+    update.write_back(params)
+    return update, {k: v.detach().clone() for k, v in loss_fn.named_parameters()}
+
+
+def _assert_params_close(got: dict, expected: dict, **tol) -> None:
+    assert got.keys() == expected.keys() and len(got) == 12
+    start = dict(_loss().named_parameters())
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, msg=key, **tol)
+        assert not torch.equal(value, start[key]), key  # the run moved it
+
+
+def test_eager_functional_update_equals_torch_optim_after_100_updates():
+    """Bitwise: torch.func's gradients are autograd's, and the functional Adam and clipping
+    run torch.optim's (foreach=False) ops in the same order."""
+    _, got = _functional(100)
+    _assert_params_close(got, _eager_torch_optim(100), rtol=0.0, atol=0.0)
+
+
+def test_metrics_are_the_loss_terms_and_the_unclipped_grad_norm():
+    loss_fn = _loss()
+    mb = _batches(1)[0]
+    update = FunctionalUpdate(loss_fn, SGD(lr=0.0), max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    _, _, metrics = update(params, state, mb)
+    out = loss_fn(mb)
+    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+    total.backward()
+    norm = nn.utils.clip_grad_norm_([p for p in loss_fn.parameters()], float("inf"))
+    torch.testing.assert_close(metrics["loss"], total.detach())
+    torch.testing.assert_close(metrics["grad_norm"], norm, rtol=1e-5, atol=1e-6)
+    assert metrics["grad_norm"] > MAX_NORM  # so clipping was active in the tests above
+
+
+def test_update_is_pure():
+    update = FunctionalUpdate(_loss(), Adam(lr=1e-2), max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    before = (params.clone(), state.clone(), dict((k, v.clone()) for k, v in update.loss_module.state_dict().items()))
+    new_params, _, _ = update(params, state, _batches(1)[0])
+    assert (params == before[0]).all() and (state == before[1]).all()
+    for k, v in update.loss_module.state_dict().items():
+        assert torch.equal(v, before[2][k]), k
+    assert not (new_params == params).all()
+
+
+def test_fullgraph_no_graph_break_one_graph_no_recompile():
+    """dynamo's explain finds no break; compiled with a counting backend, 6 calls (new
+    batches, an annealed lr tensor and clip range) make one graph; and the traced step
+    gives the eager step's parameters."""
+    loss_fn = _loss()
+    lr = torch.tensor(1e-2)
+    update = FunctionalUpdate(loss_fn, Adam(lr=lr, eps=1e-5), max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    batches = _batches(6)
+    explained = torch._dynamo.explain(update)(params, state, batches[0])
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+    counter = CompileCounter()
+    compiled = torch.compile(update, backend=counter, fullgraph=True)
+    eager_params, eager_state = params, state
+    for i, mb in enumerate(batches):
+        lr.fill_(1e-2 * (1 - i / 6))
+        loss_fn.clip_epsilon.fill_(0.2 * (1 - i / 6))
+        params, state, metrics = compiled(params, state, mb)
+        eager_params, eager_state, eager_metrics = update(eager_params, eager_state, mb)
+        torch.testing.assert_close(metrics["loss"], eager_metrics["loss"])
+    assert counter.frame_count == 1
+    assert counter.op_count > 50  # the whole step (forward, backward, Adam) is in that graph
+    for key, value in eager_params.items(True, True):
+        torch.testing.assert_close(params.get(key), value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_update_equals_torch_optim():
+    """The real compiler (inductor): 20 updates within float tolerance of the eager
+    torch.optim path (inductor fuses and reorders, so not bitwise)."""
+    loss_fn = _loss()
+    update = FunctionalUpdate(loss_fn, Adam(lr=1e-2, eps=1e-5), max_grad_norm=MAX_NORM)
+    _, got = _functional(20, step=torch.compile(update, fullgraph=True))
+    _assert_params_close(got, _eager_torch_optim(20), rtol=1e-4, atol=1e-5)
+
+
+def test_optimizer_state_round_trips_through_state_dict():
+    update = FunctionalUpdate(_loss(), Adam(lr=1e-2), max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    for mb in _batches(3):
+        params, state, _ = update(params, state, mb)
+    saved = OptimizerState(state).state_dict()
+    holder = OptimizerState(update.init()[1])
+    holder.load_state_dict(saved)
+    assert int(holder.state["step"]) == 3
+    assert (holder.state == state).all()
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="max_grad_norm must be > 0 or None, got 0.0"):
+        FunctionalUpdate(_loss(), Adam(), max_grad_norm=0.0)
+    frozen = _loss()
+    frozen.requires_grad_(False)
+    with pytest.raises(ValueError, match="ClipPPOLoss has no trainable parameter"):
+        FunctionalUpdate(frozen, Adam())
+    update = FunctionalUpdate(_loss(), Adam())
+    params, state = update.init()
+    with pytest.raises(KeyError, match="ClipPPOLoss needs 'action_log_prob'"):
+        update(params, state, _batches(1)[0].exclude("action_log_prob"))
