@@ -185,13 +185,14 @@ def _hydra_task(cfg: Any) -> None:
     from .recipes.checkpoint import CheckpointError
     from .recipes.config import ConfigError
     from .recipes.run import RUN_FILE, RunDirError
+    from .tensordict import LoadError  # a saved replay buffer or TensorDict that does not load
 
     hc = HydraConfig.get()
     algo = hc.runtime.choices["algo"]
     out = Path(hc.runtime.output_dir)
     try:
         summary = get_recipe(algo).train(OmegaConf.to_object(cfg), out)
-    except (RunDirError, ConfigError, CheckpointError) as err:
+    except (RunDirError, ConfigError, CheckpointError, LoadError) as err:
         if not (out / RUN_FILE).exists():  # a run that did not start: no folder left behind
             shutil.rmtree(out / ".hydra", ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -548,10 +549,11 @@ def main(argv: list[str] | None = None) -> int:
     from .recipes.checkpoint import CheckpointError
     from .recipes.config import ConfigError
     from .recipes.run import RunDirError
+    from .tensordict import LoadError
 
     try:
         return COMMANDS[cmd](rest)
-    except (UsageError, RunDirError, CheckpointError, ConfigError) as err:
+    except (UsageError, RunDirError, CheckpointError, ConfigError, LoadError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -348,3 +348,20 @@ def test_argparse_misuse_is_one_line(capsys):
     assert main(["eval"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: steersman eval: the following arguments are required: run_dir") and "\n" not in err
+
+
+def test_tampered_replay_buffer_checkpoint_is_one_line_and_writes_nothing(tmp_path):
+    """The replay buffer saved in a checkpoint is untrusted too: a damaged ``buffer.json`` or a
+    tensor folder pointing outside gives one line and exit 2 on ``resume``, and writes nothing."""
+    run = tmp_path / "dqn"
+    run_recipe("dqn", cli_overrides("dqn", export_format="none"), run)
+    buffer = run / "checkpoints" / "ckpt-000001" / "replay_buffer" / "ckpt-000001"
+    runs = {"json": copy_run(run, tmp_path, "json"), "dir": copy_run(run, tmp_path, "dir")}
+    (runs["json"] / buffer.relative_to(run) / "buffer.json").write_text('{"last_cursor": [3]')
+    meta = runs["dir"] / buffer.relative_to(run) / "storage" / "tensors" / "meta.json"
+    meta.write_text(meta.read_text().replace('"dir": "next"', '"dir": "../../../../../victim"'))
+    before = {name: snapshot(path) for name, path in runs.items()}
+    outs = steersman_all([("resume", str(path), "total_frames=512") for path in runs.values()], cwd=tmp_path)
+    for (name, path), out, needle in zip(runs.items(), outs, ("is not readable JSON", "not a plain folder name")):
+        assert needle in one_error_line(out), (name, out.stderr)
+        assert snapshot(path) == before[name], name

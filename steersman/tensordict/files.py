@@ -97,9 +97,10 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 def temp_writer_alive(name: str) -> bool:
     """Whether the process named in a temp folder ``.<name>.<pid>.<id>.tmp`` still runs
-    (another process than this one; a name without a pid counts as dead)."""
+    (another process than this one; a name without a pid counts as dead). ``<name>`` may
+    hold dots itself (``.summary.json.<pid>.<id>.tmp``): the pid is read from the right."""
     try:
-        pid = int(name.split(".")[2])
+        pid = int(name.rsplit(".", 3)[1])
     except (IndexError, ValueError):
         return False
     if pid == os.getpid():
