@@ -58,6 +58,7 @@ from steersman.envs.transforms import (
     TensorDictPrimer,
     TimeMaxPool,
     ToTensorImage,
+    TrajCounter,
     Transform,
     TransformedEnv,
     UnsqueezeTransform,
@@ -184,6 +185,8 @@ CASES = [
                 lambda: PermuteTransform([-1, -3, -2], in_keys=["pixels"], out_keys=["chw"]), _both("chw"))),
     Case("permute_actions", "toy64", lambda: Compose(UnsqueezeTransform(-1, in_keys_inv=["action"]),
                                                      PermuteTransform([-1, -2], in_keys_inv=["action"]))),
+    Case("traj_counter", "toy", lambda: TrajCounter(), identity_forward=True),
+    Case("traj_counter_step_limit", "pendulum", lambda: Compose(StepCounter(3), TrajCounter("tid"))),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),
@@ -198,11 +201,15 @@ def _tenv(case: Case, batch_size: Any = (), base: Any = None) -> TransformedEnv:
     return env
 
 
+# replay-buffer-only transforms (refused in an env): tested in test_transforms_parity.py
+REPLAY_ONLY = ("Reward2GoTransform",)
+
+
 def test_every_transform_is_covered():
     import steersman.envs.transforms as T
 
     names = {n for n in T.__all__ if n not in ("Transform", "ObservationTransform", "Compose",
-                                                "TransformedEnv")}
+                                                "TransformedEnv", *REPLAY_ONLY)}
     covered = set()
     for case in CASES:
         t = case.make()

@@ -2,7 +2,8 @@
 and its bad input (a clear error naming the key/value, the transform left usable).
 
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
-DiscreteActionProjection, FlattenObservation, PermuteTransform. The transform battery
+DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
+Reward2GoTransform. The transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -22,7 +23,10 @@ from steersman.envs.transforms import (
     FlattenObservation,
     LineariseRewards,
     PermuteTransform,
+    Reward2GoTransform,
     SignTransform,
+    StepCounter,
+    TrajCounter,
     TransformedEnv,
 )
 from tests.envs._transform_envs import PixelToyEnv
@@ -366,3 +370,90 @@ def test_permute_bad_input():
         PermuteTransform(3, in_keys=["x"])
     with pytest.raises(ValueError, match="in_keys and/or in_keys_inv"):
         PermuteTransform([-2, -1])
+
+
+# ---------------------------------------------------------------------- TrajCounter
+def test_traj_counter_documented_example():
+    env = TransformedEnv(PendulumEnv(seed=0), StepCounter(6))
+    env.append_transform(TrajCounter())
+    r = env.rollout(18, break_when_any_done=False)  # 18 // 6 = 3 trajectories
+    assert r["next", "traj_count"].squeeze(-1).tolist() == [0] * 6 + [1] * 6 + [2] * 6
+    assert r["traj_count"].equal(r["next", "traj_count"])
+
+
+def test_traj_counter_partial_resets_in_order():
+    # toy sub-env i ends after 3 + i steps: ids are handed out in the order of the resets
+    env = TransformedEnv(PixelToyEnv(batch_size=[3]), TrajCounter())
+    td = env.rollout(8, break_when_any_done=False)
+    assert td["traj_count"].squeeze(-1).tolist() == [[0, 0, 0, 3, 3, 3, 6, 6],
+                                                     [1, 1, 1, 1, 4, 4, 4, 4],
+                                                     [2, 2, 2, 2, 2, 5, 5, 5]]
+    # sub-env 1 ends at the last step: the rollout's auto-reset hands it id 7
+    assert int(env.transform.state_dict()["count"]) == 8
+    env.reset()  # a full reset: three new ids
+    assert int(env.transform.count) == 11
+
+
+def test_traj_counter_bad_input():
+    with pytest.raises(ValueError, match="repeats=2 is not supported"):
+        TrajCounter(repeats=2)
+    env = TransformedEnv(PendulumEnv(seed=0), TrajCounter())
+    env.reset()
+    td = TensorDict(observation=torch.zeros(3), action=torch.zeros(1), batch_size=[])
+    with pytest.raises(KeyError, match="'traj_count'"):
+        env.step(td)
+
+
+# ---------------------------------------------------------------------- Reward2GoTransform
+def _reference_r2g(r, done, gamma):
+    out = [0.0] * len(r)
+    acc = 0.0
+    for t in range(len(r) - 1, -1, -1):
+        acc = r[t] + (0.0 if done[t] else gamma * acc)
+        out[t] = acc
+    return out
+
+
+def test_reward2go_reference_and_replay_buffer():
+    from steersman.data import LazyTensorStorage, ReplayBuffer
+
+    torch.manual_seed(0)
+    r = torch.randn(2, 6, 1)
+    done = torch.zeros(2, 6, 1, dtype=torch.bool)
+    done[0, 2] = True
+    trunc = torch.zeros(2, 6, 1, dtype=torch.bool)
+    trunc[1, 3] = True
+    data = TensorDict({"next": {"reward": r, "done": done, "truncated": trunc}}, batch_size=[2, 6])
+    t = Reward2GoTransform(gamma=0.9, out_keys=["reward_to_go"])
+    out = t.inv(data)
+    assert "reward_to_go" not in data.keys()  # inv works on a copy
+    for b in range(2):
+        ends = (done[b] | trunc[b]).squeeze(-1).tolist()
+        ref = _reference_r2g(r[b].squeeze(-1).tolist(), ends, 0.9)
+        torch.testing.assert_close(out["reward_to_go"][b].squeeze(-1), torch.tensor(ref))
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), transform=Reward2GoTransform(gamma=0.9,
+                                                                                   out_keys=["reward_to_go"]))
+    rb.extend(data)
+    stored = rb.storage[:]
+    torch.testing.assert_close(stored["reward_to_go"], out["reward_to_go"])
+    # in place by default (in_keys = out_keys = ("next", "reward")), gamma 1: plain sums
+    out = Reward2GoTransform().inv(data)
+    assert out["next", "reward"][0, :3].squeeze(-1).tolist() == pytest.approx(
+        r[0, :3].flip(0).cumsum(0).flip(0).squeeze(-1).tolist())
+
+
+def test_reward2go_bad_input():
+    with pytest.raises(ValueError, match="cannot be used in an env"):
+        TransformedEnv(PendulumEnv(seed=0), Reward2GoTransform())
+    with pytest.raises(ValueError, match="gamma must be one finite number"):
+        Reward2GoTransform(gamma=[0.9, 0.8])
+    t = Reward2GoTransform()
+    with pytest.raises(KeyError, match=r"\('next', 'done'\)"):
+        t.inv(TensorDict({"next": {"reward": torch.ones(3, 1)}}, batch_size=[3]))
+    with pytest.raises(ValueError, match="needs a trajectory"):
+        t.inv(TensorDict({"next": {"reward": torch.ones(1), "done": torch.zeros(1, dtype=torch.bool)}},
+                         batch_size=[]))
+    # the transform is still usable after the failed env wrap
+    out = t.inv(TensorDict({"next": {"reward": torch.ones(2, 1), "done": torch.zeros(2, 1, dtype=torch.bool)}},
+                           batch_size=[2]))
+    assert out["next", "reward"].squeeze(-1).tolist() == [2.0, 1.0]

@@ -22,9 +22,11 @@ from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetE
 from .norm import ObservationNorm, VecNorm
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
+from .replay import Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
 from .shapes import FlattenObservation, PermuteTransform
+from .traj_counter import TrajCounter
 
 __all__ = [
     "Transform",
@@ -66,4 +68,6 @@ __all__ = [
     "DiscreteActionProjection",
     "FlattenObservation",
     "PermuteTransform",
+    "TrajCounter",
+    "Reward2GoTransform",
 ]
