@@ -10,11 +10,13 @@ from .libs import GymDependencyError, GymEnv, GymWrapper, space_to_spec
 from .native import (
     AcrobotEnv,
     CartPoleEnv,
+    ConnectFourEnv,
     GridWorldEnv,
     MountainCarContinuousEnv,
     MountainCarEnv,
     NativeEnv,
     PendulumEnv,
+    TicTacToeEnv,
 )
 from .transforms import *  # noqa: F403
 from .transforms import __all__ as _transforms_all
@@ -35,6 +37,8 @@ __all__ = [
     "MountainCarContinuousEnv",
     "AcrobotEnv",
     "GridWorldEnv",
+    "TicTacToeEnv",
+    "ConnectFourEnv",
     "GymEnv",
     "GymWrapper",
     "GymDependencyError",

@@ -32,3 +32,6 @@ __all__ = [
 ]
 
 # planners (CEM/MPPI) below
+from steersman.planning.planners import CEMPlanner, MPCPlannerBase, MPPIPlanner  # noqa: E402
+
+__all__ += ["CEMPlanner", "MPCPlannerBase", "MPPIPlanner"]

@@ -10,6 +10,7 @@ counter-based per-sub-env randomness, and reports Gymnasium's time limits as
 from ._base import NativeEnv, draw_uniforms, fused_step, mix32
 from .acrobot import AcrobotEnv, AcrobotParams
 from .cartpole import CartPoleEnv, CartPoleParams
+from .connect_four import ConnectFourEnv
 from .gridworld import GridWorldEnv, GridWorldParams
 from .mountain_car import (
     MountainCarContinuousEnv,
@@ -18,6 +19,7 @@ from .mountain_car import (
     MountainCarParams,
 )
 from .pendulum import PendulumEnv, PendulumParams
+from .tictactoe import TicTacToeEnv
 
 __all__ = [
     "NativeEnv",
@@ -36,4 +38,6 @@ __all__ = [
     "AcrobotParams",
     "GridWorldEnv",
     "GridWorldParams",
+    "TicTacToeEnv",
+    "ConnectFourEnv",
 ]
