@@ -3,7 +3,7 @@ and its bad input (a clear error naming the key/value, the transform left usable
 
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
 DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
-Reward2GoTransform. The transform battery
+Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer. The transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -20,14 +20,17 @@ from steersman.envs.transforms import (
     BinarizeReward,
     ClipTransform,
     DiscreteActionProjection,
+    FiniteTensorDictCheck,
     FlattenObservation,
     LineariseRewards,
     PermuteTransform,
     Reward2GoTransform,
     SignTransform,
     StepCounter,
+    Timer,
     TrajCounter,
     TransformedEnv,
+    UnaryTransform,
 )
 from tests.envs._transform_envs import PixelToyEnv
 
@@ -457,3 +460,93 @@ def test_reward2go_bad_input():
     out = t.inv(TensorDict({"next": {"reward": torch.ones(2, 1), "done": torch.zeros(2, 1, dtype=torch.bool)}},
                            batch_size=[2]))
     assert out["next", "reward"].squeeze(-1).tolist() == [2.0, 1.0]
+
+
+# ---------------------------------------------------------------------- FiniteTensorDictCheck
+class _NaNAfter(PixelToyEnv):
+    """The toy env whose observation becomes NaN at step ``k``."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        if int(self.count.max()) >= self.k:
+            out["observation"] = torch.full_like(out["observation"], float("nan"))
+        return out
+
+
+def test_finite_check_in_env_names_the_entry():
+    env = TransformedEnv(_NaNAfter(2), FiniteTensorDictCheck())
+    assert env.rollout(1)["next", "observation"].isfinite().all()  # step 1: finite
+    with pytest.raises(ValueError, match=r"'observation' holds non-finite values \(3 of 3"):
+        env.rollout(3)
+    # finite data passes unchanged, and forward checks nested entries
+    data = PixelToyEnv().rollout(3)
+    assert (FiniteTensorDictCheck()(data.clone()) == data).all()
+    data["next", "reward"][1] = float("inf")
+    with pytest.raises(ValueError, match=r"\('next', 'reward'\)"):
+        FiniteTensorDictCheck()(data)
+
+
+# ---------------------------------------------------------------------- UnaryTransform
+def test_unary_reference_spec_and_inverse():
+    env = TransformedEnv(PendulumEnv(batch_size=[2], seed=0),
+                         UnaryTransform(["observation"], ["obs_sum"], fn=lambda x: x.sum(-1, keepdim=True)))
+    spec = env.observation_spec["obs_sum"]
+    assert isinstance(spec, Unbounded) and spec.shape == (2, 1)
+    td = env.rollout(4)
+    torch.testing.assert_close(td["obs_sum"], td["observation"].sum(-1, keepdim=True))
+    torch.testing.assert_close(td["next", "obs_sum"], td["next", "observation"].sum(-1, keepdim=True))
+    base = PixelToyEnv(continuous=True)
+    env = TransformedEnv(base, UnaryTransform([], [], ["action"], ["action_big"], fn=lambda a: a * 10,
+                                              inv_fn=lambda a: a / 10))
+    assert "action_big" in env.full_action_spec.keys()
+    td = env.reset()
+    td["action_big"] = torch.tensor([5.0, -2.5])
+    env.step(td)
+    torch.testing.assert_close(base.actions_seen[-1], torch.tensor([0.5, -0.25]))
+    # without inv_fn, fn maps both ways
+    t = UnaryTransform(["x"], ["x"], ["y"], ["y"], fn=torch.neg)
+    assert t.inv(TensorDict(y=torch.tensor([2.0]), batch_size=[]))["y"].tolist() == [-2.0]
+
+
+def test_unary_bad_input():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        UnaryTransform(["x"], ["y"], fn=3)
+    with pytest.raises(ValueError, match="different lengths"):
+        UnaryTransform(["x", "z"], ["y"], fn=torch.neg)
+    with pytest.raises(ValueError, match=r"fn fails on the spec of 'observation'"):
+        TransformedEnv(PendulumEnv(seed=0), UnaryTransform(["observation"], ["o"], fn=lambda x: x.reshape(7)))
+    with pytest.raises(TypeError, match="fn must return a tensor"):
+        TransformedEnv(PendulumEnv(seed=0), UnaryTransform(["observation"], ["o"], fn=lambda x: 1.0))
+
+
+# ---------------------------------------------------------------------- Timer
+def test_timer_records_step_policy_and_reset_times():
+    import time
+
+    env = TransformedEnv(PixelToyEnv(batch_size=[2]), Timer())
+    assert set(env.observation_spec.keys()) >= {"time_step", "time_policy", "time_reset"}
+
+    def slow_policy(td):
+        time.sleep(0.02)
+        td["action"] = env.action_spec.rand()
+        return td
+
+    td = env.rollout(4, policy=slow_policy, break_when_any_done=False)
+    assert td["time_reset"].shape == (2, 4)
+    assert bool((td["next", "time_policy"] >= 0.015).all())  # the policy's sleep
+    assert bool((td["next", "time_step"] > 0).all()) and bool((td["next", "time_step"] < 0.015).all())
+    assert bool((td["next", "time_reset"] == 0).all())
+    assert bool((td["time_step"][:, 0] == 0).all()) and bool((td["time_policy"][:, 0] == 0).all())
+    out = env.reset(TensorDict({}, batch_size=[2]))  # a reset with an input is timed
+    assert bool((out["time_reset"] > 0).all())
+
+
+def test_timer_bad_input():
+    with pytest.raises(ValueError, match="three keys"):
+        Timer(out_keys=["a", "b"])
+    with pytest.raises(TypeError, match="time_key must be a string"):
+        Timer(time_key=3)

@@ -7,6 +7,7 @@ applies to a TensorDict outside any env with ``transform(td)``.
 
 from .actions import ActionScaling, DiscreteActionProjection
 from .base import Compose, ObservationTransform, Transform, TransformedEnv
+from .checks import FiniteTensorDictCheck
 from .counters import InitTracker, StepCounter
 from .elementwise import ClipTransform, SignTransform
 from .image import CenterCrop, GrayScale, Resize, ToTensorImage
@@ -26,7 +27,9 @@ from .replay import Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
 from .shapes import FlattenObservation, PermuteTransform
+from .timer import Timer
 from .traj_counter import TrajCounter
+from .unary import UnaryTransform
 
 __all__ = [
     "Transform",
@@ -70,4 +73,7 @@ __all__ = [
     "PermuteTransform",
     "TrajCounter",
     "Reward2GoTransform",
+    "FiniteTensorDictCheck",
+    "UnaryTransform",
+    "Timer",
 ]
