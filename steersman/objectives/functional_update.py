@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Protocol
 
 import torch
@@ -29,7 +30,7 @@ from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict.nn import from_module
 from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
-__all__ = ["FunctionalOptimizer", "FunctionalUpdate", "OptimizerState"]
+__all__ = ["CompiledUpdate", "FunctionalOptimizer", "FunctionalUpdate", "OptimizerState"]
 
 
 class FunctionalOptimizer(Protocol):
@@ -118,3 +119,45 @@ class OptimizerState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.state = self.state.clone().load_state_dict(state_dict)
+
+
+class CompiledUpdate:
+    """A stateful front for recipes: holds the parameters and the optimizer state and runs
+    ``torch.compile(update, fullgraph=True)`` on each batch.
+
+    The parameters start as a copy of the module's (read at construction, so after a
+    checkpoint is restored); :meth:`sync` writes them back to the module (before
+    collecting, evaluating or checkpointing). If dynamo cannot compile the step, one
+    warning says why and the same step runs eagerly from then on (the step is pure, so
+    the failed attempt changed nothing).
+
+    Args:
+        update: the pure step.
+        opt_state: the optimizer state's holder (tracked by the checkpoint); each step
+            replaces its ``state``.
+        compile: compile the step (False: run it eagerly).
+    """
+
+    def __init__(self, update: FunctionalUpdate, opt_state: OptimizerState, *, compile: bool = True) -> None:
+        self.update, self.opt_state = update, opt_state
+        self.params = update.params()
+        self._step = torch.compile(update, fullgraph=True) if compile else update
+        self.compiled = compile
+
+    def __call__(self, batch: TensorDictBase) -> TensorDict:
+        """One step on ``batch``; returns its metrics."""
+        try:
+            self.params, self.opt_state.state, metrics = self._step(self.params, self.opt_state.state, batch)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            if not self.compiled:
+                raise
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            warnings.warn(f"compile=true: the update of {type(self.update.loss_module).__name__} cannot be compiled "
+                          f"({type(err).__name__}: {reason}); running it eagerly", stacklevel=2)
+            self._step, self.compiled = self.update, False
+            return self(batch)
+        return metrics
+
+    def sync(self) -> None:
+        """Writes the current parameters into the loss module's parameters (in place)."""
+        self.update.write_back(self.params)

@@ -11,7 +11,7 @@ from torch import nn
 from torch._dynamo.testing import CompileCounter
 
 from steersman.objectives import ClipPPOLoss
-from steersman.objectives.functional_update import FunctionalUpdate, OptimizerState
+from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import (
     ProbabilisticTensorDictModule,
@@ -183,3 +183,44 @@ def test_bad_input():
     params, state = update.init()
     with pytest.raises(KeyError, match="ClipPPOLoss needs 'action_log_prob'"):
         update(params, state, _batches(1)[0].exclude("action_log_prob"))
+
+
+class _BreakingLoss(nn.Module):
+    """A loss dynamo cannot trace whole (an explicit graph break)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(3, 1)
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        y = self.net(td["x"])
+        torch._dynamo.graph_break()
+        return TensorDict({"loss_mse": (y - td["y"]).pow(2).mean(), "not_a_loss": y.mean()}, batch_size=[])
+
+
+def test_compiled_update_falls_back_to_eager_with_one_warning_and_syncs():
+    g = torch.Generator().manual_seed(0)
+    batch = TensorDict({"x": torch.randn(8, 3, generator=g), "y": torch.randn(8, 1, generator=g)}, batch_size=[8])
+    loss_fn = _BreakingLoss()
+    update = FunctionalUpdate(loss_fn, SGD(lr=0.1))
+    compiled = CompiledUpdate(update, OptimizerState(update.optimizer.init(update.params())))
+    with pytest.warns(UserWarning, match=r"compile=true: the update of _BreakingLoss cannot be compiled \(Unsupported: "
+                                         r".*\); running it eagerly") as record:
+        metrics = compiled(batch)
+        compiled(batch)
+    assert len(record) == 1 and "\n" not in str(record[0].message)
+    assert not compiled.compiled and set(metrics.keys()) == {"loss_mse", "loss"}
+
+    reference = _BreakingLoss()
+    optim = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(2):
+        optim.zero_grad()
+        reference(batch)["loss_mse"].backward()
+        optim.step()
+    before = loss_fn.net.weight.detach().clone()
+    compiled.sync()
+    assert not torch.equal(loss_fn.net.weight, before)
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(dict(loss_fn.named_parameters())[name], p, rtol=0, atol=0)
+    assert int(compiled.opt_state.state["step"]) == 2
