@@ -168,13 +168,13 @@ class BoardGameEnv(EnvBase):
         spec = self.action_spec
         mask = self._mask()
         in_range = (action >= 0) & (action < self.num_actions)
-        legal = mask.gather(-1, action.clamp(0, self.num_actions - 1).unsqueeze(-1)).squeeze(-1) & in_range
+        legal = mask.gather(-1, action.clamp(0, self.num_actions - 1).unsqueeze(-1)).squeeze(-1)
+        legal = (legal | self._over) & in_range  # finished boards take any move (absorbing)
         if bool(legal.all()):
             return
         bad = (~legal).nonzero()
         first = tuple(bad[0].tolist())
-        why = ("the board is finished (reset it)" if bool(self._over[first]) else
-               "out of range" if not bool(in_range[first]) else "the move is not legal (cell occupied or column full)")
+        why = "out of range" if not bool(in_range[first]) else "the move is not legal (cell occupied or column full)"
         reason = (f"{bad.shape[0]} illegal move(s); first on board {first}: action {action[first].item()}, {why}; "
                   f"legal moves there: {mask[first].nonzero().flatten().tolist()}")
         raise invalid_action(self, "action", spec, action, reason)
@@ -192,16 +192,20 @@ class BoardGameEnv(EnvBase):
         action = tensordict.get("action").to(torch.int64)
         board, player = self._board, self._player
         sign = (1 - 2 * player).to(torch.int8)
-        cell = self._cells(board, action)
-        board = board.scatter(-1, cell.unsqueeze(-1), sign.unsqueeze(-1))
+        over = self._over
+        cell = self._cells(board, action).clamp(0, board.shape[-1] - 1).unsqueeze(-1)  # a full column: 42
+        free = board.gather(-1, cell) == 0
+        new = board.scatter(-1, cell, sign.unsqueeze(-1))
+        # finished boards stay as they are (and, with check off, so do boards given an illegal move)
+        board = torch.where(free & ~over.unsqueeze(-1), new, board)
         mine = board == sign.unsqueeze(-1)
-        won = mine[..., self._lines].all(-1).any(-1)
+        won = mine[..., self._lines].all(-1).any(-1) & ~over
         full = (board != 0).all(-1)
-        terminated = (won | full) & ~self._over
-        reward = (won & ~self._over).to(torch.float32).unsqueeze(-1)
+        terminated = won | full | over
+        reward = won.to(torch.float32).unsqueeze(-1)
         self._board = board
-        self._player = 1 - player
-        self._over = self._over | terminated
+        self._player = torch.where(over, player, 1 - player)
+        self._over = terminated
         out = self._obs(terminated.unsqueeze(-1))
         out["reward"] = reward
         return TensorDict(out, batch_size=self.batch_size, device=self.device)
