@@ -42,7 +42,7 @@ def leaf(td: TensorDictBase, key: tuple[str, ...]) -> Any:
     node: Any = td
     for k in key:
         if type(node) is TensorDict:
-            node = node._tensordict.get(k)
+            node = node.entries.get(k)
         elif isinstance(node, TensorDictBase):
             node = node.get(k, None)
         else:
@@ -63,7 +63,7 @@ def nested_td(pairs: Sequence[tuple[tuple[str, ...], Tensor]], batch_size: torch
         node[key[-1]] = val
 
     def build(d: dict) -> TensorDict:
-        return TensorDict._new_unsafe(
+        return TensorDict.from_trusted(
             {k: build(v) if isinstance(v, dict) else v for k, v in d.items()}, batch_size, device
         )
 

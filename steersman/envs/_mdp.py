@@ -62,7 +62,7 @@ def _step_mdp_fast(td: TensorDict, excl_root: frozenset, excl_next: frozenset) -
     ``excl_root``: root keys dropped (always contains ``"next"``); ``excl_next``: keys of
     ``"next"`` dropped. Tensors are shared, not copied.
     """
-    root = td._tensordict
+    root = td.entries
     try:
         nxt = root["next"]
     except KeyError:
@@ -72,7 +72,7 @@ def _step_mdp_fast(td: TensorDict, excl_root: frozenset, excl_next: frozenset) -
         ) from None
     out = {k: v for k, v in root.items() if k not in excl_root}
     if type(nxt) is TensorDict:
-        items = nxt._tensordict.items()
+        items = nxt.entries.items()
     else:
         items = ((k, nxt.get(k)) for k in nxt.keys())
     for k, v in items:

@@ -708,7 +708,7 @@ class EnvBase:
         self._action_guard(tensordict)
         next_td = self._step(tensordict)
         if type(tensordict) is TensorDict:
-            root = tensordict._tensordict
+            root = tensordict.entries
             if "next" in root:
                 keep_preset_next(root["next"], next_td)
             root["next"] = next_td

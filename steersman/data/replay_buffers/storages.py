@@ -398,8 +398,8 @@ class _Layout:
         self.device = td.device
         self.sdims = sdims
         self.nodes: list[tuple] = []
-        for key in td._keys_str():
-            v = td._get_str(key, None)
+        for key in td.keys():
+            v = td.get(key, None)
             if isinstance(v, Tensor):
                 plain = v._as_plain() if isinstance(v, MemoryMappedTensor) else v
                 # items are compared from dim 1 on (dim 0 is the slot; for ndim=2 the row
@@ -420,13 +420,13 @@ class _Layout:
                 out[key] = torch.from_numpy(arr.get().take(index_np, 0))
             else:
                 out[key] = leaf.index_select(0, index)
-        return TensorDict._new_unsafe(out, bs0 + self.tail, self.device)
+        return TensorDict.from_trusted(out, bs0 + self.tail, self.device)
 
     def read_nd(self, index: tuple, bs0: torch.Size) -> TensorDict:
         out: dict[str, Any] = {}
         for key, leaf, sub, *_ in self.nodes:
             out[key] = leaf[index] if sub is None else sub.read_nd(index, bs0)
-        return TensorDict._new_unsafe(out, bs0 + self.tail, self.device)
+        return TensorDict.from_trusted(out, bs0 + self.tail, self.device)
 
     def pairs(self, data: Any, nb: int, prefix: tuple, out: list) -> None:
         """Appends ``(storage leaf, data leaf, NumPy view of the storage leaf or None)`` for
@@ -436,7 +436,7 @@ class _Layout:
         ``nb`` is the number of leading data dims that index slots (1 for a batch, 0 for
         one item). One pass over the keys; nothing is written here.
         """
-        src = data._tensordict
+        src = data.entries
         nodes = self.nodes
         if len(src) != len(nodes):
             self._key_error(src, prefix)
@@ -870,8 +870,8 @@ def _build_like(data: Any, nb: int, rows: int, alloc: Any, prefix: tuple, device
     if isinstance(data, Tensor):
         return alloc(data, prefix or ("_tensor",))
     out: dict[str, Any] = {}
-    for key in data._keys_str():
-        v = data._get_str(key, None)
+    for key in data.keys():
+        v = data.get(key, None)
         if isinstance(v, Tensor):
             out[key] = alloc(v, prefix + (key,))
         elif type(v) is TensorDict:
@@ -884,7 +884,7 @@ def _build_like(data: Any, nb: int, rows: int, alloc: Any, prefix: tuple, device
                 "(use ListStorage for arbitrary Python objects)"
             )
     bs = torch.Size((rows, *data.batch_size[nb:]))
-    return TensorDict._new_unsafe(out, bs, torch.device(device) if device is not None else None)
+    return TensorDict.from_trusted(out, bs, torch.device(device) if device is not None else None)
 
 
 class LazyTensorStorage(TensorStorage):

@@ -412,15 +412,15 @@ class Composite(TensorSpec):
     # ------------------------------------------------------------------ values
     def rand(self, shape: ShapeLike = None) -> TensorDict:
         full = self._full_shape(shape)
-        return TensorDict._new_unsafe({k: s.rand(shape) for k, s in self._specs.items()}, full, self._device)
+        return TensorDict.from_trusted({k: s.rand(shape) for k, s in self._specs.items()}, full, self._device)
 
     def zero(self, shape: ShapeLike = None) -> TensorDict:
         full = self._full_shape(shape)
-        return TensorDict._new_unsafe({k: s.zero(shape) for k, s in self._specs.items()}, full, self._device)
+        return TensorDict.from_trusted({k: s.zero(shape) for k, s in self._specs.items()}, full, self._device)
 
     def one(self, shape: ShapeLike = None) -> TensorDict:
         full = self._full_shape(shape)
-        return TensorDict._new_unsafe({k: s.one(shape) for k, s in self._specs.items()}, full, self._device)
+        return TensorDict.from_trusted({k: s.one(shape) for k, s in self._specs.items()}, full, self._device)
 
     def is_in(self, val: Any) -> bool:
         if not (is_tensor_collection(val) or isinstance(val, Mapping)):

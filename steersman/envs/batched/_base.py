@@ -222,7 +222,7 @@ class BatchedEnvBase(EnvBase):
         if preset is not None:
             keep_preset_next(preset, nxt)
         if type(tensordict) is TensorDict:
-            tensordict._tensordict["next"] = nxt
+            tensordict.entries["next"] = nxt
         else:
             tensordict.set("next", nxt)
         td_next = self._step_mdp(tensordict)
@@ -236,7 +236,7 @@ class BatchedEnvBase(EnvBase):
         if len(workers) == n:
             root = self._read(self._root_pairs, self._root_flat)
             if self._root_flat and type(td_next) is TensorDict:
-                td_next._tensordict.update(root._tensordict)
+                td_next.entries.update(root.entries)
                 return td_next
             td_next = td_next.copy()
             td_next.update(root)
@@ -254,7 +254,7 @@ class BatchedEnvBase(EnvBase):
             else:
                 new = torch.where(sel.view(n, *([1] * (view.ndim - 1))).to(dev), view.to(dev), cur)
             if flat:
-                td_next._tensordict[key] = new
+                td_next.entries[key] = new
             else:
                 td_next.set(key, new)
         return td_next

@@ -137,11 +137,11 @@ def build_td(pairs: Iterable[tuple[NestedKey, Tensor]], batch_size: torch.Size, 
     if flat is None:
         flat = all(type(k) is str for k, _ in pairs)
     if flat:
-        return TensorDict._new_unsafe(dict(pairs), batch_size, device)
-    td = TensorDict._new_unsafe({}, batch_size, device)
+        return TensorDict.from_trusted(dict(pairs), batch_size, device)
+    td = TensorDict.from_trusted({}, batch_size, device)
     for key, val in pairs:
         if type(key) is str:
-            td._tensordict[key] = val
+            td.entries[key] = val
         else:
             td.set(key, val)
     return td
@@ -150,5 +150,5 @@ def build_td(pairs: Iterable[tuple[NestedKey, Tensor]], batch_size: torch.Size, 
 def get_entry(td: TensorDictBase, key: NestedKey) -> Any:
     """``td.get(key, None)`` with a fast path for a plain TensorDict and a string key."""
     if type(td) is TensorDict and type(key) is str:
-        return td._tensordict.get(key)
+        return td.entries.get(key)
     return td.get(key, None)

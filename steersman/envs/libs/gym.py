@@ -935,7 +935,7 @@ class GymWrapper(EnvBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         if type(tensordict) is TensorDict and not self._act_composite:
-            a = tensordict._tensordict.get("action")
+            a = tensordict.entries.get("action")
             if a is None:
                 a = tensordict.get("action")
         else:
@@ -1047,7 +1047,7 @@ class GymWrapper(EnvBase):
         ``step_mdp`` is inlined for the flat layout of Gymnasium envs.
         """
         if self._fast and type(tensordict) is TensorDict:
-            root = tensordict._tensordict
+            root = tensordict.entries
             a = root.get("action")
             if a is not None and "next" not in root:
                 # a single env: both outputs are built directly from the row of fresh tensors
@@ -1065,13 +1065,13 @@ class GymWrapper(EnvBase):
                 if root.keys() != self._std_root_keys:
                     self._carry_root_entries(root, src)
                 return tensordict, TensorDict.from_trusted(src, tensordict.batch_size, tensordict.device)
-        if type(tensordict) is TensorDict and self._flat and self._cpu and "next" not in tensordict._tensordict:
+        if type(tensordict) is TensorDict and self._flat and self._cpu and "next" not in tensordict.entries:
             if self._is_closed:
                 self._assert_open()
-            root = tensordict._tensordict
+            root = tensordict.entries
             nxt = self._step(tensordict)
             root["next"] = nxt
-            src = dict(nxt._tensordict)
+            src = dict(nxt.entries)
             del src["reward"]
             if root.keys() != self._std_root_keys:
                 self._carry_root_entries(root, src)
@@ -1082,7 +1082,7 @@ class GymWrapper(EnvBase):
         if self._pending_any:
             if not self._is_vec and type(td_) is TensorDict:
                 # a single env: the whole td is reset (td_ is a new TensorDict, not shared)
-                td_._tensordict.update(self._reset(None)._tensordict)
+                td_.entries.update(self._reset(None).entries)
             else:
                 td_ = td_.copy()
                 td_.set("_reset", td_.get("done"))

@@ -564,7 +564,7 @@ class NativeEnv(EnvBase):
     # ------------------------------------------------------------------ steps
     def _get_action(self, tensordict: TensorDictBase) -> Tensor:
         if type(tensordict) is TensorDict:
-            action = tensordict._tensordict.get("action")
+            action = tensordict.entries.get("action")
         else:
             action = tensordict.get("action", None)
         if action is None:
@@ -642,9 +642,9 @@ class NativeEnv(EnvBase):
         """
         if self._is_closed:
             self._assert_open()
-        if type(tensordict) is not TensorDict or "next" in tensordict._tensordict:
+        if type(tensordict) is not TensorDict or "next" in tensordict.entries:
             return super().step_and_maybe_reset(tensordict)  # generic path keeps a preset "next"
-        root = tensordict._tensordict
+        root = tensordict.entries
         action = self._get_action(tensordict)
         if self._compile or not self._subset_resets or torch.compiler.is_compiling():
             state, steps, rng, nxt, robs = self._run(action, True)
