@@ -1,6 +1,6 @@
 """Functional optimizers over TensorDicts: ``(params, grads, state) -> (params, state)``.
 
-:class:`Adam`, :class:`AdamW` and :class:`SGD` follow ``torch.optim``'s update rules and
+:class:`Adam`, :class:`AdamW`, :class:`SGD` and :class:`RMSprop` follow ``torch.optim``'s update rules and
 hyper-parameters (the single-tensor path, op for op, so eager results are bitwise equal
 to ``torch.optim`` with ``foreach=False``). Nothing is modified in place and the step
 counter is a tensor, so a step traces into one ``torch.compile(fullgraph=True)`` graph
@@ -31,7 +31,7 @@ from torch import Tensor
 from ..base import TensorDictBase
 from ..td import TensorDict
 
-__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm", "tree_from_leaves"]
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "clip_grad_norm", "tree_from_leaves"]
 
 
 def tree_from_leaves(keys: list, values: list, batch_size: Any) -> TensorDict:
@@ -214,6 +214,48 @@ class SGD:
     def __repr__(self) -> str:
         return (f"SGD(lr={self.lr}, momentum={self.momentum}, dampening={self.dampening}, "
                 f"weight_decay={self.weight_decay}, nesterov={self.nesterov}, maximize={self.maximize})")
+
+
+class RMSprop:
+    """RMSprop (``torch.optim.RMSprop``, not centered, no momentum) with L2 ``weight_decay``."""
+
+    def __init__(self, lr: float | Tensor = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, maximize: bool = False) -> None:
+        _check("lr", lr, isinstance(lr, Tensor) or lr >= 0.0, "a float >= 0 or a 0-dim tensor")
+        _check("alpha", alpha, 0.0 <= alpha, ">= 0")
+        _check("eps", eps, eps >= 0.0, ">= 0")
+        _check("weight_decay", weight_decay, weight_decay >= 0.0, ">= 0")
+        self.lr, self.alpha, self.eps, self.weight_decay, self.maximize = lr, alpha, eps, weight_decay, maximize
+
+    def init(self, params: TensorDictBase) -> TensorDict:
+        """The initial state: ``step`` 0 and a zero running average of the squared gradient."""
+        keys, values = _leaves(params)
+        zeros = [torch.zeros_like(p).detach() for p in values]
+        return TensorDict({"step": torch.zeros((), dtype=torch.float32),
+                           "square_avg": tree_from_leaves(keys, zeros, params.batch_size)}, batch_size=[])
+
+    def step(self, params: TensorDictBase, grads: TensorDictBase, state: TensorDictBase) -> tuple[TensorDict, TensorDict]:
+        """One update: the new parameters and the new state (inputs untouched)."""
+        keys, ps = _leaves(params)
+        neg_lr = -self.lr if not isinstance(self.lr, Tensor) else -_as_f64(self.lr)
+        new_p, new_sq = [], []
+        for key, p in zip(keys, ps):
+            g = grads.get(key)
+            if self.maximize:
+                g = -g
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            sq = state.get(("square_avg", *_tup(key))).mul(self.alpha).addcmul(g, g, value=1 - self.alpha)
+            new_sq.append(sq)
+            new_p.append(p + neg_lr * g / (sq.sqrt() + self.eps))  # addcdiv's order
+        bs = params.batch_size
+        return tree_from_leaves(keys, new_p, bs), TensorDict({"step": state["step"] + 1,
+                                                              "square_avg": tree_from_leaves(keys, new_sq, bs)},
+                                                             batch_size=[])
+
+    def __repr__(self) -> str:
+        return (f"RMSprop(lr={self.lr}, alpha={self.alpha}, eps={self.eps}, weight_decay={self.weight_decay}, "
+                f"maximize={self.maximize})")
 
 
 def _tup(key: Any) -> tuple:

@@ -12,7 +12,7 @@ from torch import nn
 
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import from_module
-from steersman.tensordict.nn.optim import SGD, Adam, AdamW, clip_grad_norm
+from steersman.tensordict.nn.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm
 
 STEPS = 100
 
@@ -79,6 +79,11 @@ CASES = {
     "sgd-nesterov-maximize": (lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.8, nesterov=True, maximize=True,
                                                          foreach=False),
                               SGD(lr=0.01, momentum=0.8, nesterov=True, maximize=True)),
+    "rmsprop": (lambda ps: torch.optim.RMSprop(ps, lr=7e-4, alpha=0.99, eps=1e-5, foreach=False),
+                RMSprop(lr=7e-4, alpha=0.99, eps=1e-5)),
+    "rmsprop-wd-maximize": (lambda ps: torch.optim.RMSprop(ps, lr=1e-3, weight_decay=0.1, maximize=True,
+                                                           foreach=False),
+                            RMSprop(lr=1e-3, weight_decay=0.1, maximize=True)),
 }
 
 
