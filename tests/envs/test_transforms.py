@@ -33,6 +33,7 @@ from steersman.envs.transforms import (
     CenterCrop,
     ClipTransform,
     Compose,
+    Crop,
     DiscreteActionProjection,
     DoubleToFloat,
     DTypeCastTransform,
@@ -199,6 +200,9 @@ CASES = [
     Case("unary_actions", "toy64", lambda: UnaryTransform([], [], ["action"], ["action"], fn=lambda a: a * 0.5,
                                                            inv_fn=lambda a: a.clamp(-1, 1))),
     Case("timer", "toy", lambda: Timer(), identity_forward=True),
+    Case("crop", "toy", lambda: Compose(ToTensorImage(), Crop(4, 3, top=2, left=5))),
+    Case("crop_padded", "toy", lambda: Compose(ToTensorImage(from_int=False, dtype=torch.uint8),
+                                               Crop(6, top=5, left=7))),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),
@@ -214,7 +218,7 @@ def _tenv(case: Case, batch_size: Any = (), base: Any = None) -> TransformedEnv:
 
 
 # replay-buffer-only transforms (refused in an env): tested in test_transforms_parity.py
-REPLAY_ONLY = ("Reward2GoTransform",)
+REPLAY_ONLY = ("Reward2GoTransform", "RandomCropTensorDict")
 
 
 def test_every_transform_is_covered():

@@ -3,7 +3,8 @@ and its bad input (a clear error naming the key/value, the transform left usable
 
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
 DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
-Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer. The transform battery
+Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer, Crop,
+RandomCropTensorDict. The transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -19,15 +20,19 @@ from steersman.envs.transforms import (
     ActionScaling,
     BinarizeReward,
     ClipTransform,
+    Compose,
+    Crop,
     DiscreteActionProjection,
     FiniteTensorDictCheck,
     FlattenObservation,
     LineariseRewards,
     PermuteTransform,
+    RandomCropTensorDict,
     Reward2GoTransform,
     SignTransform,
     StepCounter,
     Timer,
+    ToTensorImage,
     TrajCounter,
     TransformedEnv,
     UnaryTransform,
@@ -550,3 +555,76 @@ def test_timer_bad_input():
         Timer(out_keys=["a", "b"])
     with pytest.raises(TypeError, match="time_key must be a string"):
         Timer(time_key=3)
+
+
+# ---------------------------------------------------------------------- Crop
+def test_crop_reference_in_env_and_padding():
+    env = TransformedEnv(PixelToyEnv(batch_size=[2]), Compose(ToTensorImage(), Crop(4, 3, top=2, left=5)))
+    assert env.observation_spec["pixels"].shape == (2, 3, 3, 4)
+    td = env.rollout(3)
+    raw = PixelToyEnv(batch_size=[2]).rollout(3)["pixels"]  # [2, 3, H=8, W=10, 3]
+    expected = raw.permute(0, 1, 4, 2, 3)[..., 2:5, 5:9].float() / 255
+    torch.testing.assert_close(td["pixels"], expected)
+    # a window that leaves the image is zero-filled (as torchvision's crop)
+    img = torch.arange(1.0, 17.0).reshape(1, 4, 4)
+    out = Crop(3, 2, top=3, left=2)(TensorDict(pixels=img, batch_size=[]))["pixels"]
+    assert out.tolist() == [[[15.0, 16.0, 0.0], [0.0, 0.0, 0.0]]]
+    spec = TransformedEnv(PixelToyEnv(), Compose(ToTensorImage(from_int=False, dtype=torch.uint8),
+                                                 Crop(6, top=5, left=7))).observation_spec["pixels"]
+    assert spec.shape == (3, 6, 6) and int(spec.high[:, 3:, :].max()) == 0 and int(spec.high.max()) == 255
+
+
+def test_crop_bad_input():
+    with pytest.raises(ValueError, match="w must be an int >= 1"):
+        Crop(0)
+    with pytest.raises(ValueError, match="top must be an int >= 0"):
+        Crop(3, top=-1)
+    with pytest.raises(ValueError, match=r"'reward' has shape \[1\]"):
+        TransformedEnv(PendulumEnv(seed=0), Crop(2, in_keys=["reward"]))
+
+
+# ---------------------------------------------------------------------- RandomCropTensorDict
+def test_random_crop_tensordict_windows():
+    torch.manual_seed(0)
+    T, L = 10, 4
+    t = torch.arange(T).expand(5, T)
+    td = TensorDict({"t": t, "next": {"x": t.unsqueeze(-1).float()}}, batch_size=[5, T])
+    out = RandomCropTensorDict(L)(td)
+    assert out.batch_size == (5, L)
+    starts = out["t"][:, 0]
+    assert out["t"].equal(starts.unsqueeze(-1) + torch.arange(L))  # contiguous windows
+    assert out["next", "x"].squeeze(-1).long().equal(out["t"])  # the same window for every entry
+    assert bool((starts >= 0).all() & (starts <= T - L).all())
+    seen = set()
+    for _ in range(40):
+        seen |= set(RandomCropTensorDict(L)(td)["t"][:, 0].tolist())
+    assert seen == set(range(T - L + 1))  # every start is drawn
+    # the time dim elsewhere
+    out = RandomCropTensorDict(3, sample_dim=0)(TensorDict(t=torch.arange(6).unsqueeze(-1).expand(6, 2),
+                                                           batch_size=[6, 2]))
+    assert out.batch_size == (3, 2) and out["t"][1:].sub(out["t"][:-1]).eq(1).all()
+
+
+def test_random_crop_tensordict_mask():
+    torch.manual_seed(1)
+    valid = torch.tensor([5, 10, 2])
+    mask = torch.arange(10).expand(3, 10) < valid.unsqueeze(-1)
+    td = TensorDict(t=torch.arange(10).expand(3, 10), mask=mask, batch_size=[3, 10])
+    for _ in range(20):
+        out = RandomCropTensorDict(4, mask_key="mask")(td)
+        s = out["t"][:, 0]
+        assert int(s[0]) <= 1 and int(s[2]) == 0  # inside the valid steps (row 2 is too short: 0)
+
+
+def test_random_crop_tensordict_bad_input():
+    with pytest.raises(ValueError, match="sub_seq_len must be a positive int"):
+        RandomCropTensorDict(0)
+    td = TensorDict(t=torch.zeros(2, 3), batch_size=[2, 3])
+    with pytest.raises(ValueError, match="3 steps.*sub_seq_len=5"):
+        RandomCropTensorDict(5)(td)
+    with pytest.raises(ValueError, match="sample_dim=-3 is not a batch dim"):
+        RandomCropTensorDict(2, sample_dim=-3)(td)
+    with pytest.raises(KeyError, match="'m'"):
+        RandomCropTensorDict(2, mask_key="m")(td)
+    with pytest.raises(ValueError, match="cannot be used in an env"):
+        TransformedEnv(PendulumEnv(seed=0), RandomCropTensorDict(2))

@@ -9,6 +9,7 @@ from .actions import ActionScaling, DiscreteActionProjection
 from .base import Compose, ObservationTransform, Transform, TransformedEnv
 from .checks import FiniteTensorDictCheck
 from .counters import InitTracker, StepCounter
+from .crop import Crop
 from .elementwise import ClipTransform, SignTransform
 from .image import CenterCrop, GrayScale, Resize, ToTensorImage
 from .keys import (
@@ -23,7 +24,7 @@ from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetE
 from .norm import ObservationNorm, VecNorm
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
-from .replay import Reward2GoTransform
+from .replay import RandomCropTensorDict, Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
 from .shapes import FlattenObservation, PermuteTransform
@@ -76,4 +77,6 @@ __all__ = [
     "FiniteTensorDictCheck",
     "UnaryTransform",
     "Timer",
+    "Crop",
+    "RandomCropTensorDict",
 ]

@@ -1,4 +1,5 @@
-"""Replay-buffer transforms (applied when data is written, through ``inv``): Reward2GoTransform."""
+"""Replay-buffer transforms (refused in an env): Reward2GoTransform (on writes, through ``inv``)
+and RandomCropTensorDict (on samples)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from steersman.tensordict._utils import NestedKey, unravel_key
 from ._utils import key_list, missing_key
 from .base import Transform
 
-__all__ = ["Reward2GoTransform"]
+__all__ = ["Reward2GoTransform", "RandomCropTensorDict"]
 
 
 def _next(key: NestedKey) -> tuple:
@@ -113,3 +114,85 @@ class Reward2GoTransform(Transform):
     def __repr__(self) -> str:
         return (f"Reward2GoTransform(gamma={float(self.gamma)}, in_keys={self.in_keys}, "
                 f"out_keys={self.out_keys}, done_key={self.done_key!r})")
+
+
+class RandomCropTensorDict(Transform):
+    """Cuts a random sub-trajectory of ``sub_seq_len`` steps out of each trajectory of a sample.
+
+    For a TensorDict ``[*B, T]`` (time at ``sample_dim``), each of the ``*B`` trajectories
+    gets its own uniformly drawn start ``s`` in ``[0, T - sub_seq_len]`` and the result
+    holds steps ``s .. s + sub_seq_len - 1``: ``[*B, sub_seq_len]``. With ``mask_key``
+    (a bool ``[*B, T]`` entry, True on the valid steps, which come first), the window
+    lies inside the valid steps of each trajectory when it has at least
+    ``sub_seq_len`` of them (otherwise it starts at 0). For replay buffers and modules;
+    it cannot be used in an env. Draws come from torch's global RNG (seed it with
+    ``torch.manual_seed``).
+
+    Args:
+        sub_seq_len: the length of the sub-trajectories.
+        sample_dim: the time dim (a batch dim; negative preferred, default -1).
+        mask_key: the valid-step mask entry (default: none).
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.envs.transforms import RandomCropTensorDict
+        >>> td = TensorDict(t=torch.arange(10).expand(3, 10), batch_size=[3, 10])
+        >>> out = RandomCropTensorDict(4)(td)
+        >>> out.batch_size, bool((out["t"].diff(dim=-1) == 1).all())
+        (torch.Size([3, 4]), True)
+    """
+
+    def __init__(self, sub_seq_len: int, sample_dim: int = -1, mask_key: NestedKey | None = None) -> None:
+        if isinstance(sub_seq_len, bool) or not isinstance(sub_seq_len, int) or sub_seq_len < 1:
+            raise ValueError(f"RandomCropTensorDict: sub_seq_len must be a positive int, got {sub_seq_len!r}")
+        if isinstance(sample_dim, bool) or not isinstance(sample_dim, int):
+            raise TypeError(f"RandomCropTensorDict: sample_dim must be an int, got {sample_dim!r}")
+        super().__init__()
+        self.sub_seq_len = sub_seq_len
+        self.sample_dim = sample_dim
+        self.mask_key = None if mask_key is None else unravel_key(mask_key)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        nb = tensordict.batch_dims
+        dim = self.sample_dim + nb if self.sample_dim < 0 else self.sample_dim
+        if not 0 <= dim < nb:
+            raise ValueError(f"RandomCropTensorDict: sample_dim={self.sample_dim} is not a batch dim of a "
+                             f"TensorDict with batch_size {list(tensordict.batch_size)}")
+        T = tensordict.batch_size[dim]
+        L = self.sub_seq_len
+        if T < L:
+            raise ValueError(f"RandomCropTensorDict: the trajectories have {T} steps (dim {self.sample_dim}), "
+                             f"fewer than sub_seq_len={L}")
+        bs = tensordict.batch_size
+        lead = torch.Size(bs[:dim] + bs[dim + 1:])  # one trajectory per element
+        if self.mask_key is not None:
+            mask = tensordict.get(self.mask_key, None)
+            if mask is None:
+                raise missing_key(self, self.mask_key, tensordict, "mask_key")
+            valid = mask.reshape(*bs, -1).any(-1).sum(dim)
+            last = (valid - L).clamp_min(0)
+        else:
+            last = torch.full(lead, T - L, dtype=torch.int64)
+        start = (torch.rand(lead) * (last.to(torch.float64) + 1)).floor().to(torch.int64)
+        start = torch.minimum(start, last)
+        steps = torch.arange(L).reshape([L if i == dim else 1 for i in range(nb)])
+        idx = start.unsqueeze(dim) + steps  # [*bs with T -> L]
+        new_bs = torch.Size((*bs[:dim], L, *bs[dim + 1:]))
+
+        def crop(x: Tensor) -> Tensor:
+            i = idx.to(x.device).reshape(*idx.shape, *([1] * (x.ndim - nb)))
+            return x.gather(dim, i.expand(*new_bs, *x.shape[nb:]))
+
+        return tensordict.apply(crop, batch_size=new_bs)
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self.forward(tensordict)
+
+    def transform_output_spec(self, output_spec: Composite) -> Composite:
+        raise ValueError("RandomCropTensorDict cannot be used in an env: it crops trajectories; use it as a "
+                         "replay-buffer or module transform")
+
+    def __repr__(self) -> str:
+        return (f"RandomCropTensorDict(sub_seq_len={self.sub_seq_len}, sample_dim={self.sample_dim}, "
+                f"mask_key={self.mask_key!r})")
