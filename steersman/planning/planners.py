@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from steersman.data import Bounded, Categorical
 from steersman.envs import NativeEnv
+from steersman.envs.native._base import tensor_consts
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict._utils import NestedKey
 
@@ -91,7 +92,8 @@ class MPCPlannerBase(nn.Module):
             self._high: Tensor | None = spec.high.reshape(-1, *self._action_shape)[0]
         else:
             self._low = self._high = None
-        self._consts = env._make_consts()
+        # 0-dim tensors: cheaper than Python floats in eager ops
+        self._consts = tensor_consts(env._make_consts(), env.dtype, env.device)
         self._prev_mean: Tensor | None = None
         self.in_keys = list(env.state_names)
         self.out_keys = [action_key]
@@ -151,10 +153,17 @@ class MPCPlannerBase(nn.Module):
         cand = state.unsqueeze(-1).expand(*state.shape, self.num_candidates)
         comps = tuple(cand.unbind(0))
         t_dim = len(self._batch) + 1
-        alive = torch.ones(cand.shape[1:], dtype=torch.bool, device=cand.device)
+        alive: Tensor | None = None  # None while no candidate has terminated
         rewards, terms = [], []
         for t in range(self.planning_horizon):
             ns, reward, terminated = env._dynamics(comps, actions.select(t_dim, t), c)
+            if alive is None:
+                rewards.append(reward)
+                comps = tuple(n.to(s.dtype) for n, s in zip(ns, comps))
+                if bool(terminated.any()):
+                    alive = ~terminated
+                terms.append(terminated)
+                continue
             rewards.append(torch.where(alive, reward, torch.zeros_like(reward)))
             comps = tuple(torch.where(alive, n.to(s.dtype), s) for n, s in zip(ns, comps))
             alive = alive & ~terminated

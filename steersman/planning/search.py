@@ -128,6 +128,9 @@ def _check_step(out: Any, emb_template: TensorDictBase | Tensor, batch: int, num
     for key in emb_template.keys(include_nested=True, leaves_only=True):
         x = emb.get(key, None)
         ref = emb_template.get(key)
+        if x is None:
+            raise ValueError(f"search: recurrent_fn's next embedding has no entry {key!r}; root.embedding has it "
+                             f"with shape {list(ref.shape)}")
         if not isinstance(x, Tensor) or x.shape != ref.shape:
             raise ValueError(f"search: recurrent_fn's next embedding entry {key!r} has shape {_shape(x)}, "
                              f"expected {list(ref.shape)} like root.embedding")
@@ -137,7 +140,7 @@ def _leaf_keys(td: TensorDictBase) -> list:
     return list(td.keys(include_nested=True, leaves_only=True))
 
 
-def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int, uniform: Tensor | None,
+def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Tensor, uniform: Tensor | None,
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
                   early_exit: bool = False, tensor_embedding: bool = False) -> Tensor:
@@ -146,7 +149,8 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
     as in mctx) and the backup. Fixed shapes and no data-dependent Python control
     flow unless ``early_exit`` (stop descending once every tree reached a leaf), so it
-    compiles with ``fullgraph=True``. Returns the ``[B]`` expanded node indices."""
+    compiles with ``fullgraph=True`` (pass ``sim`` as a 0-dim int64 tensor to reuse one
+    graph for every simulation). Returns the ``[B]`` expanded node indices."""
     ar = tree.batch_range
     children_index = tree.children_index
     node = torch.zeros_like(ar)

@@ -1,0 +1,298 @@
+"""Search behaviour: invalid actions, batching, bad input, noise, compile."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from steersman.planning import (
+    PolicyOutput,
+    RecurrentFnOutput,
+    RootFnOutput,
+    Tree,
+    gumbel_muzero_policy,
+    muzero_policy,
+    qtransform_completed_by_mix_value,
+    search,
+)
+from steersman.planning.action_selection import (
+    gumbel_muzero_interior_action_selection,
+    muzero_action_selection,
+)
+from steersman.planning.search import simulate_once
+from steersman.planning.tree import instantiate_tree
+from steersman.tensordict import TensorDict
+
+S, A = 32, 5
+
+
+def tables(seed: int = 0, two_player: bool = False) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "next": torch.randint(0, S, (S, A), generator=g),
+        "reward": torch.randn(S, A, generator=g),
+        "discount": -torch.ones(S, A) if two_player else 0.9 + 0.1 * torch.rand(S, A, generator=g),
+        "logits": torch.randn(S, A, generator=g),
+        "value": torch.randn(S, generator=g),
+    }
+
+
+def model(t: dict, td_embedding: bool = False):
+    """Deterministic table model; the embedding is a state id (or a TensorDict holding it)."""
+
+    def recurrent_fn(params, rng, action, embedding):
+        s = embedding["s"] if td_embedding else embedding
+        nxt = t["next"][s, action]
+        out = RecurrentFnOutput(t["reward"][s, action], t["discount"][s, action], t["logits"][nxt], t["value"][nxt])
+        emb = TensorDict({"s": nxt, "x": t["logits"][nxt]}, batch_size=nxt.shape) if td_embedding else nxt
+        return out, emb
+
+    return recurrent_fn
+
+
+def root_for(t: dict, states: torch.Tensor, td_embedding: bool = False) -> RootFnOutput:
+    emb = TensorDict({"s": states, "x": t["logits"][states]}, batch_size=states.shape) if td_embedding else states
+    return RootFnOutput(t["logits"][states], t["value"][states], emb)
+
+
+POLICIES = {
+    "muzero": functools.partial(muzero_policy, dirichlet_fraction=0.25, temperature=1.0),
+    "gumbel": functools.partial(gumbel_muzero_policy, max_num_considered_actions=4),
+}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_invalid_actions_never_chosen(policy):
+    t = tables(1)
+    b = 16
+    g = torch.Generator().manual_seed(3)
+    invalid = torch.rand(b, A, generator=g) < 0.6
+    invalid[torch.arange(b), torch.randint(0, A, (b,), generator=g)] = False
+    # make the invalid actions look best to the model
+    root = root_for(t, torch.randint(0, S, (b,), generator=g))
+    root = root._replace(prior_logits=torch.where(invalid, 10.0, root.prior_logits))
+    for seed in range(3):
+        out = POLICIES[policy]((), torch.Generator().manual_seed(seed), root, model(t), 24, invalid_actions=invalid)
+        assert not invalid[torch.arange(b), out.action].any()
+        root_visits = out.search_tree.children_visits[:, 0]
+        assert (root_visits[invalid] == 0).all()
+        assert (out.action_weights[invalid] == 0).all()
+        assert root_visits.sum().item() == b * 24
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("td_embedding", [False, True])
+def test_batched_equals_one_by_one(policy, td_embedding):
+    t = tables(2, two_player=policy == "gumbel")
+    b = 5
+    states = torch.randint(0, S, (b,), generator=torch.Generator().manual_seed(0))
+    invalid = torch.zeros(b, A, dtype=torch.bool)
+    invalid[1, :3] = True
+    fn = POLICIES[policy]
+    kw = dict(dirichlet_fraction=0.0) if policy == "muzero" else dict(gumbel_scale=0.0)
+    kw["temperature" if policy == "muzero" else "max_num_considered_actions"] = 0.0 if policy == "muzero" else 4
+    full = fn((), torch.Generator().manual_seed(0), root_for(t, states, td_embedding), model(t, td_embedding), 20,
+              invalid_actions=invalid, **kw)
+    for i in range(b):
+        one = fn((), torch.Generator().manual_seed(0), root_for(t, states[i:i + 1], td_embedding),
+                 model(t, td_embedding), 20, invalid_actions=invalid[i:i + 1], **kw)
+        a, c = full.search_tree, one.search_tree
+        assert torch.equal(a.children_visits[i], c.children_visits[0])
+        assert torch.equal(a.parents[i], c.parents[0])
+        torch.testing.assert_close(a.node_values[i], c.node_values[0])
+        torch.testing.assert_close(full.action_weights[i], one.action_weights[0])
+        if td_embedding:
+            assert torch.equal(a.embeddings["s"][i], c.embeddings["s"][0])
+        assert full.action[i] == one.action[0]
+
+
+def test_tree_contents_are_consistent():
+    t = tables(4)
+    out = muzero_policy((), torch.Generator().manual_seed(0), root_for(t, torch.tensor([3, 7])), model(t), 30,
+                        dirichlet_fraction=0.0)
+    tree = out.search_tree
+    assert isinstance(tree, Tree) and isinstance(out, PolicyOutput)
+    # every node has been expanded once and its visits are 1 + the visits of its children
+    assert (tree.node_visits[:, 1:] >= 1).all()
+    torch.testing.assert_close(tree.node_visits, 1 + tree.children_visits.sum(-1).int())
+    assert tree.node_visits[:, 0].tolist() == [31, 31]
+    # the embedding of a child is the model's next state from its parent
+    b, n = torch.meshgrid(torch.arange(2), torch.arange(1, 31), indexing="ij")
+    p, a = tree.parents[b, n], tree.action_from_parent[b, n]
+    assert torch.equal(tree.embeddings["embedding"][b, n], t["next"][tree.embeddings["embedding"][b, p], a])
+    assert torch.equal(tree.depth[b, n], tree.depth[b, p] + 1)
+    td = out.to_tensordict()
+    assert td.batch_size == torch.Size([2]) and td["search_tree", "node_visits"].shape == (2, 31)
+    summary = tree.summary()
+    torch.testing.assert_close(summary.visit_probs.sum(-1), torch.ones(2))
+    torch.testing.assert_close(summary.qvalues, tree.qvalues(torch.zeros(2, dtype=torch.long)))
+
+
+def test_dirichlet_noise_and_temperature_use_the_generator():
+    t = tables(5)
+    root = root_for(t, torch.arange(8))
+    a = muzero_policy((), torch.Generator().manual_seed(1), root, model(t), 16)
+    b = muzero_policy((), torch.Generator().manual_seed(1), root, model(t), 16)
+    c = muzero_policy((), torch.Generator().manual_seed(2), root, model(t), 16)
+    assert torch.equal(a.search_tree.children_visits, b.search_tree.children_visits)
+    assert not torch.equal(a.search_tree.children_visits, c.search_tree.children_visits)
+    # noise mixes the prior with a probability vector: the root logits are log-probabilities
+    torch.testing.assert_close(a.search_tree.children_prior_logits[:, 0].exp().sum(-1), torch.ones(8))
+
+
+def test_gumbel_noise_changes_the_search():
+    t = tables(6)
+    root = root_for(t, torch.arange(8))
+    outs = [gumbel_muzero_policy((), torch.Generator().manual_seed(s), root, model(t), 16,
+                                 max_num_considered_actions=2) for s in range(2)]
+    assert not torch.equal(outs[0].search_tree.children_visits, outs[1].search_tree.children_visits)
+
+
+# ---------------------------------------------------------------------- bad input
+def good_root(t=None) -> RootFnOutput:
+    t = t or tables(0)
+    return root_for(t, torch.tensor([1, 2, 3]))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("mutate, match", [
+    (lambda r: r._replace(prior_logits=r.prior_logits[0]), r"root\.prior_logits must be a float tensor \[B, num"),
+    (lambda r: r._replace(prior_logits=r.prior_logits.long()), r"root\.prior_logits .*dtype torch\.int64"),
+    (lambda r: r._replace(value=r.value[:2]), r"root\.value must be a float tensor \[B\] = \[3\].*got \[2\]"),
+    (lambda r: r._replace(value=r.value[:, None]), r"root\.value .*got \[3, 1\]"),
+    (lambda r: r._replace(embedding=r.embedding[:2]), r"root\.embedding must have shape \[3, \.\.\.\], got \[2\]"),
+    (lambda r: r._replace(embedding=[1, 2, 3]), r"root\.embedding must be a TensorDict or a tensor, got list"),
+    (lambda r: tuple(r), r"root must be a RootFnOutput"),
+])
+def test_bad_root_raises_before_search(policy, mutate, match):
+    calls = []
+
+    def fn(*args):
+        calls.append(1)
+        return model(tables(0))(*args)
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        POLICIES[policy]((), None, mutate(good_root()), fn, 8)
+    assert not calls
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("kw, match", [
+    ({"num_simulations": 0}, r"num_simulations must be an int >= 1, got 0"),
+    ({"num_simulations": 2.0}, r"num_simulations must be an int >= 1, got 2\.0"),
+    ({"num_simulations": 4, "max_depth": 0}, r"max_depth must be None or an int >= 1, got 0"),
+    ({"num_simulations": 4, "invalid_actions": torch.zeros(3, 4, dtype=torch.bool)},
+     r"invalid_actions must be a tensor \[B, num_actions\] = \[3, 5\], got \[3, 4\]"),
+    ({"num_simulations": 4, "invalid_actions": torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0] * 5])},
+     r"every action is invalid at the roots \[1\]"),
+])
+def test_bad_arguments_raise(policy, kw, match):
+    calls = []
+
+    def fn(*args):
+        calls.append(1)
+        return model(tables(0))(*args)
+
+    with pytest.raises(ValueError, match=match):
+        POLICIES[policy]((), None, good_root(), fn, **kw)
+    assert not calls
+
+
+def test_bad_max_num_considered_actions():
+    with pytest.raises(ValueError, match="max_num_considered_actions must be an int >= 1, got 0"):
+        gumbel_muzero_policy((), None, good_root(), model(tables(0)), 4, max_num_considered_actions=0)
+
+
+def _wrong(kind):
+    t = tables(0)
+    base = model(t)
+
+    def fn(params, rng, action, emb):
+        out, nxt = base(params, rng, action, emb)
+        if kind == "not_a_pair":
+            return out
+        if kind == "plain_tuple":
+            return tuple(out), nxt
+        if kind == "logits":
+            return out._replace(prior_logits=out.prior_logits[:, :2]), nxt
+        if kind == "reward":
+            return out._replace(reward=out.reward[:, None]), nxt
+        if kind == "embedding":
+            return out, nxt[:, None]
+        raise AssertionError(kind)
+
+    return fn
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("not_a_pair", r"recurrent_fn must return \(RecurrentFnOutput.*got RecurrentFnOutput"),
+    ("plain_tuple", r"recurrent_fn must return .*got tuple of \['tuple', 'Tensor'\]"),
+    ("logits", r"recurrent_fn returned prior_logits of shape \[3, 2\], expected \[3, 5\]"),
+    ("reward", r"recurrent_fn returned reward of shape \[3, 1\], expected \[3\]"),
+    ("embedding", r"next embedding of shape \[3, 1\], expected a tensor \[3\]"),
+])
+def test_recurrent_fn_wrong_structure(kind, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        muzero_policy((), None, good_root(), _wrong(kind), 8)
+
+
+def test_recurrent_fn_wrong_embedding_entry():
+    t = tables(0)
+    base = model(t, td_embedding=True)
+
+    def fn(params, rng, action, emb):
+        out, nxt = base(params, rng, action, emb)
+        del nxt["x"]
+        return out, nxt
+
+    root = root_for(t, torch.tensor([1, 2, 3]), td_embedding=True)
+    with pytest.raises(ValueError, match=r"next embedding has no entry 'x'; root.embedding has it with shape \[3, 5\]"):
+        muzero_policy((), None, root, fn, 8)
+
+
+# ---------------------------------------------------------------------- compile
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_one_simulation_compiles_fullgraph(backend):
+    """Dynamo captures one whole simulation in one graph (``backend="eager"`` checks the
+    capture quickly; the slow variant also generates code with inductor)."""
+    t = tables(7)
+    b = 4
+    root = root_for(t, torch.arange(b))
+    fn = model(t)
+    interior = functools.partial(muzero_action_selection, pb_c_init=1.25, pb_c_base=19652.0)
+    root_sel = functools.partial(interior, depth=0)
+
+    def run(compiled):
+        # a fresh tree, simulations 0..5, each one call of (maybe compiled) simulate_once
+        fresh = instantiate_tree(root.prior_logits, root.value, TensorDict({"embedding": root.embedding}, [b]), 6,
+                                 torch.zeros(b, A, dtype=torch.bool), TensorDict({}, [b]))
+        step = torch.compile(simulate_once, fullgraph=True, dynamic=False, backend=backend) if compiled else simulate_once
+        uniform = torch.zeros(b, A)
+        for sim in range(6):
+            step((), None, fresh, torch.tensor(sim), uniform, fn, root_sel, interior, 3, 3, tensor_embedding=True)
+        return fresh
+
+    torch._dynamo.reset()
+    eager = run(False)
+    torch._dynamo.utils.counters.clear()
+    compiled = run(True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # one graph for all simulations
+    assert eager.node_visits[:, 0].tolist() == [7] * b
+    assert torch.equal(eager.children_visits, compiled.children_visits)
+    assert torch.equal(eager.parents, compiled.parents)
+    torch.testing.assert_close(eager.node_values, compiled.node_values)
+
+
+def test_gumbel_interior_selection_follows_improved_policy():
+    """Repeated deterministic selection visits actions in proportion to the probs."""
+    t = tables(8)
+    root = root_for(t, torch.tensor([0]))
+    interior = functools.partial(gumbel_muzero_interior_action_selection,
+                                 qtransform=qtransform_completed_by_mix_value)
+    tree = search((), None, root, model(t), lambda u, tr, n: interior(u, tr, n, 0), interior, 200, max_depth=1)
+    probs = torch.softmax(tree.children_prior_logits[0, 0] + qtransform_completed_by_mix_value(
+        tree, torch.zeros(1, dtype=torch.long))[0], -1)
+    freq = tree.children_visits[0, 0].float() / 200
+    assert (freq - probs).abs().max() < 0.05
