@@ -91,6 +91,51 @@ class PixelToyEnv(EnvBase):
         pass
 
 
+class TwoAgentEnv(EnvBase):
+    """Two agents with the same specs under different keys (for ``Stack``).
+
+    ``("agent_0"|"agent_1", "obs")``: ``[*b, 2]`` in ``[-10, 10]``: ``[count, agent action]``;
+    actions ``"act_0"``/``"act_1"``: ``Bounded(-1, 1, [*b, 1])``; reward ``[*b, 1]`` = the
+    sum of the actions; episodes end after 5 steps. ``self.actions_seen`` records
+    ``(act_0, act_1)`` of each step.
+    """
+
+    def __init__(self, batch_size: Any = ()) -> None:
+        super().__init__(batch_size=batch_size)
+        bs = self.batch_size
+        self.observation_spec = Composite(
+            {f"agent_{i}": Composite(obs=Bounded(-10.0, 10.0, shape=(*bs, 2)), shape=bs) for i in (0, 1)},
+            shape=bs)
+        self.action_spec = Composite({f"act_{i}": Bounded(-1.0, 1.0, shape=(*bs, 1)) for i in (0, 1)}, shape=bs)
+        self.reward_spec = Bounded(-2.0, 2.0, shape=(*bs, 1))
+        self.count = torch.zeros(*bs, 1)
+        self.actions_seen: list = []
+
+    def _out(self, a0: torch.Tensor, a1: torch.Tensor) -> dict:
+        term = self.count >= 5
+        return {"agent_0": {"obs": torch.cat([self.count, a0], -1)},
+                "agent_1": {"obs": torch.cat([self.count, a1], -1)},
+                "done": term.clone(), "terminated": term, "truncated": torch.zeros_like(term)}
+
+    def _reset(self, tensordict: Any, **kwargs: Any) -> TensorDict:
+        mask = self._reset_mask(tensordict)
+        self.count = torch.zeros_like(self.count) if mask is None else torch.where(
+            mask.unsqueeze(-1), 0.0, self.count)
+        z = torch.zeros_like(self.count)
+        return TensorDict(self._out(z, z), batch_size=self.batch_size)
+
+    def _step(self, tensordict: Any) -> TensorDict:
+        a0, a1 = tensordict.get("act_0"), tensordict.get("act_1")
+        self.actions_seen.append((a0.clone(), a1.clone()))
+        self.count = self.count + 1
+        out = self._out(a0, a1)
+        out["reward"] = a0 + a1
+        return TensorDict(out, batch_size=self.batch_size)
+
+    def _set_seed(self, seed: int | None) -> None:
+        pass
+
+
 def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
     """The base envs of the transform battery, by name."""
     from steersman.envs import CartPoleEnv, PendulumEnv
@@ -111,6 +156,8 @@ def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
         return PixelToyEnv(batch_size, onehot=True)
     if kind == "toy_mo":
         return PixelToyEnv(batch_size, reward_dim=3)
+    if kind == "agents":
+        return TwoAgentEnv(batch_size)
     raise ValueError(kind)
 
 

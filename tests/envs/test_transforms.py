@@ -55,6 +55,7 @@ from steersman.envs.transforms import (
     SelectTransform,
     SignTransform,
     SqueezeTransform,
+    Stack,
     StepCounter,
     TargetReturn,
     TensorDictPrimer,
@@ -203,6 +204,9 @@ CASES = [
     Case("crop", "toy", lambda: Compose(ToTensorImage(), Crop(4, 3, top=2, left=5))),
     Case("crop_padded", "toy", lambda: Compose(ToTensorImage(from_int=False, dtype=torch.uint8),
                                                Crop(6, top=5, left=7))),
+    Case("stack", "agents", lambda: Stack([("agent_0", "obs"), ("agent_1", "obs")], "obs_all",
+                                          in_key_inv="acts", out_keys_inv=["act_0", "act_1"], dim=-2)),
+    Case("stack_tensordicts", "agents", lambda: Stack(["agent_0", "agent_1"], "agents", del_keys=False)),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),

@@ -4,7 +4,7 @@ and its bad input (a clear error naming the key/value, the transform left usable
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
 DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
 Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer, Crop,
-RandomCropTensorDict. The transform battery
+RandomCropTensorDict, Stack. The transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -30,6 +30,7 @@ from steersman.envs.transforms import (
     RandomCropTensorDict,
     Reward2GoTransform,
     SignTransform,
+    Stack,
     StepCounter,
     Timer,
     ToTensorImage,
@@ -37,7 +38,7 @@ from steersman.envs.transforms import (
     TransformedEnv,
     UnaryTransform,
 )
-from tests.envs._transform_envs import PixelToyEnv
+from tests.envs._transform_envs import PixelToyEnv, TwoAgentEnv
 
 
 # ---------------------------------------------------------------------- ClipTransform
@@ -628,3 +629,55 @@ def test_random_crop_tensordict_bad_input():
         RandomCropTensorDict(2, mask_key="m")(td)
     with pytest.raises(ValueError, match="cannot be used in an env"):
         TransformedEnv(PendulumEnv(seed=0), RandomCropTensorDict(2))
+
+
+# ---------------------------------------------------------------------- Stack
+def test_stack_observations_and_unstack_actions():
+    base = TwoAgentEnv([2])
+    env = TransformedEnv(base, Stack([("agent_0", "obs"), ("agent_1", "obs")], "obs_all",
+                                     in_key_inv="acts", out_keys_inv=["act_0", "act_1"], dim=-2))
+    assert env.observation_spec["obs_all"].shape == (2, 2, 2)
+    assert ("agent_0", "obs") not in env.observation_spec.keys(include_nested=True)
+    assert set(env.full_action_spec.keys()) == {"acts"} and env.full_action_spec["acts"].shape == (2, 2, 1)
+    td = env.reset()
+    acts = torch.tensor([[[0.5], [-0.25]], [[1.0], [0.0]]])  # [batch, agent, 1]
+    td["acts"] = acts
+    out = env.step(td)
+    a0, a1 = base.actions_seen[-1]
+    assert a0.equal(acts[:, 0]) and a1.equal(acts[:, 1])
+    # obs of agent i after one step: [count, its action]
+    expected = torch.stack([torch.cat([torch.ones(2, 1), acts[:, i]], -1) for i in (0, 1)], -2)
+    assert out["next", "obs_all"].equal(expected)
+    torch.testing.assert_close(out["next", "reward"], acts[:, 0] + acts[:, 1])
+
+
+def test_stack_tensordicts_keep_keys_and_forward():
+    env = TransformedEnv(TwoAgentEnv([3]), Stack(["agent_0", "agent_1"], "agents", del_keys=False))
+    td = env.rollout(2)
+    assert td["agents", "obs"].shape == (3, 2, 2, 2)  # [batch, time, agent, 2]
+    assert td["agents", "obs"][..., 1, :].equal(td["agent_1", "obs"])
+    data = TwoAgentEnv([3]).rollout(2)
+    before = data.clone()
+    out = Stack([("agent_0", "obs"), ("agent_1", "obs")], "o", dim=-1)(data)  # root and "next"
+    assert out["o"].shape == (3, 2, 2, 2)
+    assert out["next", "o"][..., 0].equal(before["next", "agent_0", "obs"])
+    assert out["o"][..., 1].equal(before["agent_1", "obs"])
+    assert ("agent_0", "obs") not in out.keys(include_nested=True)
+
+
+def test_stack_bad_input():
+    with pytest.raises(ValueError, match="dim=0 must be negative"):
+        Stack(["a", "b"], "ab", dim=0)
+    with pytest.raises(ValueError, match="in_key_inv and out_keys_inv together"):
+        Stack(["a", "b"], "ab", in_key_inv="x")
+    with pytest.raises(ValueError, match="specs of .* differ"):
+        TransformedEnv(PixelToyEnv(), Stack(["observation", "pixels"], "both"))
+    with pytest.raises(KeyError, match="'agent_2'"):
+        TransformedEnv(TwoAgentEnv(), Stack(["agent_0", "agent_2"], "agents"))
+    td = TensorDict(a=torch.zeros(2, 3), b=torch.ones(2, 4), batch_size=[2])
+    with pytest.raises(ValueError, match="cannot be stacked"):
+        Stack(["a", "b"], "ab")(td)
+    assert set(td.keys()) == {"a", "b"}  # unchanged
+    t = Stack(["a"], "s", in_key_inv="acts", out_keys_inv=["x", "y"])
+    with pytest.raises(ValueError, match="has 3 entries along dim -1, expected 2"):
+        t.inv(TensorDict(acts=torch.zeros(2, 3), batch_size=[2]))

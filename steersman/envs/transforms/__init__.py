@@ -28,6 +28,7 @@ from .replay import RandomCropTensorDict, Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
 from .shapes import FlattenObservation, PermuteTransform
+from .stack import Stack
 from .timer import Timer
 from .traj_counter import TrajCounter
 from .unary import UnaryTransform
@@ -79,4 +80,5 @@ __all__ = [
     "Timer",
     "Crop",
     "RandomCropTensorDict",
+    "Stack",
 ]
