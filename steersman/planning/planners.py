@@ -28,7 +28,6 @@ from torch import Tensor, nn
 
 from steersman.data import Bounded, Categorical
 from steersman.envs import NativeEnv
-from steersman.envs.native._base import tensor_consts
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict._utils import NestedKey
 
@@ -93,7 +92,9 @@ class MPCPlannerBase(nn.Module):
         else:
             self._low = self._high = None
         # 0-dim tensors: cheaper than Python floats in eager ops
-        self._consts = tensor_consts(env._make_consts(), env.dtype, env.device)
+        consts = env._make_consts()
+        self._consts = type(consts)(*(torch.tensor(v, dtype=env.dtype, device=env.device) if type(v) is float
+                                      else v for v in consts))
         self._prev_mean: Tensor | None = None
         self.in_keys = list(env.state_names)
         self.out_keys = [action_key]

@@ -175,3 +175,23 @@ def test_state_roundtrip_and_current_player():
     assert nxt["observation"][0, 0].flatten().tolist() == [0, 0, 0, 0, 1, 0, 0, 0, 0]
     with pytest.raises(ValueError, match="'board' values must be -1, 0 or 1"):
         env.set_state({"board": torch.full((2, 9), 3), "current_player": 0})
+
+
+@pytest.mark.parametrize("cls", GAMES)
+def test_transition_is_the_step_on_any_batch(cls):
+    """The pure transition (for search) on a [B, k] batch of states equals the env's steps."""
+    torch.manual_seed(3)
+    env = cls(batch_size=[4])
+    td = env.reset()
+    for _ in range(5):
+        td = env.rand_action(td)
+        st = env.get_state()
+        nxt = env.step(td)["next"]
+        board, player, over = (st[k].unsqueeze(1).expand(4, 2, *st[k].shape[1:]) for k in
+                               ("board", "current_player", "over"))
+        b, p, o, r = env.transition(board, player, over, td["action"].unsqueeze(1).expand(4, 2))
+        for j in range(2):
+            assert torch.equal(b[:, j].reshape(nxt["board"].shape), nxt["board"])
+            assert torch.equal(p[:, j], nxt["current_player"]) and torch.equal(o[:, j], nxt["terminated"][:, 0])
+            assert torch.equal(r[:, j], nxt["reward"][:, 0])
+        td = step_mdp(td)

@@ -188,11 +188,28 @@ class BoardGameEnv(EnvBase):
         tensordict.set("action", u.argmax(-1))
         return tensordict
 
-    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get("action").to(torch.int64)
-        board, player = self._board, self._player
+    def transition(self, board: Tensor, player: Tensor, over: Tensor, action: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The game's step as a pure function of tensors (any batch shape; for search).
+
+        Args: ``board`` int8 ``[*b, rows * cols]``, ``player`` int64 ``[*b]`` (to move),
+        ``over`` bool ``[*b]`` (finished boards are absorbing), ``action`` int ``[*b]``
+        (assumed legal: an illegal move leaves the board unchanged).
+
+        Returns ``(board', player', over', reward [*b])``: ``over'`` is the terminated
+        flag, ``reward`` +1 for the mover on a win.
+
+        Example:
+            >>> import torch
+            >>> from steersman.envs import TicTacToeEnv
+            >>> env = TicTacToeEnv()
+            >>> b = torch.tensor([[1, 1, 0, -1, -1, 0, 0, 0, 0]], dtype=torch.int8)
+            >>> _, p, over, r = env.transition(b, torch.tensor([0]), torch.tensor([False]), torch.tensor([2]))
+            >>> p.tolist(), over.tolist(), r.tolist()
+            ([1], [True], [1.0])
+        """
+        action = action.to(torch.int64)
         sign = (1 - 2 * player).to(torch.int8)
-        over = self._over
         cell = self._cells(board, action).clamp(0, board.shape[-1] - 1).unsqueeze(-1)  # a full column: 42
         free = board.gather(-1, cell) == 0
         new = board.scatter(-1, cell, sign.unsqueeze(-1))
@@ -202,12 +219,14 @@ class BoardGameEnv(EnvBase):
         won = mine[..., self._lines].all(-1).any(-1) & ~over
         full = (board != 0).all(-1)
         terminated = won | full | over
-        reward = won.to(torch.float32).unsqueeze(-1)
-        self._board = board
-        self._player = torch.where(over, player, 1 - player)
-        self._over = terminated
-        out = self._obs(terminated.unsqueeze(-1))
-        out["reward"] = reward
+        return board, torch.where(over, player, 1 - player), terminated, won.to(torch.float32)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = tensordict.get("action")
+        self._board, self._player, self._over, reward = self.transition(self._board, self._player, self._over,
+                                                                         action)
+        out = self._obs(self._over.unsqueeze(-1))
+        out["reward"] = reward.unsqueeze(-1)
         return TensorDict(out, batch_size=self.batch_size, device=self.device)
 
     def __repr__(self) -> str:
