@@ -158,6 +158,10 @@ def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
         return PixelToyEnv(batch_size, reward_dim=3)
     if kind == "agents":
         return TwoAgentEnv(batch_size)
+    if kind == "toy_matrix_action":  # a [2, 3] continuous action
+        env = PixelToyEnv(batch_size, continuous=True)
+        env.action_spec = Bounded(-1.0, 1.0, shape=(*env.batch_size, 2, 3))
+        return env
     raise ValueError(kind)
 
 

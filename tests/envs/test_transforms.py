@@ -39,6 +39,7 @@ from steersman.envs.transforms import (
     DTypeCastTransform,
     ExcludeTransform,
     FiniteTensorDictCheck,
+    FlattenAction,
     FlattenObservation,
     FrameSkipTransform,
     GrayScale,
@@ -207,6 +208,9 @@ CASES = [
     Case("stack", "agents", lambda: Stack([("agent_0", "obs"), ("agent_1", "obs")], "obs_all",
                                           in_key_inv="acts", out_keys_inv=["act_0", "act_1"], dim=-2)),
     Case("stack_tensordicts", "agents", lambda: Stack(["agent_0", "agent_1"], "agents", del_keys=False)),
+    Case("flatten_action", "toy_matrix_action", lambda: FlattenAction()),
+    Case("flatten_action_renamed", "toy_matrix_action",
+         lambda: FlattenAction(0, 1, out_keys_inv=["flat_action"], allow_positive_dim=True)),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),

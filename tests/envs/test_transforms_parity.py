@@ -4,7 +4,7 @@ and its bad input (a clear error naming the key/value, the transform left usable
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
 DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
 Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer, Crop,
-RandomCropTensorDict, Stack. The transform battery
+RandomCropTensorDict, Stack, FlattenAction. The transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from steersman import TensorDict
-from steersman.data import Binary, Bounded, Unbounded
+from steersman.data import Binary, Bounded, OneHot, Unbounded
 from steersman.envs import PendulumEnv, check_env_specs
 from steersman.envs.transforms import (
     ActionScaling,
@@ -24,6 +24,7 @@ from steersman.envs.transforms import (
     Crop,
     DiscreteActionProjection,
     FiniteTensorDictCheck,
+    FlattenAction,
     FlattenObservation,
     LineariseRewards,
     PermuteTransform,
@@ -681,3 +682,38 @@ def test_stack_bad_input():
     t = Stack(["a"], "s", in_key_inv="acts", out_keys_inv=["x", "y"])
     with pytest.raises(ValueError, match="has 3 entries along dim -1, expected 2"):
         t.inv(TensorDict(acts=torch.zeros(2, 3), batch_size=[2]))
+
+
+# ---------------------------------------------------------------------- FlattenAction
+def test_flatten_action_inverse_and_forward():
+    base = PixelToyEnv(batch_size=[2], continuous=True)
+    base.action_spec = Bounded(torch.linspace(-6, -1, 6).reshape(2, 3), 1.0, shape=(2, 2, 3))
+    env = TransformedEnv(base, FlattenAction())
+    spec = env.action_spec
+    assert spec.shape == (2, 6) and spec.low[0].tolist() == torch.linspace(-6, -1, 6).tolist()
+    td = env.reset()
+    flat = torch.arange(12.0).reshape(2, 6) / 20 - 0.3
+    td["action"] = flat
+    env.step(td)
+    assert base.actions_seen[-1].equal(flat.reshape(2, 2, 3))
+    sample = TensorDict(action=torch.arange(24.0).reshape(4, 2, 3), batch_size=[4])
+    assert env.transform.clone()(sample)["action"].equal(torch.arange(24.0).reshape(4, 6))
+
+
+def test_flatten_action_bad_input():
+    with pytest.raises(ValueError, match="must be negative"):
+        FlattenAction(0, 1)
+    with pytest.raises(ValueError, match="must come before"):
+        FlattenAction(-1, -2)
+    with pytest.raises(ValueError, match=r"action_shape must be 2 positive sizes"):
+        FlattenAction(action_shape=[6])
+    with pytest.raises(RuntimeError, match="action shape is not known"):
+        FlattenAction().inv(TensorDict(action=torch.zeros(6), batch_size=[]))
+    with pytest.raises(ValueError, match=r"'action' of shape \[5\] must have 6 entries"):
+        FlattenAction(action_shape=[2, 3]).inv(TensorDict(action=torch.zeros(5), batch_size=[]))
+    with pytest.raises(ValueError, match=r"do not fit the action 'action' of shape \[1\]"):
+        TransformedEnv(PendulumEnv(seed=0), FlattenAction())
+    base = PixelToyEnv(onehot=True)
+    base.action_spec = OneHot(3, shape=(2, 3))
+    with pytest.raises(TypeError, match="OneHot spec; only Bounded and Unbounded"):
+        TransformedEnv(base, FlattenAction())

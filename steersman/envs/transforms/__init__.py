@@ -5,7 +5,7 @@ transformed env), works on batched envs (per-sub-env state, partial resets) and
 applies to a TensorDict outside any env with ``transform(td)``.
 """
 
-from .actions import ActionScaling, DiscreteActionProjection
+from .actions import ActionScaling, DiscreteActionProjection, FlattenAction
 from .base import Compose, ObservationTransform, Transform, TransformedEnv
 from .checks import FiniteTensorDictCheck
 from .counters import InitTracker, StepCounter
@@ -81,4 +81,5 @@ __all__ = [
     "Crop",
     "RandomCropTensorDict",
     "Stack",
+    "FlattenAction",
 ]

@@ -1,7 +1,7 @@
 """Action-space transforms: the policy sees another action space than the env.
 
 ``ActionScaling`` (a normalized box), ``DiscreteActionProjection`` (a larger one-hot
-space). Both map the policy's action to the env's on the way in (``inv``); their
+space), ``FlattenAction`` (a flat action vector). Both map the policy's action to the env's on the way in (``inv``); their
 ``forward`` maps env actions (e.g. in a replay-buffer sample) to the policy's space.
 Inside an env they leave the env's outputs alone.
 """
@@ -13,14 +13,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from steersman.data import Bounded, Composite, OneHot
+from steersman.data import Bounded, Composite, OneHot, Unbounded
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict._utils import NestedKey, unravel_key
 
-from ._utils import missing_spec_key
+from ._utils import missing_key, missing_spec_key
 from .base import Transform
 
-__all__ = ["ActionScaling", "DiscreteActionProjection"]
+__all__ = ["ActionScaling", "DiscreteActionProjection", "FlattenAction"]
 
 
 def _seeded_generator(seed: int | None) -> torch.Generator | None:
@@ -243,3 +243,149 @@ class DiscreteActionProjection(Transform):
     def __repr__(self) -> str:
         return (f"DiscreteActionProjection(num_actions_effective={self.num_actions_effective}, "
                 f"max_actions={self.max_actions}, action_key={self.action_key!r})")
+
+
+class FlattenAction(Transform):
+    """Shows the policy a flattened action; the env receives it in its own shape.
+
+    The env's action dims ``first_dim..last_dim`` (inclusive) are one dim for the policy:
+    ``inv`` unflattens the policy's action back to the env's shape; ``forward`` (env
+    action -> flat, e.g. on replay samples) flattens it.
+
+    Args:
+        first_dim, last_dim: the span (negative; or non-negative feature dims, counted
+            after the batch dims, with ``allow_positive_dim=True``). Default ``-2, -1``.
+        in_keys_inv: the env's action entries (default ``["action"]``; each gets the same span).
+        out_keys_inv: the entries the policy writes (default ``in_keys_inv``).
+        in_keys, out_keys: the entries ``forward`` reads and writes (default
+            ``in_keys_inv`` and ``in_keys``).
+        allow_positive_dim: accept non-negative dims.
+
+    Keyword Args:
+        action_shape: the sizes of the flattened span, for ``inv`` outside an env
+            (in an env they come from the action spec).
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.envs.transforms import FlattenAction
+        >>> t = FlattenAction(action_shape=[2, 3])
+        >>> t.inv(TensorDict(action=torch.arange(6.0), batch_size=[]))["action"]
+        tensor([[0., 1., 2.],
+                [3., 4., 5.]])
+        >>> t(TensorDict(action=torch.ones(4, 2, 3), batch_size=[4]))["action"].shape
+        torch.Size([4, 6])
+    """
+
+    _check_spec_in_keys = False
+
+    def __init__(self, first_dim: int = -2, last_dim: int = -1, in_keys_inv: Any = None, out_keys_inv: Any = None,
+                 in_keys: Any = None, out_keys: Any = None, allow_positive_dim: bool = False, *,
+                 action_shape: Any = None) -> None:
+        for name, d in (("first_dim", first_dim), ("last_dim", last_dim)):
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise TypeError(f"FlattenAction: {name} must be an int, got {d!r}")
+            if d >= 0 and not allow_positive_dim:
+                raise ValueError(f"FlattenAction: {name}={d} must be negative; pass allow_positive_dim=True for "
+                                 "feature dims counted after the batch dims")
+        if (first_dim < 0) != (last_dim < 0) or first_dim >= last_dim:
+            raise ValueError(f"FlattenAction: first_dim={first_dim} must come before last_dim={last_dim} (same sign)")
+        in_keys_inv = ["action"] if in_keys_inv is None else in_keys_inv
+        super().__init__(in_keys_inv if in_keys is None else in_keys, out_keys, in_keys_inv, out_keys_inv)
+        self._pairs  # noqa: B018  (validates the lengths now)
+        self._pairs_inv  # noqa: B018
+        self.first_dim, self.last_dim = first_dim, last_dim
+        self.allow_positive_dim = allow_positive_dim
+        span = last_dim - first_dim + 1
+        if action_shape is not None:
+            action_shape = [int(v) for v in action_shape]
+            if len(action_shape) != span or min(action_shape) < 1:
+                raise ValueError(f"FlattenAction: action_shape must be {span} positive sizes (dims "
+                                 f"{first_dim}..{last_dim}), got {action_shape}")
+        self.action_shape = action_shape
+        self.__dict__["_sizes"] = {}
+
+    def _span(self, ndim: int, batch_dims: int) -> tuple[int, int]:
+        if self.first_dim >= 0:
+            return self.first_dim + batch_dims, self.last_dim + batch_dims
+        return self.first_dim + ndim, self.last_dim + ndim
+
+    def _flatten(self, x: Tensor, batch_dims: int) -> Tensor:  # env -> flat
+        f, last = self._span(x.ndim, batch_dims)
+        if f < batch_dims or last >= x.ndim:
+            raise ValueError(f"FlattenAction: dims {self.first_dim}..{self.last_dim} do not fit an action of "
+                             f"shape {list(x.shape)} ({batch_dims} batch dims)")
+        return x.flatten(f, last)
+
+    def _unflatten(self, x: Tensor, batch_dims: int, key: NestedKey) -> Tensor:  # flat -> env
+        sizes = self.__dict__.get("_sizes", {}).get(key, self.action_shape)
+        if sizes is None:
+            raise RuntimeError("FlattenAction: the env's action shape is not known; pass action_shape or use the "
+                               "transform in a TransformedEnv")
+        if self.first_dim >= 0:  # the flat dim sits where the span started
+            pos = self.first_dim + batch_dims
+        else:  # before the dims that follow the span
+            pos = x.ndim - 1 - (-1 - self.last_dim)
+        n = 1
+        for v in sizes:
+            n *= v
+        if not batch_dims <= pos < x.ndim or x.shape[pos] != n:
+            raise ValueError(f"FlattenAction: the policy's action {key!r} of shape {list(x.shape)} must have {n} "
+                             f"entries (the product of {sizes}) at dim {pos}")
+        return x.unflatten(pos, sizes)
+
+    def _apply_pairs(self, td: TensorDictBase, pairs: list) -> TensorDictBase:
+        nb = td.batch_dims
+        for ik, ok in pairs:
+            x = td.get(ik, None)
+            if x is None:
+                raise missing_key(self, ik, td)
+            td.set(ok, self._flatten(x, nb))
+        return td
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        nb = tensordict.batch_dims
+        for ik, ok in self._pairs_inv:
+            x = tensordict.get(ok, None)
+            if x is None:
+                raise missing_key(self, ok, tensordict, "out_keys_inv")
+            tensordict.set(ik, self._unflatten(x, nb, ik))
+        return tensordict
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict  # the env's outputs hold no action
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Env actions -> flat ones (at the root and under ``"next"``), e.g. on replay samples."""
+        return self._forward_pairs(tensordict)
+
+    def transform_action_spec(self, action_spec: Composite) -> Composite:
+        nb = len(action_spec.shape)
+        sizes = {}
+        for ik, ok in self._pairs_inv:
+            spec = action_spec.get(ik, None)
+            if spec is None or isinstance(spec, Composite):
+                raise missing_spec_key(self, ik, "action spec", list(action_spec.keys(True, True)))
+            f, last = self._span(len(spec.shape), nb)
+            if f < nb or last >= len(spec.shape):
+                raise ValueError(f"FlattenAction: dims {self.first_dim}..{self.last_dim} do not fit the action "
+                                 f"{ik!r} of shape {list(spec.shape)} ({nb} batch dims)")
+            sizes[ik] = list(spec.shape[f:last + 1])
+            shape = (*spec.shape[:f], spec.shape[f:last + 1].numel(), *spec.shape[last + 1:])
+            if isinstance(spec, Bounded):
+                new = Bounded(spec.low.flatten(f, last), spec.high.flatten(f, last), shape=shape,
+                              device=spec.device, dtype=spec.dtype)
+            elif isinstance(spec, Unbounded):
+                new = Unbounded(shape=shape, device=spec.device, dtype=spec.dtype)
+            else:
+                raise TypeError(f"FlattenAction: the action {ik!r} has a {type(spec).__name__} spec; only "
+                                "Bounded and Unbounded action specs can be flattened")
+            if ik != ok:
+                action_spec.del_(ik)
+            action_spec.set(ok, new)
+        self.__dict__["_sizes"] = sizes
+        return action_spec
+
+    def __repr__(self) -> str:
+        return (f"FlattenAction(first_dim={self.first_dim}, last_dim={self.last_dim}, "
+                f"in_keys_inv={self.in_keys_inv})")
