@@ -49,8 +49,8 @@ class FunctionalUpdate:
     with ``"loss_"`` (TorchRL's convention). ``params`` holds the module's trainable
     parameters (``requires_grad``) keyed as :func:`~steersman.tensordict.nn.from_module`
     keys them; buffers (e.g. a clip range annealed in place) are read from the module.
-    ``metrics`` holds each loss term, ``"loss"`` (their sum) and, with clipping,
-    ``"grad_norm"`` (before clipping).
+    ``metrics`` holds every entry of the loss's output (detached: the terms and any
+    diagnostics), ``"loss"`` (the sum) and, with clipping, ``"grad_norm"`` (before clipping).
 
     Args:
         loss_module: the objective, called as ``loss_module(batch)``.
@@ -88,9 +88,15 @@ class FunctionalUpdate:
 
     def _loss(self, flat: dict[str, Tensor], batch: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
         out = torch.func.functional_call(self.loss_module, flat, (batch,), strict=False)
-        terms = {k: out.get(k) for k in out.keys() if isinstance(k, str) and k.startswith("loss_")}
-        total = sum(terms.values())
-        return total, {k: v.detach() for k, v in terms.items()}
+        entries = {k: out.get(k) for k in out.keys() if isinstance(k, str)}
+        total = None
+        for k, v in entries.items():
+            if k.startswith("loss_"):
+                total = v if total is None else total + v
+        if total is None:
+            raise KeyError(f"{type(self.loss_module).__name__} returned no 'loss_*' entry, "
+                           f"got {sorted(entries)}")
+        return total, {k: v.detach() for k, v in entries.items()}
 
     def __call__(self, params: TensorDictBase, opt_state: TensorDictBase,
                  batch: TensorDictBase) -> tuple[TensorDict, TensorDict, TensorDict]:

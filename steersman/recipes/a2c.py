@@ -26,7 +26,8 @@ from torch import nn
 from steersman.collectors import SyncDataCollector
 from steersman.envs import EnvBase
 from steersman.objectives import A2CLoss, ValueEstimators
-from steersman.tensordict.nn import shared_copy
+from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
+from steersman.tensordict.nn import optim, shared_copy
 
 from . import ppo
 from .config import CheckpointConfig, ClippedOptimConfig, EnvConfig, EvalConfig, LoggerConfig
@@ -60,6 +61,9 @@ class A2CConfig:
     """Hidden layer widths of the actor and of the critic."""
     ortho_init: bool = True
     """Orthogonal init (gain sqrt 2; 0.01 for the policy head, 1 for the value head)."""
+    compile: bool = False
+    """torch.compile the whole update (loss, gradients, clipping, RMSprop: one fullgraph
+    graph; falls back to eager with a warning if it cannot)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -91,12 +95,18 @@ def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, re
                       loss_critic_type="l2")
     loss_fn.make_value_estimator(ValueEstimators.GAE, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
     params = [p for p in loss_fn.parameters() if p.requires_grad]
-    optim = torch.optim.RMSprop(params, lr=cfg.optim.lr, alpha=0.99, eps=1e-5, foreach=True)
+    if cfg.compile:  # a pure functional step (torch.func gradients, functional RMSprop), compiled whole
+        functional = FunctionalUpdate(loss_fn, optim.RMSprop(lr=cfg.optim.lr, alpha=0.99, eps=1e-5),
+                                      max_grad_norm=cfg.optim.max_grad_norm)
+        optimizer: Any = OptimizerState(functional.optimizer.init(functional.params()))
+    else:
+        optimizer = torch.optim.RMSprop(params, lr=cfg.optim.lr, alpha=0.99, eps=1e-5, foreach=True)
     policy = shared_copy(actor)
     run = Run("a2c", cfg, run_dir, resume=resume, frames_per_batch=frames_per_batch)
     collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
     episodes = EpisodeReturns()
-    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes)
+    run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes)
+    compiled = CompiledUpdate(functional, optimizer) if cfg.compile else None  # after track: restored params
 
     frames = run.frames
     for batch in collector:
@@ -105,12 +115,17 @@ def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, re
 
         with torch.no_grad():
             loss_fn.value_estimator(batch)
-        losses = loss_fn(batch.exclude("next"))
-        total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
-        optim.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm, foreach=True)
-        optim.step()
+        if compiled is not None:
+            losses = compiled(batch.exclude("next"))
+            grad_norm = losses["grad_norm"]
+            compiled.sync()  # the modules (collection, eval, checkpoints, export) get the new parameters
+        else:
+            losses = loss_fn(batch.exclude("next"))
+            total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            grad_norm = nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm, foreach=True)
+            optimizer.step()
 
         run.log(frames, {"train/return": episodes.last_mean, "train/loss_objective": losses["loss_objective"],
                          "train/loss_critic": losses["loss_critic"], "train/entropy": losses["entropy"],
