@@ -136,6 +136,37 @@ class TwoAgentEnv(EnvBase):
         pass
 
 
+class EmptySpecsEnv(PixelToyEnv):
+    """The toy env with empty Composite entries: ``("other", "another")`` (an observation),
+    written as an empty TensorDict, and ``"memory"`` (an empty
+    state entry; ``self.memory_seen`` records whether each step received it) (for
+    ``RemoveEmptySpecs``)."""
+
+    def __init__(self, batch_size: Any = ()) -> None:
+        super().__init__(batch_size)
+        bs = self.batch_size
+        obs = self.observation_spec.clone()
+        obs.unlock_()
+        obs["other"] = Composite(another=Composite(shape=bs), shape=bs)
+        self.observation_spec = obs
+        self.state_spec = Composite(memory=Composite(shape=bs), shape=bs)
+        self.memory_seen: list = []
+
+    def _empty(self) -> TensorDict:
+        return TensorDict({"another": TensorDict({}, batch_size=self.batch_size)}, batch_size=self.batch_size)
+
+    def _reset(self, tensordict: Any, **kwargs: Any) -> TensorDict:
+        out = super()._reset(tensordict, **kwargs)
+        out["other"] = self._empty()
+        return out
+
+    def _step(self, tensordict: Any) -> TensorDict:
+        self.memory_seen.append(isinstance(tensordict.get("memory", None), TensorDict))
+        out = super()._step(tensordict)
+        out["other"] = self._empty()
+        return out
+
+
 def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
     """The base envs of the transform battery, by name."""
     from steersman.envs import CartPoleEnv, PendulumEnv
@@ -158,6 +189,8 @@ def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
         return PixelToyEnv(batch_size, reward_dim=3)
     if kind == "agents":
         return TwoAgentEnv(batch_size)
+    if kind == "toy_empty":
+        return EmptySpecsEnv(batch_size)
     if kind == "toy_matrix_action":  # a [2, 3] continuous action
         env = PixelToyEnv(batch_size, continuous=True)
         env.action_spec = Bounded(-1.0, 1.0, shape=(*env.batch_size, 2, 3))

@@ -45,9 +45,11 @@ from steersman.envs.transforms import (
     GrayScale,
     InitTracker,
     LineariseRewards,
+    ModuleTransform,
     NoopResetEnv,
     ObservationNorm,
     PermuteTransform,
+    RemoveEmptySpecs,
     RenameTransform,
     Resize,
     RewardClipping,
@@ -82,6 +84,26 @@ class Case:
     # forward reproduction: (transform in the env, transform for forward, keys compared)
     repro: tuple[Callable[[], Transform], Callable[[], Transform], list] | None = None
     identity_forward: bool = False  # env-level transforms: forward returns the data as is
+
+
+def _embed_spec(spec):
+    spec["embed"] = Unbounded(shape=(*spec.shape, 5))
+    return spec
+
+
+def _encoder() -> ModuleTransform:
+    from steersman.tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    enc = TensorDictModule(torch.nn.Linear(3, 5), in_keys=["observation"], out_keys=["embed"])
+    return ModuleTransform(module=enc, no_grad=True, observation_spec_transform=_embed_spec)
+
+
+def _action_halver() -> ModuleTransform:
+    from steersman.tensordict.nn import TensorDictModule
+
+    return ModuleTransform(module=TensorDictModule(lambda a: a * 0.5, in_keys=["action"], out_keys=["action"]),
+                           inverse=True)
 
 
 def _init_stats(env: TransformedEnv) -> None:
@@ -211,6 +233,10 @@ CASES = [
     Case("flatten_action", "toy_matrix_action", lambda: FlattenAction()),
     Case("flatten_action_renamed", "toy_matrix_action",
          lambda: FlattenAction(0, 1, out_keys_inv=["flat_action"], allow_positive_dim=True)),
+    Case("remove_empty_specs", "toy_empty", lambda: RemoveEmptySpecs()),
+    Case("module", "pendulum", _encoder,
+         repro=(_encoder, _encoder, ["embed"])),
+    Case("module_inverse", "pendulum", _action_halver, identity_forward=True),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),

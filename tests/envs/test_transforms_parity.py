@@ -4,7 +4,8 @@ and its bad input (a clear error naming the key/value, the transform left usable
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
 DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
 Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer, Crop,
-RandomCropTensorDict, Stack, FlattenAction. The transform battery
+RandomCropTensorDict, Stack, FlattenAction, RemoveEmptySpecs, ModuleTransform. The
+transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from steersman import TensorDict
-from steersman.data import Binary, Bounded, OneHot, Unbounded
+from steersman.data import Binary, Bounded, Composite, OneHot, Unbounded
 from steersman.envs import PendulumEnv, check_env_specs
 from steersman.envs.transforms import (
     ActionScaling,
@@ -27,8 +28,10 @@ from steersman.envs.transforms import (
     FlattenAction,
     FlattenObservation,
     LineariseRewards,
+    ModuleTransform,
     PermuteTransform,
     RandomCropTensorDict,
+    RemoveEmptySpecs,
     Reward2GoTransform,
     SignTransform,
     Stack,
@@ -39,7 +42,7 @@ from steersman.envs.transforms import (
     TransformedEnv,
     UnaryTransform,
 )
-from tests.envs._transform_envs import PixelToyEnv, TwoAgentEnv
+from tests.envs._transform_envs import EmptySpecsEnv, PixelToyEnv, TwoAgentEnv
 
 
 # ---------------------------------------------------------------------- ClipTransform
@@ -717,3 +720,90 @@ def test_flatten_action_bad_input():
     base.action_spec = OneHot(3, shape=(2, 3))
     with pytest.raises(TypeError, match="OneHot spec; only Bounded and Unbounded"):
         TransformedEnv(base, FlattenAction())
+
+
+# ---------------------------------------------------------------------- RemoveEmptySpecs
+class _EmptyRewardEnv(EmptySpecsEnv):
+    """Also an empty reward Composite: the bare env cannot even be rolled out."""
+
+    def __init__(self, batch_size=()):
+        super().__init__(batch_size)
+        bs = self.batch_size
+        self.reward_spec = Composite(reward=self.reward_spec.clone(), other_reward=Composite(shape=bs), shape=bs)
+
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        out["other_reward"] = TensorDict({}, batch_size=self.batch_size)
+        return out
+
+
+def test_remove_empty_specs_specs_data_and_inputs():
+    base = _EmptyRewardEnv([2])
+    env = TransformedEnv(base, RemoveEmptySpecs())
+    assert "other" not in env.observation_spec.keys()
+    assert list(env.full_reward_spec.keys()) == ["reward"]
+    assert list(env.full_state_spec.keys()) == []
+    check_env_specs(env)
+    td = env.rollout(4)
+    assert "other" not in td.keys() and "other_reward" not in td["next"].keys()
+    assert base.memory_seen and all(base.memory_seen)  # the empty input is put back for the env
+    # forward removes empty sub-TensorDicts at any depth and keeps the rest
+    data = TensorDict({"a": torch.zeros(2), "b": {"c": {}}, "d": {"e": torch.ones(2), "f": {}}}, batch_size=[2])
+    out = RemoveEmptySpecs()(data)
+    assert set(out.keys(include_nested=True, leaves_only=True)) == {"a", ("d", "e")}
+    assert "b" not in out.keys() and "f" not in out["d"].keys()
+
+
+# ---------------------------------------------------------------------- ModuleTransform
+def _embed_spec(spec):
+    spec["embed"] = Unbounded(shape=(*spec.shape, 5))
+    return spec
+
+
+def test_module_transform_outputs_and_grad():
+    from steersman.tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 5)
+    t = ModuleTransform(module=TensorDictModule(lin, in_keys=["observation"], out_keys=["embed"]), no_grad=True,
+                        observation_spec_transform=_embed_spec)
+    env = TransformedEnv(PendulumEnv(batch_size=[2], seed=0), t)
+    check_env_specs(env)
+    td = env.rollout(3)
+    torch.testing.assert_close(td["next", "embed"], lin(td["next", "observation"]).detach())
+    torch.testing.assert_close(td["embed"], lin(td["observation"]).detach())  # reset outputs too
+    assert not td["next", "embed"].requires_grad
+    # without no_grad the module's graph is kept; forward applies it on a TensorDict
+    t2 = ModuleTransform(module_factory=lambda: TensorDictModule(lin, in_keys=["x"], out_keys=["y"]))
+    out = t2(TensorDict(x=torch.ones(4, 3), batch_size=[4]))
+    assert out["y"].requires_grad
+
+
+def test_module_transform_inverse_and_spec_replacement():
+    from steersman.tensordict.nn import TensorDictModule
+
+    base = PixelToyEnv(continuous=True)
+    halve = TensorDictModule(lambda a: a * 0.5, in_keys=["action"], out_keys=["action"])
+    new_action = Composite(action=Bounded(-2.0, 2.0, shape=(2,)), shape=())
+    env = TransformedEnv(base, ModuleTransform(module=halve, inverse=True, action_spec_transform=new_action))
+    assert env.action_spec.high.tolist() == [2.0, 2.0]
+    td = env.reset()
+    td["action"] = torch.tensor([2.0, -1.0])
+    env.step(td)
+    assert base.actions_seen[-1].tolist() == [1.0, -0.5]
+    check_env_specs(env)
+
+
+def test_module_transform_bad_input():
+    from steersman.tensordict.nn import TensorDictModule
+
+    mod = TensorDictModule(torch.nn.Linear(3, 5), in_keys=["observation"], out_keys=["embed"])
+    with pytest.raises(ValueError, match="exactly one of module and module_factory"):
+        ModuleTransform()
+    with pytest.raises(ValueError, match="use_ray_service=True"):
+        ModuleTransform(module=mod, use_ray_service=True)
+    with pytest.raises(TypeError, match="observation_spec_transform must be a Composite or a callable"):
+        ModuleTransform(module=mod, observation_spec_transform=3)
+    with pytest.raises(ValueError, match=r"observation_spec_transform must give a Composite of shape \[2\]"):
+        TransformedEnv(PendulumEnv(batch_size=[2], seed=0),
+                       ModuleTransform(module=mod, observation_spec_transform=lambda s: Composite()))

@@ -11,6 +11,7 @@ from .checks import FiniteTensorDictCheck
 from .counters import InitTracker, StepCounter
 from .crop import Crop
 from .elementwise import ClipTransform, SignTransform
+from .empty_specs import RemoveEmptySpecs
 from .image import CenterCrop, GrayScale, Resize, ToTensorImage
 from .keys import (
     CatTensors,
@@ -21,6 +22,7 @@ from .keys import (
     UnsqueezeTransform,
 )
 from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetEnv
+from .module import ModuleTransform
 from .norm import ObservationNorm, VecNorm
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
@@ -82,4 +84,6 @@ __all__ = [
     "RandomCropTensorDict",
     "Stack",
     "FlattenAction",
+    "RemoveEmptySpecs",
+    "ModuleTransform",
 ]
