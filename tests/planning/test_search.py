@@ -271,7 +271,7 @@ def test_one_simulation_compiles_fullgraph(backend):
         step = torch.compile(simulate_once, fullgraph=True, dynamic=False, backend=backend) if compiled else simulate_once
         uniform = torch.zeros(b, A)
         for sim in range(6):
-            step((), None, fresh, torch.tensor(sim), uniform, fn, root_sel, interior, 3, 3, tensor_embedding=True)
+            step((), None, fresh, torch.tensor(sim), uniform, fn, root_sel, interior, 2, 2, tensor_embedding=True)
         return fresh
 
     torch._dynamo.reset()
@@ -280,6 +280,7 @@ def test_one_simulation_compiles_fullgraph(backend):
     compiled = run(True)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # one graph for all simulations
     assert eager.node_visits[:, 0].tolist() == [7] * b
+    assert eager.depth.amax().item() == 2  # the descent went below the root
     assert torch.equal(eager.children_visits, compiled.children_visits)
     assert torch.equal(eager.parents, compiled.parents)
     torch.testing.assert_close(eager.node_values, compiled.node_values)
