@@ -252,7 +252,7 @@ def _tenv(case: Case, batch_size: Any = (), base: Any = None) -> TransformedEnv:
 
 
 # replay-buffer-only transforms (refused in an env): tested in test_transforms_parity.py
-REPLAY_ONLY = ("Reward2GoTransform", "RandomCropTensorDict")
+REPLAY_ONLY = ("Reward2GoTransform", "RandomCropTensorDict", "BurnInTransform")
 
 
 def test_every_transform_is_covered():

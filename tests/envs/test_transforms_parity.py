@@ -4,8 +4,8 @@ and its bad input (a clear error naming the key/value, the transform left usable
 ClipTransform, SignTransform, BinarizeReward, LineariseRewards, ActionScaling,
 DiscreteActionProjection, FlattenObservation, PermuteTransform, TrajCounter,
 Reward2GoTransform, FiniteTensorDictCheck, UnaryTransform, Timer, Crop,
-RandomCropTensorDict, Stack, FlattenAction, RemoveEmptySpecs, ModuleTransform. The
-transform battery
+RandomCropTensorDict, Stack, FlattenAction, RemoveEmptySpecs, ModuleTransform,
+BurnInTransform. The transform battery
 (``test_transforms.py``) runs the generic checks (specs, batched/serial envs, forward).
 """
 
@@ -20,6 +20,7 @@ from steersman.envs import PendulumEnv, check_env_specs
 from steersman.envs.transforms import (
     ActionScaling,
     BinarizeReward,
+    BurnInTransform,
     ClipTransform,
     Compose,
     Crop,
@@ -807,3 +808,51 @@ def test_module_transform_bad_input():
     with pytest.raises(ValueError, match=r"observation_spec_transform must give a Composite of shape \[2\]"):
         TransformedEnv(PendulumEnv(batch_size=[2], seed=0),
                        ModuleTransform(module=mod, observation_spec_transform=lambda s: Composite()))
+
+
+# ---------------------------------------------------------------------- BurnInTransform
+def _accumulator():
+    from steersman.tensordict.nn import TensorDictModule
+
+    # a sequence module: h_{t+1} = 0.5 * h_t + o_t from the stored first state, plus a feature
+    def step(h, o):
+        out, cur = [], h[..., 0, :]
+        for t in range(o.shape[-2]):
+            cur = 0.5 * cur + o[..., t, :]
+            out.append(cur)
+        return torch.stack(out, -2), o * 2
+
+    return TensorDictModule(step, in_keys=["hidden", "observation"], out_keys=[("next", "hidden"), "feature"])
+
+
+def test_burn_in_reference():
+    torch.manual_seed(0)
+    obs = torch.randn(3, 7, 2)
+    stale = torch.randn(3, 7, 2)
+    td = TensorDict(observation=obs, hidden=stale, batch_size=[3, 7])
+    t = BurnInTransform([_accumulator()], burn_in=4)
+    assert t.out_keys == ["hidden"]
+    out = t(td)
+    assert out.batch_size == (3, 3)
+    h = stale[:, 0]
+    for s in range(4):
+        h = 0.5 * h + obs[:, s]
+    torch.testing.assert_close(out["hidden"][:, 0], h)
+    assert out["hidden"][:, 1:].equal(stale[:, 5:])  # later steps keep their stored states
+    assert out["observation"].equal(obs[:, 4:])
+    assert "feature" not in out.keys()  # only the carried states are written
+    assert td["hidden"].equal(stale)  # the sample itself is untouched
+
+
+def test_burn_in_bad_input():
+    with pytest.raises(ValueError, match="burn_in must be a positive int"):
+        BurnInTransform([_accumulator()], burn_in=0)
+    from steersman.tensordict.nn import TensorDictModule
+
+    with pytest.raises(ValueError, match="write no \\('next', key\\) entry"):
+        BurnInTransform([TensorDictModule(torch.neg, in_keys=["a"], out_keys=["b"])], burn_in=2)
+    td = TensorDict(observation=torch.zeros(2, 3, 2), hidden=torch.zeros(2, 3, 2), batch_size=[2, 3])
+    with pytest.raises(ValueError, match="burn_in=3 leaves no step of sequences of length 3"):
+        BurnInTransform([_accumulator()], burn_in=3)(td)
+    with pytest.raises(ValueError, match="cannot be used in an env"):
+        TransformedEnv(PendulumEnv(seed=0), BurnInTransform([_accumulator()], burn_in=2))

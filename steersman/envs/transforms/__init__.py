@@ -26,7 +26,7 @@ from .module import ModuleTransform
 from .norm import ObservationNorm, VecNorm
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
-from .replay import RandomCropTensorDict, Reward2GoTransform
+from .replay import BurnInTransform, RandomCropTensorDict, Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
 from .shapes import FlattenObservation, PermuteTransform
@@ -86,4 +86,5 @@ __all__ = [
     "FlattenAction",
     "RemoveEmptySpecs",
     "ModuleTransform",
+    "BurnInTransform",
 ]

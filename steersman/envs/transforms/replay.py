@@ -1,5 +1,5 @@
-"""Replay-buffer transforms (refused in an env): Reward2GoTransform (on writes, through ``inv``)
-and RandomCropTensorDict (on samples)."""
+"""Replay-buffer transforms (refused in an env): Reward2GoTransform (on writes, through ``inv``),
+RandomCropTensorDict and BurnInTransform (on samples)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from steersman.tensordict._utils import NestedKey, unravel_key
 from ._utils import key_list, missing_key
 from .base import Transform
 
-__all__ = ["Reward2GoTransform", "RandomCropTensorDict"]
+__all__ = ["Reward2GoTransform", "RandomCropTensorDict", "BurnInTransform"]
 
 
 def _next(key: NestedKey) -> tuple:
@@ -196,3 +196,92 @@ class RandomCropTensorDict(Transform):
     def __repr__(self) -> str:
         return (f"RandomCropTensorDict(sub_seq_len={self.sub_seq_len}, sample_dim={self.sample_dim}, "
                 f"mask_key={self.mask_key!r})")
+
+
+class BurnInTransform(Transform):
+    """Refreshes recurrent states of sampled sequences by running the first ``burn_in`` steps.
+
+    For a sampled TensorDict ``[*B, T]`` (time last), the modules run (without gradients)
+    on steps ``0 .. burn_in - 1``; the recurrent states they write for the next step
+    (``("next", key)`` at step ``burn_in - 1``) become ``key`` at the first of the
+    remaining steps, and the result is those ``T - burn_in`` steps. For replay buffers
+    (sampled slices whose stored states are stale); it cannot be used in an env.
+
+    Args:
+        modules: modules run in order on the burn-in steps (sequence-aware, as
+            recurrent modules are).
+        burn_in: the number of steps to burn in (``0 < burn_in < T``).
+        out_keys: the state keys to carry over (default: every ``("next", key)`` among
+            the modules' ``out_keys``, as ``key``).
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> from steersman.envs.transforms import BurnInTransform
+        >>> from steersman.tensordict.nn import TensorDictModule
+        >>> acc = TensorDictModule(lambda h, o: h[..., :1, :] + o.cumsum(-2),  # h_{t+1} = h_t + o_t
+        ...                        in_keys=["hidden", "observation"], out_keys=[("next", "hidden")])
+        >>> td = TensorDict(observation=torch.ones(5, 1), hidden=torch.zeros(5, 1), batch_size=[5])
+        >>> out = BurnInTransform([acc], burn_in=3)(td)
+        >>> out.batch_size, out["hidden"][0]          # 3 steps of +1 burnt in
+        (torch.Size([2]), tensor([3.]))
+    """
+
+    def __init__(self, modules: Any, burn_in: int, out_keys: Any = None) -> None:
+        if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 1:
+            raise ValueError(f"BurnInTransform: burn_in must be a positive int, got {burn_in!r}")
+        modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
+        if not modules or not all(callable(m) for m in modules):
+            raise TypeError("BurnInTransform: modules must be a non-empty sequence of TensorDict modules")
+        if out_keys is None:
+            out_keys = []
+            for m in modules:
+                for k in getattr(m, "out_keys", []):
+                    k = unravel_key(k)
+                    if type(k) is tuple and k[0] == "next" and len(k) > 1:
+                        out_keys.append(k[1] if len(k) == 2 else k[1:])
+            if not out_keys:
+                raise ValueError("BurnInTransform: the modules write no ('next', key) entry; pass out_keys")
+        super().__init__([], out_keys)
+        self.modules_list = torch.nn.ModuleList([m for m in modules if isinstance(m, torch.nn.Module)])
+        self.__dict__["_modules_seq"] = modules
+        self.burn_in = burn_in
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tensordict.batch_dims == 0:
+            raise ValueError("BurnInTransform needs sequences: a TensorDict whose last batch dim is time "
+                             "(got batch_size [])")
+        T = tensordict.batch_size[-1]
+        k = self.burn_in
+        if k >= T:
+            raise ValueError(f"BurnInTransform: burn_in={k} leaves no step of sequences of length {T}")
+        head = tensordict[..., :k].clone()
+        with torch.no_grad():
+            for m in self.__dict__["_modules_seq"]:
+                out = m(head)
+                head = head if out is None else out
+        rest = tensordict[..., k:].clone()
+        for key in self.out_keys:
+            nk = _next(key)
+            v = head.get(nk, None)
+            if v is None:
+                raise missing_key(self, nk, head, "out_keys (the modules' ('next', key) outputs)")
+            cur = rest.get(key, None)
+            state = v.select(tensordict.batch_dims - 1, k - 1)  # the state after the last burn-in step
+            if cur is None:
+                cur = torch.zeros((*rest.batch_size, *state.shape[tensordict.batch_dims - 1:]),
+                                  dtype=state.dtype, device=state.device)
+            cur = cur.clone()
+            cur.select(tensordict.batch_dims - 1, 0).copy_(state)
+            rest.set(key, cur)
+        return rest
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self.forward(tensordict)
+
+    def transform_output_spec(self, output_spec: Composite) -> Composite:
+        raise ValueError("BurnInTransform cannot be used in an env: it burns in sampled sequences; use it as a "
+                         "replay-buffer transform")
+
+    def __repr__(self) -> str:
+        return f"BurnInTransform(burn_in={self.burn_in}, out_keys={self.out_keys})"
