@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 import inspect
@@ -35,10 +36,13 @@ __all__ = [
     "LoggerConfig",
     "OptimConfig",
     "ClippedOptimConfig",
+    "MUJOCO_TASKS",
+    "apply_env_defaults",
     "config_from_dict",
     "config_to_dict",
     "diff_configs",
     "field_docs",
+    "is_mujoco_env",
     "validate_config",
 ]
 
@@ -210,7 +214,8 @@ _AT_LEAST = {
 }
 _POSITIVE = {"lr", "max_grad_norm", "eps", "utd_ratio"}
 _UNIT = {"gamma", "gae_lambda", "tau", "exploration_fraction", "eps_init", "eps_end", "expectile", "clip_epsilon"}
-_CHOICES = {"export_format": ("torch-export", "onnx", "none"), "loss_function": ("l2", "smooth_l1", "l1")}
+_CHOICES = {"export_format": ("torch-export", "onnx", "none"), "loss_function": ("l2", "smooth_l1", "l1"),
+            "preset": ("auto", "mujoco", "none")}
 
 
 def validate_config(cfg: Any, prefix: str = "") -> None:
@@ -305,3 +310,43 @@ def _check_sizes(cfg: Any) -> None:
         if per_batch % cfg.minibatch_size:
             raise ConfigError(f"minibatch_size ({cfg.minibatch_size}) must divide env.num_envs x n_steps "
                               f"({num_envs} x {cfg.n_steps} = {per_batch})")
+
+
+MUJOCO_TASKS = frozenset({"Ant", "HalfCheetah", "Hopper", "Humanoid", "HumanoidStandup", "InvertedDoublePendulum",
+                          "InvertedPendulum", "Pusher", "Reacher", "Swimmer", "Walker2d"})
+"""Gymnasium MuJoCo task names (any version): ``gym:HalfCheetah-v5`` is one."""
+
+
+def is_mujoco_env(name: str) -> bool:
+    """Whether the env id ``name`` is a Gymnasium MuJoCo task (``gym:<task>-v<N>``).
+
+    Example:
+        >>> is_mujoco_env("gym:HalfCheetah-v5"), is_mujoco_env("Pendulum-v1")
+        (True, False)
+    """
+    if not name.startswith("gym:"):
+        return False
+    return name[len("gym:"):].rsplit("-v", 1)[0] in MUJOCO_TASKS
+
+
+def apply_env_defaults(cfg: Any, defaults: dict[str, Any]) -> Any:
+    """A copy of ``cfg`` where each dotted key of ``defaults`` whose value is still the
+    config class's own default takes the value from ``defaults``; keys set to anything
+    else (the user's overrides) are kept. ``cfg`` itself is not changed.
+
+    Example:
+        >>> cfg = EvalConfig(episodes=3)
+        >>> out = apply_env_defaults(cfg, {"interval": 50_000, "episodes": 5})
+        >>> out.interval, out.episodes, cfg.interval
+        (50000, 3, 10000)
+    """
+    out = copy.deepcopy(cfg)
+    reference = type(cfg)()
+    for key, value in defaults.items():
+        *path, last = key.split(".")
+        node, ref = out, reference
+        for part in path:
+            node, ref = getattr(node, part), getattr(ref, part)
+        if getattr(node, last) == getattr(ref, last):
+            setattr(node, last, copy.deepcopy(value))
+    return out

@@ -7,6 +7,13 @@ Pendulum reaches a return around -150 in about 10k-20k frames. With discrete act
 (``env=cartpole``) the recipe uses discrete SAC (a categorical policy and Q(s, .)
 critics, :class:`~steersman.objectives.sac.DiscreteSACLoss`).
 
+MuJoCo (``pip install 'steersman[mujoco]'``): with ``env.name=gym:HalfCheetah-v5`` (or
+Hopper, Walker2d, Ant... any Gymnasium MuJoCo id) the fields of :data:`MUJOCO_DEFAULTS`
+that are still at the Pendulum defaults above take the standard MuJoCo values instead
+(1M frames, Adam lr 3e-4, [256, 256] MLPs, batch 256, 1M buffer, 10k random frames, tau 0.005); any value you set yourself wins. ``preset=none`` turns this off (keep
+the Pendulum values; also the way to pin a value equal to a Pendulum default),
+``preset=mujoco`` applies it to any env. The run's ``config.yaml`` holds the resolved values.
+
 Run it: ``steersman train sac``; from Python::
 
     from steersman.recipes.sac import SACConfig, train
@@ -20,6 +27,7 @@ update of the target critics; evaluate, checkpoint, log.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,12 +43,20 @@ from steersman.objectives import SoftUpdate
 from steersman.objectives.sac import DiscreteSACLoss, SACLoss
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule
 
-from .config import CheckpointConfig, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
+from .config import (
+    CheckpointConfig,
+    EnvConfig,
+    EvalConfig,
+    LoggerConfig,
+    OptimConfig,
+    apply_env_defaults,
+    is_mujoco_env,
+)
 from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
 from .run import EVAL_SEED_OFFSET, Run, setup
 
-__all__ = ["SACConfig", "make_policy", "make_qvalue", "train"]
+__all__ = ["MUJOCO_DEFAULTS", "resolve_preset", "SACConfig", "make_policy", "make_qvalue", "train"]
 
 
 @dataclass
@@ -75,6 +91,8 @@ class SACConfig:
     """Critic regression distance: l2, smooth_l1 or l1."""
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden layer widths of the actor and of the critics."""
+    preset: str = "auto"
+    """Env-specific defaults: auto (MuJoCo settings for gym MuJoCo ids), mujoco (always) or none."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -89,6 +107,24 @@ class SACConfig:
     """Evaluation schedule."""
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=10_000))
     """Checkpoint schedule (the replay buffer is included)."""
+
+
+MUJOCO_DEFAULTS: dict[str, Any] = {
+    "total_frames": 1_000_000, "learning_starts": 10_000, "optim.lr": 3e-4, "buffer_size": 1_000_000,
+    "batch_size": 256, "hidden_sizes": [256, 256], "gamma": 0.99, "tau": 0.005,
+    "eval.interval": 10_000, "eval.episodes": 5, "checkpoint.interval": 100_000,
+}
+"""SAC on Gymnasium MuJoCo tasks (rl-zoo / SB3 settings, as in Haarnoja et al.): dotted keys."""
+
+
+def resolve_preset(cfg: SACConfig) -> SACConfig:
+    """``cfg`` with :data:`MUJOCO_DEFAULTS` applied to the fields still at their Pendulum
+    default when ``cfg.preset`` is mujoco, or auto with a Gymnasium MuJoCo env id; that
+    result has ``preset="none"`` (the run's ``config.yaml`` holds it, so a resume reuses
+    exactly these values). Otherwise ``cfg`` as is; ``cfg`` itself is never changed."""
+    if cfg.preset == "mujoco" or (cfg.preset == "auto" and is_mujoco_env(cfg.env.name)):
+        return dataclasses.replace(apply_env_defaults(cfg, MUJOCO_DEFAULTS), preset="none")
+    return cfg
 
 
 def _discrete(env: EnvBase) -> bool:
@@ -124,7 +160,7 @@ def make_qvalue(cfg: SACConfig, env: EnvBase) -> nn.Module:
 
 def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains SAC as configured, writing ``run_dir``; returns the run's summary."""
-    cfg = cfg if cfg is not None else SACConfig()
+    cfg = resolve_preset(cfg if cfg is not None else SACConfig())
     env, eval_env = setup(cfg)
     actor, qvalue = make_policy(cfg, env), make_qvalue(cfg, env)
     target_entropy = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)

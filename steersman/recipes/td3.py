@@ -4,6 +4,14 @@ The defaults are rl-zoo's Pendulum-v1 settings (Adam lr 1e-3, [400, 300] MLPs, g
 0.98, Gaussian exploration noise 0.1, 10,000 random frames first, one update per frame,
 target policy smoothing 0.2 clipped at 0.5, actor and targets updated every 2nd step).
 
+MuJoCo (``pip install 'steersman[mujoco]'``): with ``env.name=gym:HalfCheetah-v5`` (or
+Hopper, Walker2d, Ant... any Gymnasium MuJoCo id) the fields of :data:`MUJOCO_DEFAULTS`
+that are still at the Pendulum defaults above take the standard MuJoCo values instead
+(1M frames, Adam lr 3e-4, [256, 256] MLPs, gamma 0.99, batch 256, 1M buffer, 25k random
+frames, policy noise 0.2 clipped at 0.5, delay 2); any value you set yourself wins.
+``preset=none`` turns this off (keep the Pendulum values; also the way to pin a value
+equal to a Pendulum default), ``preset=mujoco`` applies it to any env. The run's ``config.yaml`` holds the resolved values.
+
 Run it: ``steersman train td3``; from Python::
 
     from steersman.recipes.td3 import TD3Config, train
@@ -17,6 +25,7 @@ step and a soft update of the targets; evaluate, checkpoint, log.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +40,21 @@ from steersman.modules import MLP, Actor, AdditiveGaussianModule, ValueOperator
 from steersman.objectives import SoftUpdate, TD3Loss
 from steersman.tensordict.nn import TensorDictSequential
 
-from .config import CheckpointConfig, ConfigError, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
+from .config import (
+    CheckpointConfig,
+    ConfigError,
+    EnvConfig,
+    EvalConfig,
+    LoggerConfig,
+    OptimConfig,
+    apply_env_defaults,
+    is_mujoco_env,
+)
 from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
 from .run import EVAL_SEED_OFFSET, Run, setup
 
-__all__ = ["TD3Config", "TanhBox", "action_box", "make_policy", "make_qvalue", "train"]
+__all__ = ["MUJOCO_DEFAULTS", "resolve_preset", "TD3Config", "TanhBox", "action_box", "make_policy", "make_qvalue", "train"]
 
 
 @dataclass
@@ -73,6 +91,8 @@ class TD3Config:
     """Clip of the target policy smoothing noise."""
     hidden_sizes: list[int] = field(default_factory=lambda: [400, 300])
     """Hidden layer widths of the actor and of the critics."""
+    preset: str = "auto"
+    """Env-specific defaults: auto (MuJoCo settings for gym MuJoCo ids), mujoco (always) or none."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -87,6 +107,25 @@ class TD3Config:
     """Evaluation schedule."""
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=10_000))
     """Checkpoint schedule (the replay buffer is included)."""
+
+
+MUJOCO_DEFAULTS: dict[str, Any] = {
+    "total_frames": 1_000_000, "learning_starts": 25_000, "optim.lr": 3e-4, "buffer_size": 1_000_000,
+    "batch_size": 256, "hidden_sizes": [256, 256], "gamma": 0.99, "tau": 0.005, "exploration_noise": 0.1,
+    "policy_noise": 0.2, "noise_clip": 0.5, "policy_delay": 2,
+    "eval.interval": 10_000, "eval.episodes": 5, "checkpoint.interval": 100_000,
+}
+"""TD3 on Gymnasium MuJoCo tasks (Fujimoto et al.'s reference settings, as CleanRL): dotted keys."""
+
+
+def resolve_preset(cfg: TD3Config) -> TD3Config:
+    """``cfg`` with :data:`MUJOCO_DEFAULTS` applied to the fields still at their Pendulum
+    default when ``cfg.preset`` is mujoco, or auto with a Gymnasium MuJoCo env id; that
+    result has ``preset="none"`` (the run's ``config.yaml`` holds it, so a resume reuses
+    exactly these values). Otherwise ``cfg`` as is; ``cfg`` itself is never changed."""
+    if cfg.preset == "mujoco" or (cfg.preset == "auto" and is_mujoco_env(cfg.env.name)):
+        return dataclasses.replace(apply_env_defaults(cfg, MUJOCO_DEFAULTS), preset="none")
+    return cfg
 
 
 class TanhBox(nn.Module):
@@ -135,7 +174,7 @@ def make_qvalue(cfg: Any, env: EnvBase) -> ValueOperator:
 
 def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains TD3 as configured, writing ``run_dir``; returns the run's summary."""
-    cfg = cfg if cfg is not None else TD3Config()
+    cfg = resolve_preset(cfg if cfg is not None else TD3Config())
     env, eval_env = setup(cfg)
     actor, qvalue = make_policy(cfg, env), make_qvalue(cfg, env)
     box = action_box(env)
