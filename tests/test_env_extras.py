@@ -116,9 +116,6 @@ def test_halfcheetah_gymenv_specs_and_rollout(tmp_path, monkeypatch) -> None:
     _gym_rollout("HalfCheetah-v5", action_size=6)
 
 
-@pytest.mark.xfail(raises=RuntimeError, strict=True,
-                   reason="HalfCheetah's observations are float64 and recipes/envs.make_env does not cast "
-                          "them to float32 (DoubleToFloat) yet: 'mat1 and mat2 must have the same dtype'")
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_tiny_run_on_halfcheetah_uses_the_mujoco_preset(algo: str, tmp_path, monkeypatch) -> None:
     pytest.importorskip("mujoco", reason="pip install 'steersman[mujoco]'")

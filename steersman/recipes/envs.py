@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from steersman.envs import (
     AcrobotEnv,
     CartPoleEnv,
@@ -147,6 +149,11 @@ def _gym_env(name: str, gym_id: str, seed: int | None, kwargs: dict[str, Any]) -
         raise ConfigError(f"env.name={name}: {detail}") from None
     if seed is not None:
         env.set_seed(seed)
+    if any(spec.dtype == torch.float64 for spec in env.observation_spec.values(True, True)):
+        # MuJoCo and other Gymnasium envs observe float64; the recipes' networks are float32
+        from steersman.envs.transforms import DoubleToFloat, TransformedEnv
+
+        env = TransformedEnv(env, DoubleToFloat())
     return env
 
 
