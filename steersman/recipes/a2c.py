@@ -62,8 +62,7 @@ class A2CConfig:
     ortho_init: bool = True
     """Orthogonal init (gain sqrt 2; 0.01 for the policy head, 1 for the value head)."""
     compile: bool = False
-    """torch.compile the whole update (loss, gradients, clipping, RMSprop: one fullgraph
-    graph; falls back to eager with a warning if it cannot)."""
+    """torch.compile the whole update as one graph (eager, with a warning, if it cannot)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1

@@ -105,8 +105,7 @@ class PPOConfig:
     loss: PPOLossConfig = field(default_factory=PPOLossConfig)
     """Objective."""
     compile: bool = False
-    """torch.compile the whole minibatch update (loss, gradients, clipping, Adam: one
-    fullgraph graph; falls back to eager with a warning if it cannot)."""
+    """torch.compile the whole minibatch update as one graph (eager, with a warning, if it cannot)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1

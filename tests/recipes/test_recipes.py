@@ -151,8 +151,8 @@ def test_stop_signals_become_a_stop_request(tmp_path, sig):
 
 
 def test_ppo_compile_matches_eager(tmp_path):
-    """compile=true compiles the loss (fullgraph, forward and backward); the run's parameters
-    follow the eager run's to float tolerance."""
+    """compile=true compiles the whole functional update (gradients, clipping, Adam: one
+    fullgraph graph); the run's parameters follow the eager run's to float tolerance."""
     runs = {}
     for compiled in (False, True):
         cfg = tiny_config("ppo", total_frames=128, export_format="none", compile=compiled)
