@@ -10,6 +10,7 @@ from .common import LossModule, total_loss
 from .cql import CQLLoss
 from .ddpg import DDPGLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
+from .functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from .iql import IQLLoss
 from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
 from .redq import REDQLoss
@@ -54,4 +55,7 @@ __all__ = [
     "IQLLoss",
     "CQLLoss",
     "REDQLoss",
+    "FunctionalUpdate",
+    "CompiledUpdate",
+    "OptimizerState",
 ]

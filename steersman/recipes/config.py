@@ -350,3 +350,13 @@ def apply_env_defaults(cfg: Any, defaults: dict[str, Any]) -> Any:
         if getattr(node, last) == getattr(ref, last):
             setattr(node, last, copy.deepcopy(value))
     return out
+
+
+def resolve_preset(cfg: Any, mujoco_defaults: dict[str, Any]) -> Any:
+    """``cfg`` with ``mujoco_defaults`` applied to the fields still at their class default
+    when ``cfg.preset`` is mujoco, or auto with a Gymnasium MuJoCo env id; that result has
+    ``preset="none"`` (the run's ``config.yaml`` holds it, so a resume reuses exactly these
+    values). Otherwise ``cfg`` as is; ``cfg`` itself is never changed."""
+    if cfg.preset == "mujoco" or (cfg.preset == "auto" and is_mujoco_env(cfg.env.name)):
+        return dataclasses.replace(apply_env_defaults(cfg, mujoco_defaults), preset="none")
+    return cfg

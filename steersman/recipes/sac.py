@@ -27,7 +27,6 @@ update of the target critics; evaluate, checkpoint, log.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,9 @@ from .config import (
     EvalConfig,
     LoggerConfig,
     OptimConfig,
-    apply_env_defaults,
-    is_mujoco_env,
+)
+from .config import (
+    resolve_preset as config_resolve_preset,
 )
 from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
@@ -118,13 +118,8 @@ MUJOCO_DEFAULTS: dict[str, Any] = {
 
 
 def resolve_preset(cfg: SACConfig) -> SACConfig:
-    """``cfg`` with :data:`MUJOCO_DEFAULTS` applied to the fields still at their Pendulum
-    default when ``cfg.preset`` is mujoco, or auto with a Gymnasium MuJoCo env id; that
-    result has ``preset="none"`` (the run's ``config.yaml`` holds it, so a resume reuses
-    exactly these values). Otherwise ``cfg`` as is; ``cfg`` itself is never changed."""
-    if cfg.preset == "mujoco" or (cfg.preset == "auto" and is_mujoco_env(cfg.env.name)):
-        return dataclasses.replace(apply_env_defaults(cfg, MUJOCO_DEFAULTS), preset="none")
-    return cfg
+    """``cfg`` with :data:`MUJOCO_DEFAULTS` where its preset asks for them (see :func:`~steersman.recipes.config.resolve_preset`)."""
+    return config_resolve_preset(cfg, MUJOCO_DEFAULTS)
 
 
 def _discrete(env: EnvBase) -> bool:

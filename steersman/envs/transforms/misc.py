@@ -6,28 +6,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from steersman.data import Bounded, Composite, TensorSpec
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict._utils import NestedKey
 
+from .._mdp import _any_done
 from ._utils import expand_mask, key_list, leaf_keys, missing_key, missing_spec_key, reset_mask
 from .base import Transform
 
 __all__ = ["FrameSkipTransform", "NoopResetEnv", "ActionMask", "BatchSizeTransform"]
-
-
-def _any_done(td: TensorDictBase, keys: list, batch_dims: int) -> Tensor | None:
-    out = None
-    for k in keys:
-        v = td.get(k, None)
-        if v is None:
-            continue
-        if v.ndim > batch_dims:
-            v = v.reshape(*v.shape[:batch_dims], -1).any(-1)
-        out = v if out is None else out | v
-    return out
 
 
 def _done_keys(env: Any) -> list:
