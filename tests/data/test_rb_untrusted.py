@@ -312,7 +312,7 @@ def test_fuzzed_checkpoint_json_loads_or_raises_checkpoint_error(pristine, targe
         paths = _paths(meta)
         path = data.draw(st.sampled_from(paths), label="path")
         if not path:
-            meta = data.draw(VALUES, label="whole file")
+            meta = copy.deepcopy(data.draw(VALUES, label="whole file"))  # SPECIAL holds shared lists
             continue
         parent = meta
         for k in path[:-1]:
@@ -321,7 +321,7 @@ def test_fuzzed_checkpoint_json_loads_or_raises_checkpoint_error(pristine, targe
         if op == "drop":
             del parent[path[-1]]
         elif op == "replace":
-            parent[path[-1]] = data.draw(VALUES, label="value")
+            parent[path[-1]] = copy.deepcopy(data.draw(VALUES, label="value"))
         else:
             parent[path[-1]] = [copy.deepcopy(parent[path[-1]])]
     text = _dumps(meta)

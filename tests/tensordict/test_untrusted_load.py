@@ -364,7 +364,7 @@ def _mutate(meta: dict, data: Any) -> dict:
         if op == "drop":
             del parent[last]
         elif op == "replace":
-            parent[last] = data.draw(VALUES, label="value")
+            parent[last] = copy.deepcopy(data.draw(VALUES, label="value"))  # SPECIAL holds shared lists
         else:
             parent[last] = [parent[last]] if data.draw(st.booleans()) else {"x": parent[last]}
     return meta
