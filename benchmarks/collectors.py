@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's steersman
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the checkout's steersman
 
 
 class Unavailable(Exception):

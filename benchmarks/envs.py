@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's steersman
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the checkout's steersman
 
 SIZES = (1, 256, 4096, 65536)
 ACTION_BANK = 64

@@ -65,7 +65,7 @@ def _steersman_worker(task: str, seed: int, frames: int, eval_every: int, compil
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "src"))
     from steersman.recipes import get_recipe
 
     algo = task.split("-")[0]

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's steersman
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the checkout's steersman
 
 B, H = 256, 64                      # batch, hidden width
 PPO_OBS, PPO_ACT = 17, 6

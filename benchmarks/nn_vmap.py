@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's steersman
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the checkout's steersman
 
 IMPORT_ERRORS: dict[str, str] = {}
 try:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from steersman.envs import PendulumEnv  # noqa: E402
 from steersman.planning import CEMPlanner, MPPIPlanner  # noqa: E402

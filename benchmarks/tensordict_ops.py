@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's steersman
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the checkout's steersman
 
 LIBS: dict[str, object] = {}
 IMPORT_ERRORS: dict[str, str] = {}

@@ -93,7 +93,7 @@ plugins:
       default_handler: python
       handlers:
         python:
-          paths: [{ROOT}]
+          paths: [{ROOT / "src"}]
           options:
             docstring_style: google
             show_source: false

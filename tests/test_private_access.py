@@ -18,7 +18,7 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "steersman"
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "steersman"
 CONTAINER_DIR = PACKAGE / "tensordict"
 #: receivers that hold a TensorDict at every call site that reads a shared private name
 TD_NAME = re.compile(r"^(td|tensordict|.*_td|td_.*|tensordict_.*|.*_tensordict)$")
