@@ -210,6 +210,24 @@ def test_load_executes_no_code(ppo_run, tmp_path, monkeypatch):
     assert not marker.exists()
 
 
+def test_load_of_a_misshaped_policy_is_a_checkpoint_error(ppo_run, tmp_path):
+    """A policy tensor that does not fit the run's config: a one-line CheckpointError naming
+    the entry, not torch's multi-line size-mismatch RuntimeError."""
+    import shutil
+
+    from steersman.recipes.checkpoint import CheckpointError
+
+    run = tmp_path / "run"
+    shutil.copytree(ppo_run.run_dir, run)
+    path = next((run / "checkpoints").glob("ckpt-*")) / "state.pt"
+    state = torch.load(path, weights_only=True)
+    state["policy"][next(iter(state["policy"]))] = torch.zeros(3, 3)
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="'policy'") as info:
+        steersman.load(run)
+    assert "\n" not in str(info.value)
+
+
 def test_one_version():
     """pyproject.toml reads the version from steersman.__version__; the installed metadata agrees."""
     import importlib.metadata

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from steersman.recipes import ALGOS, config_class, get_recipe
-from steersman.recipes.checkpoint import latest_checkpoint, load_checkpoint
+from steersman.recipes.checkpoint import latest_checkpoint, load_checkpoint, load_entry
 from steersman.recipes.config import ConfigError
 from steersman.recipes.envs import action_spec_unbatched, check_env_id, make_env
 from steersman.recipes.evaluation import evaluate as _evaluate
@@ -308,7 +308,8 @@ def load(run_dir: str | os.PathLike, *, allow_import: bool = False) -> Agent:
     ``gym:module:Env-v0`` (which imports ``module``) is refused unless ``allow_import``.
     Raises :class:`~steersman.recipes.run.RunDirError` when ``run_dir`` is not a run
     directory or has no checkpoint yet, :class:`~steersman.recipes.config.ConfigError`
-    when its config is not valid.
+    when its config is not valid, :class:`~steersman.recipes.checkpoint.CheckpointError`
+    when the checkpoint's policy is missing or does not fit the config.
     """
     run_dir = Path(run_dir)
     algo, cfg = load_run_config(run_dir, allow_import=allow_import)
@@ -324,7 +325,7 @@ def load(run_dir: str | os.PathLike, *, allow_import: bool = False) -> Agent:
         action_spec = action_spec_unbatched(env)
     finally:
         env.close()
-    policy.load_state_dict(ckpt.state["policy"])
+    load_entry(policy, ckpt, "policy")  # one-line CheckpointError if missing or misshaped
     policy.eval().requires_grad_(False)
     return Agent(algo=algo, config=cfg, policy=policy, run_dir=run_dir, frames=int(ckpt.meta.get("frames", 0)),
                  observation_shape=obs_spec.shape[1:], observation_dtype=obs_spec.dtype, action_spec=action_spec)
