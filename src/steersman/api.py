@@ -34,7 +34,7 @@ from steersman.recipes.checkpoint import latest_checkpoint, load_checkpoint, loa
 from steersman.recipes.config import ConfigError
 from steersman.recipes.envs import action_spec_unbatched, check_env_id, make_env
 from steersman.recipes.evaluation import evaluate as _evaluate
-from steersman.recipes.launch import check_config, load_run_config, run_recipe
+from steersman.recipes.launch import load_run_config, run_recipe
 from steersman.recipes.launch import make_config as _make_config
 from steersman.recipes.run import RunDirError, default_run_dir
 from steersman.tensordict import TensorDict
@@ -177,9 +177,8 @@ def train(algo: str = "ppo", *, run_dir: str | os.PathLike | None = None, **over
     already holds a run.
     """
     nested = _overrides(algo, overrides)
-    check_config(algo, _make_config(algo, nested))  # builds the env and policy once: fails before any file
     path = Path(run_dir) if run_dir is not None else _fresh_run_dir(algo)
-    result = run_recipe(algo, nested, path, allow_import=True)  # what `steersman train` runs
+    result = run_recipe(algo, nested, path, allow_import=True)  # checks the config before writing
     return TrainedRun(algo=result.algo, run_dir=result.dir, config=result.config, summary=result.summary)
 
 

@@ -208,3 +208,19 @@ def test_td3_update_counter_is_checkpointed(tmp_path):
     assert load_checkpoint(tmp_path / "run" / "checkpoints").state["num_updates"].item() == 3 * 16  # batches at 32, 48, 64
     td3.train(tiny_config("td3", total_frames=128, export_format="none"), tmp_path / "run", resume=True)
     assert load_checkpoint(tmp_path / "run" / "checkpoints").state["num_updates"].item() == 7 * 16
+
+
+@pytest.mark.parametrize("algo, overrides, message", [
+    ("ppo", {"env.name": "gym:NoSuchEnv-v0"}, "unknown Gymnasium env id"),
+    ("ppo", {"minibatch_size": 7}, "minibatch_size (7) must divide"),
+    ("dqn", {"env.name": "Pendulum-v1"}, "DQN needs discrete actions"),
+])
+def test_run_recipe_checks_the_config_before_writing(tmp_path, algo, overrides, message):
+    """The shared entry point (the Python API's train) refuses a bad config before a run
+    folder exists: the recipes build their envs and policy before writing anything."""
+    from steersman.recipes import run_recipe
+    from steersman.recipes.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        run_recipe(algo, overrides, tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
