@@ -35,6 +35,7 @@ API = [
     ("modules", "steersman.modules", "networks, actors, critics, exploration (L3)"),
     ("collectors", "steersman.collectors", "data collectors (L4)"),
     ("objectives", "steersman.objectives", "losses and value estimators (L4)"),
+    ("planning", "steersman.planning", "tree search and CEM/MPPI planners (L4)"),
     ("record", "steersman.record", "loggers, videos, policy export (L4)"),
     ("recipes", "steersman.recipes", "the training recipes (L6)"),
 ]
