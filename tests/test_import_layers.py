@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "steersman.distributed": 5,
     "steersman.recipes": 6,
     "steersman.cli": 6,
+    "steersman.doctor": 6,
     "steersman.api": 6,
     "steersman.__main__": 6,
     "steersman": 6,
@@ -134,6 +135,35 @@ def violations(repo: Path) -> list[str]:
                     f"({theirs[0]}, L{theirs[1]})"
                 )
     return out
+
+
+#: third-party packages that only these layers (and above) may import: an optional extra
+#: must not become a dependency of the layers below it (DESIGN.md: nothing below L5 imports ray)
+THIRD_PARTY_FLOOR = {"ray": 5}
+
+
+def third_party_violations(repo: Path) -> list[str]:
+    """Imports of :data:`THIRD_PARTY_FLOOR` packages from a layer below their floor."""
+    out: list[str] = []
+    for path in sorted((repo / ROOT).rglob("*.py")):
+        module, is_package = module_name(path, repo)
+        own = layer_of(module)
+        if own is None:
+            continue
+        for line, candidates in imported_modules(path.read_text(encoding="utf-8"), module, is_package):
+            top = candidates[0].split(".")[0]
+            if top in THIRD_PARTY_FLOOR and own[1] < THIRD_PARTY_FLOOR[top]:
+                out.append(f"{path.relative_to(repo)}:{line}: {own[0]} (L{own[1]}) imports {top}, "
+                           f"which only L{THIRD_PARTY_FLOOR[top]} and above may import")
+    return out
+
+
+def test_optional_extras_stay_in_their_layer(tmp_path: Path):
+    assert third_party_violations(REPO / "src") == []
+    _write(tmp_path, "steersman/__init__.py")
+    _write(tmp_path, "steersman/collectors/__init__.py", "def f():\n    import ray.util\n")
+    assert third_party_violations(tmp_path) == [
+        "steersman/collectors/__init__.py:2: steersman.collectors (L4) imports ray, which only L5 and above may import"]
 
 
 def test_package_imports_only_downward():

@@ -253,10 +253,10 @@ def test_recurrent_fn_wrong_embedding_entry():
 
 
 # ---------------------------------------------------------------------- compile
-@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=pytest.mark.slow)])
 def test_one_simulation_compiles_fullgraph(backend):
     """Dynamo captures one whole simulation in one graph (``backend="eager"`` checks the
-    capture quickly; the slow variant also generates code with inductor)."""
+    capture quickly; the slow variant also traces it through AOTAutograd, which inductor consumes)."""
     t = tables(7)
     b = 4
     root = root_for(t, torch.arange(b))
