@@ -35,3 +35,8 @@ __all__ = [
 from steersman.planning.planners import CEMPlanner, MPCPlannerBase, MPPIPlanner  # noqa: E402
 
 __all__ += ["CEMPlanner", "MPCPlannerBase", "MPPIPlanner"]
+
+# exact and depth-limited game solvers (opponents for evaluation)
+from steersman.planning.solvers import AlphaBetaPlayer, MinimaxPlayer, TicTacToeSolver  # noqa: E402
+
+__all__ += ["AlphaBetaPlayer", "MinimaxPlayer", "TicTacToeSolver"]
