@@ -44,6 +44,7 @@ from .distributions import (
 from .dueling import DuelingCnnDQNet, DuelingMlpDQNet
 from .exploration import AdditiveGaussianModule, EGreedyModule, OrnsteinUhlenbeckProcessModule
 from .mlp import MLP
+from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
 from .qvalue import (
     DistributionalQValueActor,
     DistributionalQValueModule,
@@ -52,6 +53,7 @@ from .qvalue import (
 )
 from .random_policy import RandomPolicy
 from .rnn import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
+from .value_norm import PercentileValueNorm, PopArtValueNorm, RunningValueNorm, ValueNorm
 
 __all__ = [
     # networks
@@ -100,4 +102,15 @@ __all__ = [
     "interaction_type",
     "set_exploration_type",
     "set_interaction_type",
+    # multi-agent networks, mixers and value normalizers
+    "MultiAgentNetBase",
+    "MultiAgentMLP",
+    "MultiAgentConvNet",
+    "Mixer",
+    "VDNMixer",
+    "QMixer",
+    "ValueNorm",
+    "PopArtValueNorm",
+    "RunningValueNorm",
+    "PercentileValueNorm",
 ]

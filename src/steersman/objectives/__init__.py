@@ -12,6 +12,7 @@ from .ddpg import DDPGLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
 from .functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from .iql import IQLLoss
+from .multiagent import IPPOLoss, MAPPOLoss, QMixerLoss, agent_batch
 from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
 from .redq import REDQLoss
 from .sac import DiscreteSACLoss, SACLoss
@@ -25,7 +26,14 @@ from .utils import (
     distance_loss,
     reduce_loss,
 )
-from .value import GAE, TD0Estimator, TD1Estimator, TDLambdaEstimator, ValueEstimatorBase
+from .value import (
+    GAE,
+    MultiAgentGAE,
+    TD0Estimator,
+    TD1Estimator,
+    TDLambdaEstimator,
+    ValueEstimatorBase,
+)
 
 __all__ = [
     "A2CLoss",
@@ -58,4 +66,9 @@ __all__ = [
     "FunctionalUpdate",
     "CompiledUpdate",
     "OptimizerState",
+    "MAPPOLoss",
+    "IPPOLoss",
+    "QMixerLoss",
+    "agent_batch",
+    "MultiAgentGAE",
 ]

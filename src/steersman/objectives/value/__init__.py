@@ -28,6 +28,7 @@ from .functional import (
     vec_td_lambda_advantage_estimate,
     vec_td_lambda_return_estimate,
 )
+from .multiagent import MultiAgentGAE
 
 __all__ = [
     "functional",
@@ -50,4 +51,5 @@ __all__ = [
     "generalized_advantage_estimate",
     "vec_generalized_advantage_estimate",
     "reverse_discounted_scan",
+    "MultiAgentGAE",
 ]
