@@ -7,6 +7,13 @@ from . import libs as _libs
 from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
 from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
 from .libs import GymDependencyError, GymEnv, GymWrapper, space_to_spec
+from .multiagent import (
+    MarlGroupMapType,
+    MultiAgentNativeEnv,
+    NavigationEnv,
+    PredatorPreyEnv,
+    check_marl_grouping,
+)
 from .native import (
     AcrobotEnv,
     CartPoleEnv,
@@ -47,6 +54,11 @@ __all__ = [
     "ParallelEnv",
     "EnvCreator",
     "EnvWorkerError",
+    "MarlGroupMapType",
+    "check_marl_grouping",
+    "MultiAgentNativeEnv",
+    "NavigationEnv",
+    "PredatorPreyEnv",
     *_transforms_all,
 ]
 
