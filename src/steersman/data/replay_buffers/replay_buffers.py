@@ -277,8 +277,8 @@ class ReplayBuffer:
         return index
 
     def extend(self, data: Any) -> Tensor:
-        """Writes a batch (a TensorDict/tensor with a leading batch dim, or a list of items for a
-        :class:`ListStorage`); returns the slots written (a long tensor)."""
+        """Writes a batch (a TensorDict, tensor or pytree of tensors with a leading batch dim, or a
+        list of items for a :class:`ListStorage`); returns the slots written (a long tensor)."""
         if self._transform.transforms and self._transform.has_inv():
             data = self._transform.inv(data)
         with self._lock:

@@ -5,8 +5,9 @@ A storage owns memory and nothing else: writers decide *where* to write, sampler
 (the number of filled slots, always the prefix ``[0, len)``).
 
 * :class:`ListStorage` keeps arbitrary Python objects in a list.
-* :class:`TensorStorage` keeps a :class:`~steersman.tensordict.TensorDict` (or a tensor)
-  whose leading dim is the slot; :class:`LazyTensorStorage` allocates it from the first
+* :class:`TensorStorage` keeps a :class:`~steersman.tensordict.TensorDict` (or a tensor,
+  or any pytree of tensors: nested dicts, lists, tuples, namedtuples, which reads give back
+  with the same structure) whose leading dim is the slot; :class:`LazyTensorStorage` allocates it from the first
   batch written, :class:`LazyMemmapStorage` does the same with file-backed
   :class:`~steersman.tensordict.MemoryMappedTensor` leaves (a buffer larger than RAM works:
   pages live in the files and the kernel evicts them as needed).
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from steersman.tensordict import (
     MemoryMappedTensor,
@@ -72,9 +74,69 @@ def _as_td(data: Any) -> Any:
         if hasattr(data, "_tensordict") and not isinstance(data, TensorDictBase):  # tensorclass
             raise TypeError("tensorclass instances are not supported by tensor storages; pass obj._tensordict")
         return data.to_tensordict()
-    if isinstance(data, dict):
-        raise TypeError("a tensor storage needs a TensorDict (or a tensor); wrap dicts with TensorDict(d, batch_size)")
     raise TypeError(f"a tensor storage holds TensorDicts or tensors, got {type(data).__name__}; use ListStorage")
+
+
+def _pytree_to_td(data: Any, nb: int) -> tuple[TensorDict, Any]:
+    """A pytree of tensors (nested dicts, lists, tuples, namedtuples) as a flat TensorDict
+    with one entry per leaf (``"0"``, ``"1"``...) and batch dims = the leaves' first ``nb``
+    dims, plus its tree spec (to rebuild the structure on reads)."""
+    with_path, spec = pytree.tree_flatten_with_path(data)
+    if not with_path:
+        raise ValueError("the data holds no tensor (an empty dict/list/tuple)")
+    batch: torch.Size | None = None
+    first = ""
+    for path, leaf in with_path:
+        where = pytree.keystr(path) or "the data"
+        if not isinstance(leaf, Tensor):
+            raise TypeError(f"{where} holds a {type(leaf).__name__}; tensor storages hold pytrees of tensors only "
+                            "(use ListStorage for arbitrary Python objects)")
+        if leaf.ndim < nb:
+            raise ValueError(f"{where} has shape {list(leaf.shape)}: extend needs a leading batch dim on every leaf")
+        if batch is None:
+            batch, first = leaf.shape[:nb], where
+        elif leaf.shape[:nb] != batch:
+            raise ValueError(f"{where} has {list(leaf.shape[:nb])} items but {first} has {list(batch)}: "
+                             "every leaf needs the same leading batch dim")
+    td = TensorDict({str(i): leaf for i, (_, leaf) in enumerate(with_path)}, batch)
+    return td, spec
+
+
+def _describe(spec: Any) -> str:
+    """A tree spec in one line, leaves as ``*``: ``{'obs': *, 'next': (*, *)}``."""
+    return repr(pytree.tree_unflatten([_Leaf()] * spec.num_leaves, spec))
+
+
+class _Leaf:
+    def __repr__(self) -> str:
+        return "*"
+
+
+def _dump_spec(spec: Any) -> str | None:
+    if spec is None:
+        return None
+    try:
+        return pytree.treespec_dumps(spec)
+    except NotImplementedError as err:  # a namedtuple type nobody registered
+        raise TypeError(f"cannot save a storage of pytrees shaped {_describe(spec)}: {err}") from err
+
+
+def _load_spec(text: Any, n_entries: int, path: Any) -> Any:
+    """The tree spec saved as ``text`` (JSON, read through torch's registry of known types:
+    nothing is imported or executed), checked against the ``n_entries`` stored leaves."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise CheckpointError(f"{path}: 'pytree' must be a string or null, got {type(text).__name__}",
+                              file=path, field="pytree")
+    try:
+        spec = pytree.treespec_loads(text)
+    except Exception as err:  # malformed JSON, an unknown type name...
+        raise CheckpointError(f"{path}: 'pytree' is not a valid tree spec: {err}", file=path, field="pytree") from err
+    if spec.num_leaves != n_entries:
+        raise CheckpointError(f"{path}: the tree spec has {spec.num_leaves} leaves but {n_entries} tensors are stored",
+                              file=path, field="pytree")
+    return spec
 
 
 def _to_long_index(index: Any, device: torch.device) -> Tensor:
@@ -508,7 +570,10 @@ class TensorStorage(Storage):
     def __init__(self, storage: Any = None, max_size: int | None = None, *, device: Any = "cpu", ndim: int = 1) -> None:
         if ndim not in (1, 2):
             raise ValueError(f"ndim must be 1 or 2, got {ndim!r}")
+        spec = None
         if storage is not None:
+            if isinstance(storage, (dict, list, tuple)):  # a pytree of tensors
+                storage, spec = _pytree_to_td(storage, ndim)
             storage = _as_td(storage)
             shape = storage.shape if isinstance(storage, Tensor) else storage.batch_size
             if len(shape) < ndim:
@@ -529,6 +594,7 @@ class TensorStorage(Storage):
         self._rows = max_size  # dim-0 capacity
         self._T = 1
         self._filled_rows = 0
+        self._spec: Any = spec  # tree spec when the storage holds pytrees (dicts/tuples of tensors)
         if storage is not None:
             self._adopt(storage)
             self._filled_rows = self._rows
@@ -600,11 +666,27 @@ class TensorStorage(Storage):
         return _build_like(data, nb, rows, alloc, (), device)
 
     def _prepare(self, data: Any, nb: int) -> Any:
+        spec = None
+        if isinstance(data, (dict, list, tuple)):  # a pytree of tensors: stored as a flat TensorDict
+            data, spec = _pytree_to_td(data, nb + self.ndim - 1)
+            if self._storage is not None and spec != self._spec:
+                held = "TensorDicts or tensors" if self._spec is None else f"pytrees shaped {_describe(self._spec)}"
+                raise ValueError(f"this storage holds {held}; got a pytree shaped {_describe(spec)}. "
+                                 "Nothing was written")
+        elif self._spec is not None:
+            raise TypeError(f"this storage holds pytrees shaped {_describe(self._spec)}; got a {type(data).__name__}")
         data = _as_td(data)
         if self._storage is None:
             if isinstance(data, Tensor) or self._is_td:
                 self._init(data, nb)
+                self._spec = spec
         return data
+
+    def _as_pytree(self, out: Any) -> Any:
+        """A read rebuilt into the stored pytree structure (identity for TensorDict/tensor storages)."""
+        if self._spec is None:
+            return out
+        return pytree.tree_unflatten([out.get(str(i)) for i in range(self._spec.num_leaves)], self._spec)
 
     def _pairs(self, data: Any, nb: int) -> list:
         if not self._is_td:
@@ -722,7 +804,7 @@ class TensorStorage(Storage):
             out = self._layout.read_nd(nd, index.shape) if self._is_td else self._leaf[nd]
         if self.device is not None and self._storage_device() != self.device:
             out = out.to(self.device)
-        return out
+        return self._as_pytree(out)
 
     def _storage_device(self) -> torch.device:
         return self._leaf_device()
@@ -738,11 +820,11 @@ class TensorStorage(Storage):
             n = self._len
             if not -n <= index < n:
                 raise IndexError(f"index {index} is out of range for a storage holding {n} items")
-            return filled[index]
+            return self._as_pytree(filled[index])
         if isinstance(index, slice):
-            return filled[index]
+            return self._as_pytree(filled[index])
         if isinstance(index, tuple) and self.ndim == 2:
-            return filled[index]
+            return self._as_pytree(filled[index])
         idx = _to_long_index(index, self._leaf_device())
         if idx.numel():
             lo, hi = int(idx.min()), int(idx.max())
@@ -752,6 +834,8 @@ class TensorStorage(Storage):
         shape = idx.shape
         out = self._get_fast(idx.reshape(-1))
         if len(shape) != 1:
+            if self._spec is not None:
+                return pytree.tree_map(lambda t: t.reshape(*shape, *t.shape[1:]), out)
             out = out.reshape(*shape, *out.shape[1:]) if isinstance(out, Tensor) else out.reshape(*shape)
         return out
 
@@ -769,17 +853,28 @@ class TensorStorage(Storage):
         else:
             data = st[: self._filled_rows].to_tensordict().clone()
         return {"_storage": data, "initialized": st is not None, "_len": self._len,
-                "_filled_rows": self._filled_rows, "_last_cursor": self._last_cursor}
+                "_filled_rows": self._filled_rows, "_last_cursor": self._last_cursor,
+                "_pytree": _dump_spec(self._spec)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         data = state["_storage"]
         if data is None:
             self._empty()
             return
-        self._commit_load(self._prepare_data(data, int(state["_filled_rows"]), state.get("_last_cursor"), "state_dict"))
+        spec = _load_spec(state.get("_pytree"), len(list(data.keys())) if isinstance(data, TensorDictBase) else 0,
+                          "state_dict")
+        self._commit_load((*self._prepare_data(data, int(state["_filled_rows"]), state.get("_last_cursor"),
+                                               "state_dict", spec),
+                           spec))
 
-    def _prepare_data(self, data: Any, filled_rows: int, last: Any, where: Any) -> Any:
+    def _prepare_data(self, data: Any, filled_rows: int, last: Any, where: Any, spec: Any = None) -> Any:
         """Validates loaded data against this storage; returns what :meth:`_commit_load` needs."""
+        if self._storage is not None and spec != self._spec:
+            raise CheckpointError(f"{where}: the data holds "
+                                  + (f"pytrees shaped {_describe(spec)}" if spec is not None else "TensorDicts")
+                                  + " but this storage holds "
+                                  + (f"pytrees shaped {_describe(self._spec)}" if self._spec is not None
+                                     else "TensorDicts"))
         if isinstance(data, TensorDictBase) and set(data.keys()) == {"_tensor"} and not self._is_td:
             data = data.get("_tensor")
         if isinstance(data, TensorDictBase) and list(data.keys()) == ["_tensor"] and self._storage is None:
@@ -810,12 +905,13 @@ class TensorStorage(Storage):
         return ("init", data, filled_rows, last)
 
     def _commit_load(self, prepared: Any) -> None:
-        mode, data, filled_rows, last = prepared
+        mode, data, filled_rows, last, *spec = prepared
         if mode == "empty":
             self._empty()
             return
         if mode == "init":
             self._init(data, 1)
+            self._spec = spec[0] if spec else None
         self._write(slice(0, filled_rows), data, filled_rows)
         self._last_cursor = last if last is None else int(last)
 
@@ -826,7 +922,7 @@ class TensorStorage(Storage):
         st = self._storage
         meta = {"max_size": self.max_size, "ndim": self.ndim, "len": self._len, "filled_rows": self._filled_rows,
                 "last_cursor": self._last_cursor, "initialized": st is not None,
-                "is_tensor": st is not None and isinstance(st, Tensor)}
+                "is_tensor": st is not None and isinstance(st, Tensor), "pytree": _dump_spec(self._spec)}
         if st is None:
             return meta, None
         part = st[: self._filled_rows]
@@ -849,7 +945,12 @@ class TensorStorage(Storage):
             if not isinstance(tensors.get("_tensor", None), Tensor):
                 raise CheckpointError(f"{path}: the stored tensor is missing", file=path, field="is_tensor")
             tensors = tensors.get("_tensor")
-        return self._prepare_data(tensors, filled, last, path)
+            return self._prepare_data(tensors, filled, last, path)
+        spec = _load_spec(meta.get("pytree"), len(list(tensors.keys())), path)
+        if spec is not None and set(tensors.keys()) != {str(i) for i in range(spec.num_leaves)}:
+            raise CheckpointError(f"{path}: a pytree storage's tensors must be named 0..{spec.num_leaves - 1}",
+                                  file=path, field="pytree")
+        return (*self._prepare_data(tensors, filled, last, path, spec), spec)
 
     def loads(self, path: Any) -> None:
         meta, tensors = read_component(path, self._checkpoint_types())
