@@ -6,7 +6,14 @@ from typing import Any
 from . import libs as _libs
 from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
 from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
-from .libs import GymDependencyError, GymEnv, GymWrapper, space_to_spec
+from .libs import (
+    GymDependencyError,
+    GymEnv,
+    GymWrapper,
+    PettingZooEnv,
+    PettingZooWrapper,
+    space_to_spec,
+)
 from .multiagent import (
     MarlGroupMapType,
     MultiAgentNativeEnv,
@@ -50,6 +57,8 @@ __all__ = [
     "GymWrapper",
     "GymDependencyError",
     "space_to_spec",
+    "PettingZooWrapper",
+    "PettingZooEnv",
     "SerialEnv",
     "ParallelEnv",
     "EnvCreator",

@@ -2,10 +2,13 @@
 
 * :class:`GymEnv` / :class:`GymWrapper`: Gymnasium envs and vector envs as steersman
   envs (``pip install 'steersman[gym]'``).
+* :class:`PettingZooWrapper` / :class:`PettingZooEnv`: PettingZoo parallel and AEC envs
+  with agent groups, and :func:`to_pettingzoo` (a steersman multi-agent env as a
+  PettingZoo ``ParallelEnv``) (``pip install 'steersman[pettingzoo]'``).
 * :func:`to_gymnasium` (:class:`GymnasiumExport`, :class:`GymnasiumVectorExport`): the
   other direction, any steersman env as a ``gymnasium.Env`` / ``gymnasium.vector.VectorEnv``.
 
-Importing this package does not import Gymnasium; building a wrapper does (an
+Importing this package does not import Gymnasium or PettingZoo; building a wrapper does (an
 ``ImportError`` naming the extra to install if it is missing).
 """
 
@@ -21,6 +24,12 @@ from .gym import (
     gymnasium_available,
     space_to_spec,
 )
+from .pettingzoo import (
+    PETTINGZOO_EXTRA_HINT,
+    PettingZooEnv,
+    PettingZooWrapper,
+    pettingzoo_available,
+)
 
 __all__ = [
     "GymEnv",
@@ -29,6 +38,10 @@ __all__ = [
     "space_to_spec",
     "gymnasium_available",
     "GYM_EXTRA_HINT",
+    "PettingZooWrapper",
+    "PettingZooEnv",
+    "pettingzoo_available",
+    "PETTINGZOO_EXTRA_HINT",
     "to_gymnasium",
     "spec_to_space",
     "GymnasiumExport",
