@@ -137,3 +137,138 @@ def test_tiny_sac_run_on_lunarlander_continuous(tmp_path) -> None:
     result = run_recipe("sac", {**TINY, "env.name": "gym:LunarLanderContinuous-v3"}, tmp_path / "run")
     assert result.summary["frames"] == 300 and result.summary["final_eval_return"] is not None
     assert "lr: 0.001" in (tmp_path / "run" / "config.yaml").read_text()  # not a MuJoCo id: no preset
+
+
+# ---------------------------------------------------------------- Atari, dm_control, EnvPool, where installed
+
+
+def _hidden(monkeypatch, *modules: str) -> None:
+    """Makes ``import <module>`` fail, as when the package is not installed."""
+    import sys
+
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_atari_pong_steps_with_the_usual_preprocessing() -> None:
+    """``gym:ale_py:ALE/Pong-v5`` (ale-py ships the ROMs): raw frames, then grayscale 84x84
+    with 4 stacked frames, as DQN/PPO on Atari use."""
+    pytest.importorskip("ale_py", reason="pip install 'steersman[atari]'")
+    from steersman.envs import check_env_specs
+    from steersman.envs.libs import GymEnv
+    from steersman.envs.transforms import (
+        CatFrames,
+        Compose,
+        GrayScale,
+        Resize,
+        ToTensorImage,
+        TransformedEnv,
+    )
+
+    env = GymEnv("ale_py:ALE/Pong-v5", categorical_action_encoding=True)
+    assert env.observation_spec["observation"].shape == (210, 160, 3)
+    assert env.observation_spec["observation"].dtype == torch.uint8 and env.action_spec.n == 6
+    keys = ["observation"]
+    env = TransformedEnv(env, Compose(ToTensorImage(in_keys=keys), GrayScale(in_keys=keys),
+                                      Resize(84, 84, in_keys=keys), CatFrames(4, dim=-3, in_keys=keys)))
+    try:
+        check_env_specs(env, seed=0)
+        env.set_seed(0)
+        td = env.rollout(40)
+        obs = td["next", "observation"]
+        assert obs.shape == (40, 4, 84, 84) and obs.dtype == torch.float32
+        assert 0 <= obs.min() and obs.max() <= 1 and obs.std() > 0  # real frames, scaled
+        # the stack shifts by one frame per step
+        assert torch.equal(obs[10, :3], obs[9, 1:])
+    finally:
+        env.close()
+
+
+def test_dm_control_cartpole_balance() -> None:
+    pytest.importorskip("dm_control", reason="pip install 'steersman[dm_control]'")
+    from steersman.envs import check_env_specs
+    from steersman.envs.libs.dm_control import DMControlEnv
+
+    env = DMControlEnv("cartpole", "balance", seed=0)
+    assert sorted(env.observation_spec.keys()) == ["position", "velocity"]
+    assert env.observation_spec["position"].shape == (3,) and env.observation_spec["position"].dtype == torch.float64
+    assert env.action_spec.shape == (1,) and env.action_spec.space.low.item() == -1.0
+    check_env_specs(env, seed=0)
+    env.set_seed(1)
+    first = env.reset()["position"]
+    env.set_seed(1)
+    assert torch.equal(env.reset()["position"], first)
+    env.set_seed(2)
+    assert not torch.equal(env.reset()["position"], first)
+    # the suite's 1000-step limit, 10 physics steps per env step: truncated (not terminated) at step 100
+    skip = DMControlEnv("cartpole", "balance", seed=0, frame_skip=10)
+    td = skip.rollout(150, policy=lambda td: td.set("action", torch.zeros(1, dtype=torch.float64)))
+    assert td.batch_size == (100,) and td["next", "truncated"][-1].item() and not td["next", "terminated"].any()
+    assert td["next", "reward"].dtype == torch.float64 and 0 < td["next", "reward"].sum() <= 1000
+
+
+def test_dm_control_bad_task_and_missing_package(monkeypatch) -> None:
+    pytest.importorskip("dm_control", reason="pip install 'steersman[dm_control]'")
+    from steersman.envs.libs.dm_control import DMControlEnv, DMControlWrapper
+
+    with pytest.raises(ValueError, match=r"unknown task \('cartpole', 'run'\).*available_envs"):
+        DMControlEnv("cartpole", "run")
+    assert ("cheetah", "run") in DMControlEnv.available_envs()
+    with pytest.raises(TypeError, match="expects a dm_control env"):
+        DMControlWrapper(object())
+    _hidden(monkeypatch, "dm_control", "dm_control.suite")
+    with pytest.raises(ImportError, match=r"pip install 'steersman\[dm_control\]'"):
+        DMControlEnv("cartpole", "balance")
+
+
+def test_envpool_cartpole_batched() -> None:
+    pytest.importorskip("envpool", reason="pip install 'steersman[envpool]'")
+    from steersman.envs import check_env_specs
+    from steersman.envs.libs.envpool import MultiThreadedEnv
+
+    env = MultiThreadedEnv(4, "CartPole-v1", seed=0)
+    try:
+        assert env.batch_size == (4,) and env.action_spec.shape == (4,) and env.action_spec.n == 2
+        assert env.observation_spec["observation"].shape == (4, 4)
+        check_env_specs(env, seed=None)
+        # always push right: every episode ends within ~10 steps and the sub-env is reset
+        right = lambda td: td.set("action", torch.ones(4, dtype=torch.int64))
+        td = env.rollout(60, policy=right, break_when_any_done=False)
+        done = td["next", "done"].squeeze(-1)
+        assert td.batch_size == (4, 60) and done.sum(1).min() >= 3
+        assert td["next", "terminated"].squeeze(-1).equal(done)
+        t = int(done[0].nonzero()[0])
+        assert td["observation"][0, t + 1].abs().max() < 0.05  # a fresh start after the reset
+        # same seed, same actions: same data
+        env.set_seed(3)
+        a = env.rollout(30, policy=right, break_when_any_done=False)
+        env.set_seed(3)
+        b = env.rollout(30, policy=right, break_when_any_done=False)
+        assert torch.equal(a["next", "observation"], b["next", "observation"])
+        # a partial reset leaves the other sub-envs alone
+        td = env.reset()
+        td["action"] = torch.zeros(4, dtype=torch.int64)
+        before = env.step(td)["next"]
+        mask = torch.tensor([True, False, True, False])
+        after = env.reset(before.clone().set("_reset", mask))
+        assert torch.equal(after["observation"][~mask], before["observation"][~mask])
+        assert not torch.equal(after["observation"][mask], before["observation"][mask])
+    finally:
+        env.close()
+
+
+def test_envpool_continuous_onehot_and_errors(monkeypatch) -> None:
+    pytest.importorskip("envpool", reason="pip install 'steersman[envpool]'")
+    from steersman.envs.libs.envpool import MultiThreadedEnv
+
+    pend = MultiThreadedEnv(2, "Pendulum-v1", seed=0)
+    assert pend.action_spec.shape == (2, 1) and pend.rollout(5).batch_size == (2, 5)
+    onehot = MultiThreadedEnv(3, "CartPole-v1", seed=0, categorical_action_encoding=False)
+    assert onehot.action_spec.shape == (3, 2) and onehot.rollout(5).batch_size == (3, 5)
+    with pytest.raises(ValueError, match="unknown EnvPool task 'CartPol-v1'"):
+        MultiThreadedEnv(2, "CartPol-v1")
+    with pytest.raises(ValueError, match="num_workers must be >= 1, got 0"):
+        MultiThreadedEnv(0, "CartPole-v1")
+    _hidden(monkeypatch, "envpool")
+    with pytest.raises(ImportError, match=r"pip install 'steersman\[envpool\]'"):
+        MultiThreadedEnv(2, "CartPole-v1")

@@ -7,9 +7,13 @@ from . import libs as _libs
 from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
 from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
 from .libs import (
+    DMControlEnv,
+    DMControlWrapper,
     GymDependencyError,
     GymEnv,
     GymWrapper,
+    MultiThreadedEnv,
+    MultiThreadedEnvWrapper,
     PettingZooEnv,
     PettingZooWrapper,
     space_to_spec,
@@ -59,6 +63,10 @@ __all__ = [
     "space_to_spec",
     "PettingZooWrapper",
     "PettingZooEnv",
+    "DMControlEnv",
+    "DMControlWrapper",
+    "MultiThreadedEnv",
+    "MultiThreadedEnvWrapper",
     "SerialEnv",
     "ParallelEnv",
     "EnvCreator",

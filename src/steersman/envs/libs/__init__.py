@@ -2,6 +2,10 @@
 
 * :class:`GymEnv` / :class:`GymWrapper`: Gymnasium envs and vector envs as steersman
   envs (``pip install 'steersman[gym]'``).
+* :class:`DMControlEnv` / :class:`DMControlWrapper`: DeepMind Control Suite tasks
+  (``pip install 'steersman[dm_control]'``).
+* :class:`MultiThreadedEnv` / :class:`MultiThreadedEnvWrapper`: EnvPool's C++-threaded
+  batched envs (``pip install 'steersman[envpool]'``).
 * :class:`PettingZooWrapper` / :class:`PettingZooEnv`: PettingZoo parallel and AEC envs
   with agent groups, and :func:`to_pettingzoo` (a steersman multi-agent env as a
   PettingZoo ``ParallelEnv``) (``pip install 'steersman[pettingzoo]'``).
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .dm_control import DMControlEnv, DMControlWrapper
+from .envpool import MultiThreadedEnv, MultiThreadedEnvWrapper
 from .gym import (
     GYM_EXTRA_HINT,
     GymDependencyError,
@@ -46,6 +52,10 @@ __all__ = [
     "spec_to_space",
     "GymnasiumExport",
     "GymnasiumVectorExport",
+    "DMControlEnv",
+    "DMControlWrapper",
+    "MultiThreadedEnv",
+    "MultiThreadedEnvWrapper",
 ]
 
 # defined in gym_export.py, which imports gymnasium at import time: loaded on first use.
