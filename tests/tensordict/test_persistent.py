@@ -493,8 +493,13 @@ def test_view_cannot_add_keys(saved):
     with PersistentTensorDict(path, mode="r+") as ptd:
         with pytest.raises(RuntimeError, match="indexed view"):
             ptd[2:4].set("brand_new", torch.zeros(2))
-        with pytest.raises(KeyError, match="not in the destination"):
-            ptd[2:4] = {"brand_new": torch.zeros(2)}
+        view = ptd[2:4]
+        with pytest.raises(RuntimeError, match="indexed view"):
+            view[0] = {"brand_new": torch.zeros(())}
+        assert "brand_new" not in ptd.keys()
+        # an indexed write into the container itself preallocates the new key (zeros)
+        ptd[2:4] = {"brand_new": torch.ones(2)}
+        assert ptd["brand_new"].tolist() == [0, 0, 1, 1] + [0] * (ptd.batch_size[0] - 4)
         with pytest.raises(ValueError, match="cannot write"):
             ptd[2:4] = {"obs": torch.zeros(3, 3)}
 

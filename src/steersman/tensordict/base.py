@@ -281,16 +281,29 @@ class TensorDictBase:
         if type(index) is str or (type(index) is tuple and index and isinstance(index[0], (str, tuple))):
             self.set(index, value)
             return
+        index = normalize_index(index, self.batch_dims) if index is not Ellipsis else ()
         if isinstance(value, Mapping) and not is_tensor_collection(value):
             value = _dict_view(value)
-        self._setitem_batch(normalize_index(index, self.batch_dims) if index is not Ellipsis else (), value)
+            # a dict's leaves are shaped like the indexed batch (its batch dims lead)
+            nbs = self.batch_size if _whole(index) else indexed_batch_size(self.batch_size, index)
+            value = _with_batch(value, nbs)
+        self._setitem_batch(index, value)
 
     def _setitem_batch(self, index: Any, value: Any) -> None:
-        """``td[index] = value``: every leaf is validated first, then written in place."""
-        pairs: list = []
-        new_bs = self.batch_size if _whole(index) else indexed_batch_size(self.batch_size, index)
-        _collect_write_pairs(self, value, pairs, (), new_bs, self.batch_dims)
-        _write_pairs(pairs, index)
+        """``td[index] = value``: every leaf is validated first, then written in place.
+
+        Keys of ``value`` that ``self`` lacks are preallocated first (zeros over the whole
+        batch, see :func:`_preallocate`); a failed write removes them again.
+        """
+        added = _preallocate(self, value) if is_tensor_collection(value) else None
+        try:
+            pairs: list = []
+            new_bs = self.batch_size if _whole(index) else indexed_batch_size(self.batch_size, index)
+            _collect_write_pairs(self, value, pairs, (), new_bs, self.batch_dims)
+            _write_pairs(pairs, index)
+        except BaseException:
+            _undo_preallocate(added)
+            raise
 
     def set_(self, key: NestedKey, item: Any) -> TensorDictBase:
         """Copies ``item`` into the existing entry at ``key`` (same shape; key must exist)."""
@@ -1719,6 +1732,106 @@ def _dict_view(d: Mapping) -> Any:
     from .td import TensorDict
 
     return TensorDict._from_dict_nocheck(d)
+
+
+def _with_batch(td: Any, batch_size: torch.Size) -> Any:
+    """``td`` (a fresh dict view) with ``batch_size`` when its leaves allow it, else as is."""
+    if batch_size and not td.batch_size:
+        try:
+            td.batch_size = batch_size
+        except (RuntimeError, ValueError):
+            pass
+    return td
+
+
+def _missing_keys(dst: Any, src: Any) -> bool:
+    """True when ``src`` (a container written into ``dst``) brings a key ``dst`` lacks."""
+    if _is_non_tensor(src) or not _is_branch(dst) or _is_non_tensor(dst):
+        return False
+    keys = dst._keys_str()
+    for key in src._keys_str():
+        if key not in keys:
+            return True
+        s = src._get_str(key, NO_DEFAULT)
+        if _is_branch(s) and not _is_non_tensor(s) and _missing_keys(dst._get_str(key, NO_DEFAULT), s):
+            return True
+    return False
+
+
+def _preallocate(dst: Any, src: Any) -> list | None:
+    """Creates, in ``dst``, every entry of ``src`` that ``dst`` lacks, before an indexed write.
+
+    ``td[index] = src`` with new keys gives each new leaf the shape ``batch + feature``
+    (zeros of the source's dtype), where ``batch`` is the batch size of ``dst`` and
+    ``feature`` the leaf's shape past the source's batch dims; a new sub-container gets
+    the source's extra batch dims likewise. Non-tensor values are set for the whole
+    batch (a per-element stack starts as ``None``). Every member of a lazy stack gets the
+    new entries. Returns the ``(parent, key)`` pairs created (for
+    :func:`_undo_preallocate`); None when nothing was missing (the common case costs one
+    walk over the keys).
+    """
+    if not _missing_keys(dst, src):
+        return None
+    added: list = []
+    try:
+        _allocate_into(dst, src, dst.batch_size, len(src.batch_size), dst.device, added)
+    except BaseException:
+        _undo_preallocate(added)
+        raise
+    return added
+
+
+def _allocate_into(dst: Any, src: Any, rbs: torch.Size, sbd: int, device: Any, added: list) -> None:
+    keys = dst._keys_str()  # of a lazy stack: the keys every member holds
+    for key in src._keys_str():
+        s = src._get_str(key, NO_DEFAULT)
+        branch = _is_branch(s) and not _is_non_tensor(s)
+        if key in keys:
+            if branch:
+                d = dst._get_str(key, NO_DEFAULT)
+                if _missing_keys(d, s):
+                    _allocate_into(d, s, rbs, sbd, device, added)
+            continue
+        new = _zeros_entry(key, s, rbs, sbd, device)
+        if _is_lazy(dst) and any(key in m._keys_str() for m in dst.tensordicts):
+            # some members hold the key already: only the others get their piece of zeros
+            for m, piece in zip(dst.tensordicts, dst._split_value(key, new)):
+                if key not in m._keys_str():
+                    m._set_str(key, piece, False, False)
+                    added.append((m, key))
+        else:
+            dst._set_str(key, new, False, False)
+            added.append((dst, key))
+        if branch:
+            _allocate_into(dst._get_str(key, NO_DEFAULT), s, rbs, sbd, device, added)
+
+
+def _zeros_entry(key: str, s: Any, rbs: torch.Size, sbd: int, device: Any) -> Any:
+    """The empty entry a missing ``key`` gets: zeros, an empty container, or a non-tensor."""
+    if isinstance(s, Tensor):
+        return torch.zeros(rbs + s.shape[sbd:], dtype=s.dtype, device=device if device is not None else s.device)
+    if _is_non_tensor(s):
+        from .nontensor import NonTensorData, NonTensorStack
+
+        if getattr(type(s), "_is_stack", False):
+            import numpy as np
+
+            return NonTensorStack(np.empty(tuple(rbs), dtype=object), device=device)
+        return NonTensorData(s.data, batch_size=rbs, device=device)
+    if is_tensor_collection(s):
+        from .td import TensorDict
+
+        return TensorDict._new_unsafe({}, rbs + s.batch_size[sbd:], device, None)
+    raise TypeError(f"cannot preallocate key {key!r} from a {type(s).__name__}")
+
+
+def _undo_preallocate(added: list | None) -> None:
+    if added:
+        for parent, key in reversed(added):
+            try:
+                parent._del_str(key)
+            except (KeyError, RuntimeError):
+                pass
 
 
 def _collect_write_pairs(

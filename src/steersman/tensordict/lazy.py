@@ -658,7 +658,15 @@ class LazyStackedTensorDict(TensorDictBase):
         return self
 
     def _setitem_batch(self, index: Any, value: Any) -> None:
-        _write_pairs_lazy([(self, value)], index)
+        from .base import _preallocate, _undo_preallocate
+
+        # new keys are allocated in every member (zeros), so the stack stays homogeneous
+        added = _preallocate(self, value) if is_tensor_collection(value) else None
+        try:
+            _write_pairs_lazy([(self, value)], index)
+        except BaseException:
+            _undo_preallocate(added)
+            raise
 
     def _assign_at(self, index: Any, value: Any) -> None:
         _write_pairs_lazy([(self, value)], index)

@@ -1403,8 +1403,15 @@ class PersistentTensorDict(TensorDictBase):
                 pairs.append((self, key, s))
 
     def _setitem_batch(self, index: Any, value: Any) -> None:
-        view = self if isinstance(index, tuple) and not index else self._index(index)
-        view.update_(value)
+        from .base import _preallocate, _undo_preallocate
+
+        added = _preallocate(self, value) if is_tensor_collection(value) else None
+        try:
+            view = self if isinstance(index, tuple) and not index else self._index(index)
+            view.update_(value)
+        except BaseException:
+            _undo_preallocate(added)
+            raise
 
     def _map_(self, fn: Callable, others: tuple, *, default: Any = NO_DEFAULT, assign: bool = True) -> None:
         self._check_writable("<in-place op>")
