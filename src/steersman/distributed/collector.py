@@ -1,0 +1,567 @@
+"""``RayCollector``: steersman collectors in Ray actors, batches gathered by the driver.
+
+The protocol (why frames are counted once and weights are never stale):
+
+* The driver numbers the batches it asks each actor for (``seq``) and counts a batch's
+  frames only when its reply arrives. A request whose actor died is asked again, with
+  the same number, of the restarted actor: a lost reply is collected again, never
+  counted twice; the number of frames delivered stops at ``total_frames`` exactly.
+* ``update_policy_weights_()`` bumps a version and puts the weights once in Ray's
+  object store. Every request carries ``(version, reference)``; an actor whose policy
+  is older fetches them (one fetch per node: the store is shared) before collecting.
+  So every batch asked for after the k-th update is collected with version k, also by
+  an actor restarted with its initial weights (the TorchRL bugs pytorch/rl#3729,
+  #3587, #3000 and #3530 cannot happen).
+* With ``replay_buffer=`` a :class:`~steersman.distributed.RayReplayBuffer`, an actor
+  writes its batch straight into the buffer actor, tagged ``(actor, seq)``: the buffer
+  stores each number once, so a batch re-collected after a restart is not stored twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from steersman.collectors import Collector
+from steersman.tensordict import TensorDictBase
+
+from ._ray import fit_actors_to_cpus, init_ray, require_ray
+
+__all__ = ["RayCollector", "RayCollectorError"]
+
+TRAJ_KEY = ("collector", "traj_ids")
+
+
+class RayCollectorError(RuntimeError):
+    """A collector actor failed for good: it raised, or died more than ``max_restarts`` times."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _episode_returns(batch: TensorDictBase, carry: torch.Tensor | None) -> tuple[list[float], torch.Tensor]:
+    """Returns of the episodes ending in ``batch`` ``[*B, T]`` (time is the last batch dim)
+    and the running sums carried to the next batch."""
+    reward = batch.get(("next", "reward")).reshape(-1, batch.shape[-1])
+    done = batch.get(("next", "done")).reshape(-1, batch.shape[-1])
+    if carry is None or carry.shape[0] != reward.shape[0]:
+        carry = torch.zeros(reward.shape[0], dtype=torch.float64)
+    carry = carry.clone()
+    out = []
+    for t in range(reward.shape[1]):
+        carry += reward[:, t].double()
+        ended = done[:, t]
+        if ended.any():
+            out.extend(carry[ended].tolist())
+            carry[ended] = 0.0
+    return out, carry
+
+
+class _CollectorActor:
+    """Runs one steersman collector in a Ray actor (the Ray options are set by RayCollector)."""
+
+    def __init__(self, index: int, num_collectors: int, collector_class: type, create_env_fn: Any, policy: Any,
+                 policy_factory: Callable | None, frames_per_batch: int, collector_kwargs: dict,
+                 num_workers: int, replay_buffer: Any, seed: int | None) -> None:
+        import ray
+
+        torch.set_num_threads(1)
+        if policy_factory is not None:
+            policy = policy_factory()
+        kwargs = dict(collector_kwargs)
+        if collector_class is Collector or num_workers is None:
+            self.collector = collector_class(create_env_fn, policy, frames_per_batch=frames_per_batch,
+                                             total_frames=-1, **kwargs)
+        else:
+            self.collector = collector_class([create_env_fn] * num_workers, policy, frames_per_batch=frames_per_batch,
+                                             total_frames=-1, **kwargs)
+        if seed is not None:
+            self.collector.set_seed(seed)
+        self.policy = policy
+        self.index, self.n = index, num_collectors
+        self.writer = f"collector-{index}"
+        self.replay_buffer = replay_buffer
+        self.version = 0
+        self.batches = 0
+        self.carry: torch.Tensor | None = None
+        self.incarnation = uuid.uuid4().hex
+        self.node = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self._it = iter(self.collector)
+
+    def ping(self) -> dict:
+        pids = [os.getpid(), *getattr(self.collector, "worker_pids", [])]
+        return {"index": self.index, "node": self.node, "node_id": self.node_id, "pid": os.getpid(),
+                "pids": pids, "incarnation": self.incarnation, "version": self.version}
+
+    def _apply_weights(self, weights: list | None) -> None:
+        import ray
+
+        if weights is not None and weights[0] > self.version:
+            self.collector.update_policy_weights_(ray.get(weights[1]))
+            self.version = weights[0]
+
+    def collect(self, seq: int, weights: list | None) -> tuple[dict, Any]:
+        """The next batch, with the newest weights (``weights``: ``[version, ref]``)."""
+        self._apply_weights(weights)
+        batch = next(self._it)
+        if TRAJ_KEY in batch.keys(True, True):  # ids unique across actors
+            batch.set(TRAJ_KEY, batch.get(TRAJ_KEY) * self.n + self.index)
+        returns, self.carry = _episode_returns(batch, self.carry)
+        self.batches += 1
+        info = {"index": self.index, "seq": seq, "frames": batch.numel(), "version": self.version,
+                "episode_returns": returns, "incarnation": self.incarnation, "node": self.node,
+                "pid": os.getpid()}
+        if self.replay_buffer is None:
+            return info, batch
+        info["stored"], info["write_count"], info["buffer_incarnation"] = self._write(batch, seq)
+        return info, None
+
+    def _write(self, batch: TensorDictBase, seq: int) -> tuple[bool, int, str | None]:
+        """Extends the remote buffer, waiting for it through a restart (up to 60 s)."""
+        import ray
+
+        data = batch.reshape(-1)
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                stored, count = ray.get(self.replay_buffer.actor.extend.remote(data, self.writer, seq))
+                return stored, count, None
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def state_dict(self) -> dict:
+        return {"collector": self.collector.state_dict(), "version": self.version, "carry": self.carry}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.collector.load_state_dict(state["collector"])
+        self.version, self.carry = int(state["version"]), state["carry"]
+        self._it = iter(self.collector)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        return self.collector.set_seed(seed, static_seed=static_seed)
+
+    def shutdown(self) -> None:
+        self.collector.shutdown()
+
+
+def _kill_actors(actors: list) -> None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            for a in actors:
+                ray.kill(a, no_restart=True)
+    except Exception:  # noqa: BLE001 - interpreter exit: best effort
+        pass
+    actors.clear()
+
+
+class RayCollector:
+    """Collects with ``num_collectors`` steersman collectors, each in a Ray actor.
+
+    Iterating yields TensorDicts until ``total_frames`` frames were delivered (exactly:
+    ``total_frames`` is rounded up to a multiple of ``frames_per_batch``, with a warning).
+    ``sync=True``: each batch holds one batch of every actor, stacked along a new leading
+    dim (``[num_collectors, *per-actor shape]``; each actor collects
+    ``frames_per_batch // num_collectors`` frames). ``sync=False``: batches of
+    ``frames_per_batch`` frames are yielded in the order they arrive. Trajectory ids are
+    made unique across actors (``id * num_collectors + actor``).
+
+    Args:
+        create_env_fn: a callable returning an env (or an env: it is pickled to the
+            actors), or a list of them, one per actor.
+        policy: a ``TensorDict -> TensorDict`` module (pickled once to the object
+            store); ``None``: random actions (or ``policy_factory``).
+
+    Keyword Args:
+        policy_factory: called in each actor to build its policy (for policies that
+            cannot be pickled).
+        frames_per_batch: frames per yielded batch.
+        total_frames: frames to deliver in all (``-1``: no end).
+        collector_class: the collector run in each actor: :class:`~steersman.collectors.Collector`
+            or a multi-process one (``MultiSyncDataCollector``...) with
+            ``num_workers_per_collector`` processes.
+        collector_kwargs: more keyword arguments of ``collector_class`` (``init_random_frames``...).
+        num_workers_per_collector: processes per actor for multi-process classes.
+        sync: see above.
+        ray_init_config: ``ray.init`` arguments if Ray is not running yet (see
+            :func:`~steersman.distributed.init_ray`; ``{"address": "auto"}`` joins a cluster).
+        remote_configs: Ray actor options (one dict, or one per actor); default
+            ``{"num_cpus": 1}`` (shared out, with a warning, when the cluster has fewer CPUs).
+        num_collectors: number of actors (default: ``len(create_env_fn)`` for a list, else 1).
+        update_after_each_batch: call :meth:`update_policy_weights_` after every batch.
+        max_weight_update_interval: accepted for TorchRL compatibility: weights are never
+            stale here (each request carries the newest version), so there is nothing to bound.
+        replay_buffer: a :class:`~steersman.distributed.RayReplayBuffer`: actors write their
+            batches straight into it, iteration yields ``None`` per batch (as local collectors
+            with a buffer do); :meth:`start` runs that loop in a background thread.
+        max_restarts: times each actor is restarted after dying (then :class:`RayCollectorError`
+            names it and its last error).
+        seed: seeds actor ``i``'s envs with ``seed + 1000 * i`` (None: the env factory's own seeding).
+
+    Metrics: :meth:`pop_episode_returns` gives the returns of the episodes that ended in the
+    batches delivered since the last call (computed in the actors, also with a remote buffer).
+
+    Example:
+        >>> from steersman.distributed import RayCollector  # doctest: +SKIP
+        >>> from steersman.envs import CartPoleEnv
+        >>> collector = RayCollector(CartPoleEnv, None, frames_per_batch=200, total_frames=2000,
+        ...                          num_collectors=2, sync=True)
+        >>> for batch in collector:
+        ...     assert batch.shape == (2, 100)
+        >>> collector.shutdown()
+    """
+
+    def __init__(self, create_env_fn: Callable | Sequence[Callable], policy: Any = None, *,
+                 policy_factory: Callable | None = None, frames_per_batch: int, total_frames: int = -1,
+                 collector_class: type = Collector, collector_kwargs: dict | None = None,
+                 num_workers_per_collector: int = 1, sync: bool = False, ray_init_config: dict | None = None,
+                 remote_configs: dict | Sequence[dict] | None = None, num_collectors: int | None = None,
+                 update_after_each_batch: bool = False, max_weight_update_interval: int = -1,
+                 replay_buffer: Any = None, max_restarts: int = 3, seed: int | None = None) -> None:
+        ray = require_ray()
+        fns = list(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else None
+        n = num_collectors if num_collectors is not None else (len(fns) if fns else 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"RayCollector: num_collectors must be a positive int, got {num_collectors!r}")
+        if fns is not None and len(fns) != n:
+            raise ValueError(f"RayCollector: {len(fns)} env factories for num_collectors={n}")
+        fns = fns or [create_env_fn] * n
+        if policy is not None and policy_factory is not None:
+            raise ValueError("RayCollector: give policy or policy_factory, not both")
+        if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch < 1:
+            raise ValueError(f"RayCollector: frames_per_batch must be a positive int, got {frames_per_batch!r}")
+        if sync and frames_per_batch % n:
+            raise ValueError(f"RayCollector: with sync=True, frames_per_batch={frames_per_batch} must be a multiple "
+                             f"of num_collectors={n} (each actor collects frames_per_batch // num_collectors)")
+        if total_frames is None or total_frames == -1:
+            total: float = math.inf
+        elif isinstance(total_frames, bool) or not isinstance(total_frames, int) or total_frames < 0:
+            raise ValueError(f"RayCollector: total_frames must be a non-negative int or -1, got {total_frames!r}")
+        else:
+            total = -(-total_frames // frames_per_batch) * frames_per_batch
+            if total != total_frames:
+                warnings.warn(f"RayCollector: total_frames={total_frames} is not a multiple of frames_per_batch="
+                              f"{frames_per_batch}; {total} frames will be collected")
+        configs = list(remote_configs) if isinstance(remote_configs, (list, tuple)) else [remote_configs or {}] * n
+        if len(configs) != n:
+            raise ValueError(f"RayCollector: {len(configs)} remote_configs for num_collectors={n}")
+        self.frames_per_batch, self.total_frames, self.sync = frames_per_batch, total, bool(sync)
+        self.num_collectors, self.policy, self.replay_buffer = n, policy, replay_buffer
+        self.update_after_each_batch = bool(update_after_each_batch)
+        self.max_weight_update_interval = max_weight_update_interval
+        self.max_restarts = int(max_restarts)
+        self._owns_ray = init_ray(ray_init_config)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._thread_error: BaseException | None = None
+        self._pending: dict[Any, tuple[int, int]] = {}  # in-flight ref -> (actor, seq)
+        self._actors: list = []
+        self._finalizer = weakref.finalize(self, _kill_actors, self._actors)
+        try:
+            policy_ref = None
+            if policy is not None:
+                try:
+                    policy_ref = ray.put(policy)
+                except Exception as err:  # noqa: BLE001 - Ray raises several kinds
+                    raise TypeError(f"RayCollector: the policy ({type(policy).__name__}) cannot be serialised to send "
+                                    f"it to the actors ({type(err).__name__}: {str(err).splitlines()[0]}); build it "
+                                    "in each actor with policy_factory=<a function returning it>") from None
+            per_actor = frames_per_batch // n if self.sync else frames_per_batch
+            multi = collector_class is not Collector
+            actor_cls = ray.remote(_CollectorActor)
+            for i in range(n):
+                opts = {"num_cpus": 1, **configs[i]}
+                opts["num_cpus"] = fit_actors_to_cpus("RayCollector", n, opts["num_cpus"]) if i == 0 else self._cpus
+                self._cpus = opts["num_cpus"]
+                self._actors.append(actor_cls.options(max_restarts=self.max_restarts, max_task_retries=0, **opts).remote(
+                    i, n, collector_class, fns[i], policy_ref, policy_factory, per_actor, dict(collector_kwargs or {}),
+                    num_workers_per_collector if multi else None, replay_buffer,
+                    None if seed is None else seed + 1000 * i))
+            self.actor_info = self._gather([a.ping.remote() for a in self._actors], "start")
+        except BaseException:
+            self.shutdown()
+            raise
+        self._frames = 0
+        self._version = 0
+        self._weights_ref: Any = None
+        self._seq = [0] * n  # next sequence number per actor
+        self._restarts = [0] * n
+        self._unavailable_since: dict[int, float] = {}
+        self.restart_timeout = 120.0  # seconds an actor may stay unavailable while Ray restarts it
+        self._last_error: list[str | None] = [None] * n
+        self._returns: list[float] = []
+
+    # ------------------------------------------------------------------ errors
+    def _describe(self, i: int) -> str:
+        info = self.actor_info[i] if i < len(getattr(self, "actor_info", [])) else {}
+        return f"collector actor {i} (node {info.get('node', '?')}, pid {info.get('pid', '?')})"
+
+    def _gather(self, refs: list, what: str) -> list:
+        import ray
+
+        out = []
+        for i, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayError as err:
+                raise RayCollectorError(f"RayCollector: collector actor {i} failed at {what}; remote error:\n{err}") \
+                    from None
+        return out
+
+    # ------------------------------------------------------------------ requests
+    def _submit(self, i: int, seq: int | None = None) -> Any:
+        if seq is None:
+            seq = self._seq[i]
+            self._seq[i] += 1
+        w = None if self._weights_ref is None else [self._version, self._weights_ref]
+        ref = self._actors[i].collect.remote(seq, w)
+        self._pending[ref] = (i, seq)
+        return ref
+
+    def _receive(self, ref: Any) -> tuple[dict, Any] | None:
+        """The reply of ``ref``; None (and the request sent again) if its actor died."""
+        import ray
+
+        i, seq = self._pending.pop(ref)
+        try:
+            out = ray.get(ref)
+            self._unavailable_since.pop(i, None)
+            return out
+        except ray.exceptions.RayTaskError as err:  # the collector raised: not retried
+            raise RayCollectorError(f"RayCollector: {self._describe(i)} raised while collecting; remote "
+                                    f"traceback:\n{err}") from None
+        except ray.exceptions.ActorUnavailableError as err:  # dying or restarting: ask again shortly
+            self._last_error[i] = _first_line(err)
+            if time.monotonic() - self._unavailable_since.setdefault(i, time.monotonic()) > self.restart_timeout:
+                raise RayCollectorError(f"RayCollector: {self._describe(i)} did not come back within "
+                                        f"{self.restart_timeout:g} s; last error: {self._last_error[i]}") from None
+            time.sleep(0.2)
+            self._submit(i, seq)  # same number: counted once, stored once
+            return None
+        except ray.exceptions.RayActorError as err:  # dead for good: Ray ran out of restarts
+            raise RayCollectorError(f"RayCollector: {self._describe(i)} died {self._restarts[i] + 1} times "
+                                    f"(max_restarts={self.max_restarts}); last error: {err}") from None
+
+    def _note_incarnation(self, info: dict) -> None:
+        """A reply from a new incarnation of actor ``i``: Ray restarted it."""
+        i = info["index"]
+        known = self.actor_info[i]
+        if info["incarnation"] != known["incarnation"]:
+            self._restarts[i] += 1
+            warnings.warn(f"RayCollector: {self._describe(i)} was restarted ({self._restarts[i]}/{self.max_restarts}) "
+                          f"after: {self._last_error[i]}; its lost batch was collected again")
+            known.update(incarnation=info["incarnation"], pid=info["pid"], node=info["node"])
+
+    def _accept(self, info: dict) -> None:
+        self._note_incarnation(info)
+        self._frames += info["frames"]
+        self._returns.extend(info["episode_returns"])
+        if self.replay_buffer is not None and "write_count" in info:
+            self.replay_buffer.observe({"write_count": info["write_count"]})
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Batches until ``total_frames`` were delivered; iterating again continues the count
+        (and returns at once when it is reached). Breaking out keeps requests in flight:
+        their batches are the first of the next iteration."""
+        if self._closed:
+            raise RuntimeError("RayCollector: the collector was shut down")
+        gen = self._sync_iterator() if self.sync else self._async_iterator()
+        for out in gen:
+            yield out
+            if self.update_after_each_batch:
+                self.update_policy_weights_()
+
+    def _sync_iterator(self) -> Iterator[TensorDictBase | None]:
+        while self._frames < self.total_frames:
+            want = {i: ref for ref, (i, _) in self._pending.items()}
+            for i in range(self.num_collectors):
+                if i not in want:
+                    want[i] = self._submit(i)
+            replies: dict[int, tuple[dict, Any]] = {}
+            while len(replies) < self.num_collectors:
+                for i in [i for i in range(self.num_collectors) if i not in replies]:
+                    ref = want[i]
+                    got = self._receive(ref)
+                    if got is None:
+                        want[i] = next(r for r, (j, _) in self._pending.items() if j == i)
+                    else:
+                        replies[i] = got
+            for i in range(self.num_collectors):
+                self._accept(replies[i][0])
+            if self.replay_buffer is not None:
+                yield None
+            else:
+                yield torch.stack([replies[i][1] for i in range(self.num_collectors)], 0)
+
+    def _async_iterator(self) -> Iterator[TensorDictBase | None]:
+        import ray
+
+        while self._frames < self.total_frames:
+            busy = {i for i, _ in self._pending.values()}
+            for i in range(self.num_collectors):
+                if i not in busy and self._frames + self.frames_per_batch * len(self._pending) < self.total_frames:
+                    self._submit(i)
+            ready, _ = ray.wait(list(self._pending), num_returns=1)
+            got = self._receive(ready[0])
+            if got is None:
+                continue
+            self._accept(got[0])
+            yield got[1]
+
+    def __len__(self) -> int:
+        if self.total_frames == math.inf:
+            raise TypeError("RayCollector has no length: total_frames is -1 (no end)")
+        return int(self.total_frames // self.frames_per_batch)
+
+    @property
+    def frames(self) -> int:
+        """Frames delivered so far."""
+        return self._frames
+
+    def pop_episode_returns(self) -> list[float]:
+        """Returns of the episodes that ended in the batches delivered since the last call."""
+        out, self._returns = self._returns, []
+        return out
+
+    # ------------------------------------------------------------------ remote buffer loop
+    def start(self) -> None:
+        """With ``replay_buffer``: collects into it in a background thread until
+        ``total_frames`` (the learner samples from the buffer meanwhile). See :meth:`is_running`."""
+        if self.replay_buffer is None:
+            raise RuntimeError("RayCollector.start needs replay_buffer= (a RayReplayBuffer); otherwise iterate")
+        if self._thread is not None:
+            return
+
+        def loop() -> None:
+            try:
+                for _ in self.iterator():
+                    if self._closed:
+                        return
+            except BaseException as err:  # noqa: BLE001 - re-raised by join()
+                self._thread_error = err
+
+        self._thread = threading.Thread(target=loop, name="RayCollector", daemon=True)
+        self._thread.start()
+
+    def is_running(self) -> bool:
+        """Whether the :meth:`start` thread is still collecting."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits for the :meth:`start` thread; re-raises its error."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._thread_error is not None:
+            err, self._thread_error = self._thread_error, None
+            raise err
+
+    # ------------------------------------------------------------------ weights
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None, policy: Any = None,
+                               worker_ids: Any = None) -> int:
+        """Publishes new weights to every actor; returns their version (1 after the first call).
+
+        ``policy_or_weights``: a module, a TensorDict of weights or a ``state_dict``;
+        default: the policy given at construction. The weights are put once in Ray's
+        object store; every batch requested from now on is collected with them (an actor
+        already collecting finishes its batch with the previous version). ``worker_ids``
+        is accepted for TorchRL compatibility (every actor gets the newest version).
+        """
+        import ray
+
+        if self._closed:
+            raise RuntimeError("RayCollector: the collector was shut down")
+        src = next((s for s in (policy_or_weights, weights, policy) if s is not None), self.policy)
+        if src is None:
+            raise ValueError("RayCollector.update_policy_weights_: no policy given at construction, pass the weights")
+        if isinstance(src, nn.Module):
+            src = {k: v.detach().cpu() for k, v in src.state_dict().items()}
+        elif isinstance(src, TensorDictBase):
+            src = src.detach().cpu()
+        self._weights_ref = ray.put(src)
+        self._version += 1
+        return self._version
+
+    @property
+    def policy_version(self) -> int:
+        """Number of :meth:`update_policy_weights_` calls so far."""
+        return self._version
+
+    # ------------------------------------------------------------------ state
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the actors' envs in turn (actor ``i`` gets the seed returned by actor ``i - 1``)."""
+        import ray
+
+        for a in self._actors:
+            seed = ray.get(a.set_seed.remote(seed, static_seed))
+        return seed
+
+    def state_dict(self) -> dict:
+        """Frame count, weight version and every actor's collector state (after the
+        requests in flight are answered: their frames are counted here, their data is
+        dropped — call it between iterations)."""
+        for ref in list(self._pending):
+            got = self._receive(ref)
+            if got is not None:
+                self._accept(got[0])
+        states = self._gather([a.state_dict.remote() for a in self._actors], "state_dict")
+        return {"frames": self._frames, "version": self._version, "seq": list(self._seq),
+                "collectors": states, "num_collectors": self.num_collectors} | (
+                    {"total_frames": self.total_frames} if self.total_frames != math.inf else {})
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a :meth:`state_dict` (of a RayCollector with as many actors)."""
+        if state.get("num_collectors") != self.num_collectors:
+            raise ValueError(f"RayCollector.load_state_dict: the state has {state.get('num_collectors')} collectors, "
+                             f"this one {self.num_collectors}")
+        self._gather([a.load_state_dict.remote(s) for a, s in zip(self._actors, state["collectors"])],
+                     "load_state_dict")
+        self._frames, self._seq = int(state["frames"]), [int(s) for s in state["seq"]]
+        self._version = int(state["version"])
+        if self.policy is not None:  # the actors hold that version; resend it if the policy moves on
+            self._weights_ref = None
+
+    # ------------------------------------------------------------------ end
+    def shutdown(self) -> None:
+        """Kills the actors and shuts Ray down if this collector started it (idempotent;
+        also at interpreter exit)."""
+        if self._closed and not self._actors:
+            return
+        self._closed = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._pending = {}
+        self._finalizer()
+        if self._owns_ray:
+            from ._ray import shutdown_ray
+
+            shutdown_ray()
+
+    def __enter__(self) -> RayCollector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (f"RayCollector(num_collectors={self.num_collectors}, sync={self.sync}, frames_per_batch="
+                f"{self.frames_per_batch}, total_frames={self.total_frames}, frames={getattr(self, '_frames', 0)})")

@@ -1,0 +1,249 @@
+"""RayCollector, RayReplayBuffer and RayEvalWorker on a real 3-node local Ray cluster.
+
+The policy writes its own weight (``"version"``) next to the action, so every batch
+shows which weights collected it; trajectory ids tell which actor did
+(``id % num_collectors``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from steersman.collectors import Collector, MultiSyncDataCollector
+from steersman.data import LazyTensorStorage
+from steersman.distributed import RayCollector, RayCollectorError, RayEvalWorker, RayReplayBuffer
+from steersman.envs import CartPoleEnv
+from steersman.recipes.evaluation import EpisodeReturns, first_episode_returns
+
+TRAJ = ("collector", "traj_ids")
+
+
+class VersionPolicy(nn.Module):
+    """Pushes left; writes its weight ``v`` as ``"version"`` at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.v = nn.Parameter(torch.zeros(()))
+
+    def forward(self, td):
+        td.set("action", torch.zeros(td.batch_size, dtype=torch.long))
+        td.set("version", self.v.detach().expand(td.batch_size).clone())
+        return td
+
+
+def _set(policy: VersionPolicy, k: int) -> None:
+    with torch.no_grad():
+        policy.v.fill_(k)
+
+
+def _actor_of(batch, n: int) -> int:
+    ids = batch.get(TRAJ) % n
+    assert (ids == ids.flatten()[0]).all()
+    return int(ids.flatten()[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("collector_class", [Collector, MultiSyncDataCollector], ids=["Collector", "MultiSync"])
+def test_every_batch_uses_the_newest_weights(ray_cluster, collector_class, sync):
+    """After the k-th update, every batch requested is collected with version k (not k-1);
+    actors are on different nodes; exactly total_frames frames are delivered."""
+    policy, n, fpb = VersionPolicy(), 2, 32
+    with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=8 * fpb, num_collectors=n, sync=sync,
+                      collector_class=collector_class, num_workers_per_collector=2) as collector:
+        assert len({info["node_id"] for info in collector.actor_info}) == n
+        expected = [0] * n  # version each actor's next batch must have
+        frames = 0
+        for k, batch in enumerate(collector):
+            frames += batch.numel()
+            if sync:
+                assert batch.shape[0] == n and batch.numel() == fpb
+                assert (batch["version"] == expected[0]).all(), (k, batch["version"].unique())
+            else:
+                i = _actor_of(batch, n)
+                assert batch.numel() == fpb
+                assert (batch["version"] == expected[i]).all(), (k, i, batch["version"].unique(), expected)
+            _set(policy, k + 1)
+            assert collector.update_policy_weights_() == k + 1
+            if sync:
+                expected = [k + 1] * n
+            else:
+                expected[i] = k + 1  # actor i's next request leaves after this update
+        assert frames == collector.frames == 8 * fpb
+        assert list(collector) == []  # done: iterating again yields nothing
+
+
+def test_killed_actor_is_restarted_and_frames_count_once(ray_cluster):
+    """SIGKILL of a collector actor mid-run: restarted, its lost batch collected again, the
+    run delivers exactly total_frames, and the restarted actor uses the newest weights."""
+    policy, n, fpb, batches = VersionPolicy(), 2, 32, 10
+    with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=batches * fpb, num_collectors=n,
+                      max_restarts=2) as collector:
+        victim = collector.actor_info[0]["pid"]
+        seen, killed = 0, False
+        with pytest.warns(UserWarning, match=r"collector actor 0 .* was restarted \(1/2\) after: .*collected again"):
+            for batch in collector:
+                seen += batch.numel()
+                if not killed:
+                    os.kill(victim, signal.SIGKILL)
+                    killed = True
+                    _set(policy, 7)
+                    collector.update_policy_weights_()
+                elif _actor_of(batch, n) == 0:
+                    assert (batch["version"] == 7).all()  # a restarted actor gets the newest weights
+        assert seen == collector.frames == batches * fpb
+        assert collector.actor_info[0]["pid"] != victim and not _alive(victim)
+
+
+def test_actor_out_of_restarts_names_it(ray_cluster):
+    collector = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=-1, num_collectors=1,
+                             max_restarts=0)
+    try:
+        os.kill(collector.actor_info[0]["pid"], signal.SIGKILL)
+        with pytest.raises(RayCollectorError, match=r"collector actor 0 \(node .*\) died 1 times \(max_restarts=0\); "
+                                                    r"last error: .*"):
+            for _ in collector:
+                pass
+    finally:
+        collector.shutdown()
+        collector.shutdown()  # idempotent
+
+
+def test_collectors_write_into_remote_buffer_exactly_once(ray_cluster, tmp_path):
+    rb = RayReplayBuffer(storage=LazyTensorStorage(10_000), batch_size=16, checkpoint_dir=tmp_path / "rb",
+                         checkpoint_interval=64)
+    try:
+        with RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=320, num_collectors=2,
+                          replay_buffer=rb) as collector:
+            collector.start()
+            while collector.is_running():
+                time.sleep(0.1)
+            collector.join()
+            assert collector.frames == 320
+            assert len(collector.pop_episode_returns()) > 0  # metrics still reach the driver
+        assert rb.write_count == len(rb) == 320
+        sample = rb.sample()
+        assert sample.shape == (16,) and ("next", "reward") in sample.keys(True)
+    finally:
+        rb.shutdown()
+
+
+def test_killed_buffer_restarts_from_checkpoint_and_reports_loss(ray_cluster, tmp_path):
+    rb = RayReplayBuffer(storage=LazyTensorStorage(1000), batch_size=8, checkpoint_dir=tmp_path / "rb",
+                         checkpoint_interval=100)
+    try:
+        from steersman import TensorDict
+
+        for i in range(5):
+            rb.extend(TensorDict({"x": torch.full((50, 1), float(i))}, [50]))
+        os.kill(rb.info()["pid"], signal.SIGKILL)
+        with pytest.warns(UserWarning, match=r"checkpoint of 200 transitions; 50 transitions written since were lost"):
+            assert len(rb) == 200
+        assert rb.lost_transitions == 50
+        assert set(rb.sample(64)["x"].flatten().tolist()) <= {0.0, 1.0, 2.0, 3.0}
+    finally:
+        rb.shutdown()
+
+
+def test_metrics_and_eval_worker_match_local(ray_cluster):
+    """Episode returns computed in the actors equal those computed locally from the same
+    batches; RayEvalWorker returns what a local rollout returns."""
+    reference = EpisodeReturns()
+    with RayCollector(CartPoleEnv, VersionPolicy(), frames_per_batch=64, total_frames=256, num_collectors=2,
+                      sync=True) as collector:
+        expected = []
+        for batch in collector:
+            expected += reference.update(batch).tolist()
+        assert sorted(collector.pop_episode_returns()) == sorted(expected) and expected
+    worker = RayEvalWorker(lambda: CartPoleEnv(batch_size=[3]), VersionPolicy())
+    try:
+        worker.submit(VersionPolicy().state_dict(), max_steps=200, seed=5)
+        got = worker.result(timeout=120)
+        env = CartPoleEnv(batch_size=[3])
+        env.set_seed(5)
+        want = first_episode_returns(env.rollout(200, VersionPolicy(), break_when_any_done=False,
+                                                 break_when_all_done=True))
+        assert torch.equal(got, want)
+    finally:
+        worker.shutdown()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+class _Unpicklable(VersionPolicy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+def test_unpicklable_policy_is_refused(ray_cluster):
+    with pytest.raises(TypeError, match=r"policy \(_Unpicklable\) cannot be serialised.*policy_factory"):
+        RayCollector(CartPoleEnv, _Unpicklable(), frames_per_batch=32, total_frames=64)
+
+
+def _failing_env():
+    raise ValueError("no such env on this node")
+
+
+def test_env_factory_failing_remotely_shows_traceback_and_node(ray_cluster):
+    with pytest.raises(RayCollectorError) as info:
+        RayCollector(_failing_env, None, frames_per_batch=32, total_frames=64, max_restarts=0)
+    msg = str(info.value)
+    assert "collector actor 0 failed at start" in msg
+    assert "no such env on this node" in msg and "_failing_env" in msg  # the remote traceback
+    assert "ip=" in msg  # the node
+
+
+def test_more_collectors_than_cpus_warns_with_numbers(ray_cluster):
+    with pytest.warns(UserWarning, match=r"4 actors x 1 CPU = 4 CPUs requested, the Ray cluster has 3"):
+        collector = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=128, num_collectors=4)
+    try:
+        assert sum(b.numel() for b in collector) == 128  # they all got placed
+    finally:
+        collector.shutdown()
+
+
+DRIVER = """
+import json, sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+from steersman.distributed import RayCollector
+from steersman.envs import CartPoleEnv
+from steersman.collectors import MultiSyncDataCollector
+c = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=-1, num_collectors=2,
+                 collector_class=MultiSyncDataCollector, num_workers_per_collector=2)
+print(json.dumps([p for info in c.actor_info for p in info["pids"]]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_driver_leaves_no_worker(ray_cluster):
+    """SIGKILL of the driver: Ray kills the actors it owned, and their collector processes go too."""
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, ray_cluster.address], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(proc.stdout.readline())
+        assert len(pids) == 6 and all(_alive(p) for p in pids)  # 2 actors x (actor + 2 workers)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)]
