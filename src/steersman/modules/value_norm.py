@@ -139,11 +139,9 @@ class PopArtValueNorm(ValueNorm):
         return self.running_mean / self.debiasing_term.clamp_min(self.epsilon)
 
     def scale(self) -> Tensor:
-        if not bool(self.debiasing_term > 0):
-            return torch.ones_like(self.running_mean)
         d = self.debiasing_term.clamp_min(self.epsilon)
         var = self.running_mean_sq / d - (self.running_mean / d).pow(2)
-        return var.clamp_min(self.epsilon).sqrt()
+        return torch.where(self.debiasing_term > 0, var.clamp_min(self.epsilon).sqrt(), 1.0)
 
 
 class RunningValueNorm(ValueNorm):
@@ -169,23 +167,21 @@ class RunningValueNorm(ValueNorm):
     def update(self, value_target: Tensor) -> None:
         dims = self._reduce_dims(value_target)
         x = value_target.detach().to(self.mean.dtype)
-        n_b = float(x[(...,) + (0,) * len(self.shape)].numel())
+        n_b = x.numel() // self.shape.numel()
         if n_b == 0:
             return
         mean_b = x.mean(dims)
         m2_b = (x - mean_b).pow(2).sum(dims)
-        n_a = float(self.count)
+        n_a = self.count
         n = n_a + n_b
         delta = mean_b - self.mean
-        self.mean.add_(delta * (n_b / n))
-        self.m2.add_(m2_b + delta.pow(2) * (n_a * n_b / n))
-        self.count.fill_(n)
+        self.mean.add_(delta * (n_b / n).to(x.dtype))
+        self.m2.add_(m2_b + delta.pow(2) * (n_a * n_b / n).to(x.dtype))
+        self.count.copy_(n)
 
     def var(self) -> Tensor:
         """The running population variance (1 before any update)."""
-        if float(self.count) == 0:
-            return torch.ones_like(self.m2)
-        return self.m2 / self.count.to(self.m2.dtype)
+        return torch.where(self.count > 0, self.m2 / self.count.clamp_min(1).to(self.m2.dtype), 1.0)
 
     def loc(self) -> Tensor:
         return self.mean
@@ -241,13 +237,10 @@ class PercentileValueNorm(ValueNorm):
         x = value_target.detach().to(self.low.dtype).reshape(-1, *self.shape)
         q = torch.quantile(x.flatten(1), torch.tensor(self.quantiles, dtype=x.dtype, device=x.device), dim=0)
         q_lo, q_hi = q[0].view(self.shape), q[1].view(self.shape)
-        if not bool(self.initialized):
-            self.low.copy_(q_lo)
-            self.high.copy_(q_hi)
-            self.initialized.fill_(True)
-            return
-        self.low.mul_(self.beta).add_(q_lo, alpha=1 - self.beta)
-        self.high.mul_(self.beta).add_(q_hi, alpha=1 - self.beta)
+        beta = torch.where(self.initialized, self.beta, 0.0)  # the first update sets them
+        self.low.lerp_(q_lo, 1 - beta)
+        self.high.lerp_(q_hi, 1 - beta)
+        self.initialized.fill_(True)
 
     def loc(self) -> Tensor:
         return torch.zeros_like(self.low) if self.scale_only else self.low

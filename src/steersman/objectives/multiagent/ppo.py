@@ -151,6 +151,11 @@ class MAPPOLoss(ClipPPOLoss):
     # ------------------------------------------------------------ value norm
     def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         if update_state and self.value_norm is not None and self.critic_coeff is not None:
+            for name in ("action", "sample_log_prob"):  # a batch missing them fails before any state change
+                self._get(td, name)
+            if td.get(self.tensor_keys.value_target, None) is None:  # the estimator writes it (into a copy)
+                td = td.copy()
+                self._advantage(td)
             self.value_norm.update(self._get(td, "value_target"))
         return super()._terms(td, diagnostics, update_state)
 
