@@ -16,6 +16,8 @@ from .libs import (
     MultiThreadedEnvWrapper,
     PettingZooEnv,
     PettingZooWrapper,
+    VmasEnv,
+    VmasWrapper,
     space_to_spec,
 )
 from .multiagent import (
@@ -63,6 +65,8 @@ __all__ = [
     "space_to_spec",
     "PettingZooWrapper",
     "PettingZooEnv",
+    "VmasEnv",
+    "VmasWrapper",
     "DMControlEnv",
     "DMControlWrapper",
     "MultiThreadedEnv",

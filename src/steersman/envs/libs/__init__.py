@@ -9,10 +9,12 @@
 * :class:`PettingZooWrapper` / :class:`PettingZooEnv`: PettingZoo parallel and AEC envs
   with agent groups, and :func:`to_pettingzoo` (a steersman multi-agent env as a
   PettingZoo ``ParallelEnv``) (``pip install 'steersman[pettingzoo]'``).
+* :class:`VmasEnv` / :class:`VmasWrapper`: VMAS scenarios, batched in torch
+  (``pip install 'steersman[vmas]'``).
 * :func:`to_gymnasium` (:class:`GymnasiumExport`, :class:`GymnasiumVectorExport`): the
   other direction, any steersman env as a ``gymnasium.Env`` / ``gymnasium.vector.VectorEnv``.
 
-Importing this package does not import Gymnasium or PettingZoo; building a wrapper does (an
+Importing this package does not import Gymnasium, PettingZoo or VMAS; building a wrapper does (an
 ``ImportError`` naming the extra to install if it is missing).
 """
 
@@ -36,6 +38,7 @@ from .pettingzoo import (
     PettingZooWrapper,
     pettingzoo_available,
 )
+from .vmas import VMAS_EXTRA_HINT, VmasEnv, VmasWrapper, vmas_available
 
 __all__ = [
     "GymEnv",
@@ -48,6 +51,10 @@ __all__ = [
     "PettingZooEnv",
     "pettingzoo_available",
     "PETTINGZOO_EXTRA_HINT",
+    "VmasEnv",
+    "VmasWrapper",
+    "vmas_available",
+    "VMAS_EXTRA_HINT",
     "to_gymnasium",
     "spec_to_space",
     "GymnasiumExport",

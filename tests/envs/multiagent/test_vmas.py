@@ -1,0 +1,84 @@
+"""VmasEnv / VmasWrapper on VMAS's navigation and balance scenarios: specs, identity with
+VMAS itself, resets, group maps and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+vmas = pytest.importorskip("vmas")
+
+from steersman import TensorDict  # noqa: E402
+from steersman.envs import (  # noqa: E402
+    InvalidActionError,
+    MarlGroupMapType,
+    check_env_specs,
+)
+from steersman.envs.libs.vmas import VmasEnv, VmasWrapper  # noqa: E402
+
+
+@pytest.mark.parametrize("scenario", ["navigation", "balance"])
+@pytest.mark.parametrize("continuous", [True, False], ids=["cont", "disc"])
+def test_specs_layout_and_time_limit(scenario, continuous):
+    env = VmasEnv(scenario, num_envs=3, max_steps=4, seed=0, continuous_actions=continuous, n_agents=2)
+    assert env.group_map == {"agents": ["agent_0", "agent_1"]}
+    check_env_specs(env)
+    ro = env.rollout(9, break_when_any_done=False)
+    assert ro["agents", "action"].shape == ((3, 9, 2, 2) if continuous else (3, 9, 2))
+    assert ro["next", "agents", "reward"].shape == (3, 9, 2, 1)
+    trunc = ro["next", "truncated"].squeeze(-1)
+    assert trunc[:, [3, 7]].all() and trunc.sum() == 6  # the time limit, then an auto-reset
+    assert torch.equal(ro["next", "agents", "done"].all(-2), ro["next", "done"])
+
+
+def test_same_numbers_as_vmas():
+    # VMAS keeps one RNG state for all its envs: run the wrapper, then VMAS, from the same seed
+    env = VmasEnv("navigation", num_envs=4, max_steps=50, seed=3, n_agents=3)
+    raw = vmas.make_env("navigation", num_envs=4, max_steps=50, seed=3, n_agents=3, terminated_truncated=True)
+    g = torch.Generator().manual_seed(0)
+    actions = [torch.rand(4, 3, 2, generator=g) * 2 - 1 for _ in range(5)]
+    env.set_seed(7)
+    td = env.reset()
+    mine = [td["agents", "observation"]]
+    for a in actions:
+        td["agents", "action"] = a
+        td = env.step(td)["next"]
+        mine += [td["agents", "observation"], td["agents", "reward"].squeeze(-1)]
+    raw.seed(7)
+    theirs = [torch.stack(raw.reset(), 1)]
+    for a in actions:
+        obs, rews, term, trunc, _ = raw.step(list(a.unbind(1)))
+        theirs += [torch.stack(obs, 1), torch.stack(rews, 1)]
+    assert all(torch.equal(x, y) for x, y in zip(mine, theirs))
+
+
+def test_partial_reset_keeps_other_worlds():
+    env = VmasEnv("balance", num_envs=3, seed=0, n_agents=3)
+    td = env.rollout(3)[..., -1]["next"]
+    old = td["agents", "observation"].clone()
+    cur = env.reset(td.set("_reset", torch.tensor([[False], [True], [False]])))
+    obs = cur["agents", "observation"]
+    assert torch.equal(obs[0], old[0]) and torch.equal(obs[2], old[2])
+    assert not torch.equal(obs[1], old[1])
+    assert env.env.steps.tolist() == [3, 0, 3]
+
+
+def test_group_maps_and_bad_input():
+    env = VmasEnv("navigation", num_envs=2, seed=0, n_agents=2, group_map=MarlGroupMapType.ONE_GROUP_PER_AGENT)
+    assert env.group_map == {"agent_0": ["agent_0"], "agent_1": ["agent_1"]}
+    check_env_specs(env)
+    assert env.rollout(2)["agent_1", "observation"].shape == (2, 2, 1, 18)
+    raw = vmas.make_env("navigation", num_envs=2, seed=0, n_agents=2)
+    with pytest.raises(ValueError, match="'agent_1'.*no group"):
+        VmasWrapper(raw, group_map={"agents": ["agent_0"]})
+    with pytest.raises(ValueError, match="'agent_0'.*twice"):
+        VmasWrapper(raw, group_map={"a": ["agent_0", "agent_1"], "b": ["agent_0"]})
+    env = VmasWrapper(raw)
+    td = env.reset()
+    before = torch.stack(raw.get_from_scenario(True, False, False, False)[0], 1)
+    td["agents"] = TensorDict({"action": torch.zeros(2, 3, 2)}, batch_size=[2])
+    with pytest.raises(InvalidActionError, match=r"group 'agents'.*\[2, 3, 2\], expected \[2, 2, 2\]"):
+        env.step(td)
+    assert torch.equal(before, torch.stack(raw.get_from_scenario(True, False, False, False)[0], 1))
+    with pytest.raises(TypeError, match="vmas Environment"):
+        VmasWrapper(object())
