@@ -259,6 +259,12 @@ class EnvBase:
     #: sub-envs that a partial reset leaves alone (skips the merge in ``reset``).
     _handles_partial_reset: bool = False
 
+    #: False for envs whose batch size comes from the input TensorDict (TorchRL's
+    #: ``batch_locked``): ``reset(td)``/``step(td)``/``rollout(tensordict=td)`` then run
+    #: on ``td.batch_size`` (which must end with ``batch_size``) and ``rand_action`` draws
+    #: one action per entry. A subclass sets ``batch_locked = False`` in its body.
+    batch_locked: bool = True
+
     def __init__(self, *, device: Any = None, batch_size: Any = None, check: bool = True) -> None:
         self.check = bool(check)
         self._device = _as_device(device)
@@ -510,11 +516,17 @@ class EnvBase:
         reward_keys = self.reward_keys
         done_keys = self.done_keys
         done_only = [k for k in done_keys if (k if type(k) is str else k[-1]) == "done"] or done_keys
-        excl_root = ["next", "_reset", *action_keys, *reward_keys]
+        # an empty Composite of the reward spec (no leaves) is a reward entry too: step_mdp
+        # must not carry it to the root (the reset output has no such entry)
+        empty_rewards = [k for k, s in self._full_reward_spec.items(include_nested=True)
+                         if isinstance(s, Composite) and not _leaf_keys(s)]
+        reward_like = [*reward_keys, *empty_rewards]
+        excl_root = ["next", "_reset", *action_keys, *reward_like]
         simple = all(type(k) is str for k in excl_root)
         checked = [(k, s) for k, s in self._full_action_spec.items(include_nested=True, leaves_only=True)
                    if not isinstance(s, NonTensor)]
         plan = {
+            "done_complete": False,
             "action_keys": action_keys,
             "checked_actions": checked,
             "reward_keys": reward_keys,
@@ -522,7 +534,8 @@ class EnvBase:
             "reset_from": done_only,
             "fast_mdp": simple,
             "excl_root": frozenset(excl_root),
-            "excl_next": frozenset(reward_keys),
+            "excl_next": frozenset(reward_like),
+            "mdp_reward_keys": reward_like,
         }
         if self._spec_locked:
             self._plan = plan
@@ -533,7 +546,7 @@ class EnvBase:
         if plan["fast_mdp"] and type(td) is TensorDict:
             return _step_mdp_fast(td, plan["excl_root"], plan["excl_next"])
         return step_mdp(
-            td, reward_keys=plan["reward_keys"], done_keys=plan["done_keys"],
+            td, reward_keys=plan["mdp_reward_keys"], done_keys=plan["done_keys"],
             action_keys=plan["action_keys"],
         )
 
@@ -608,7 +621,7 @@ class EnvBase:
         mask = tensordict.get("_reset", None)
         if mask is None:
             return None
-        bs = self._batch_size
+        bs = self._batch_size if self.batch_locked else tensordict.batch_size
         if not isinstance(mask, Tensor) or mask.dtype is not torch.bool:
             raise ValueError(
                 f"{type(self).__name__}.reset: the '_reset' mask must be a bool tensor of shape "
@@ -633,18 +646,21 @@ class EnvBase:
             **kwargs: passed to ``_reset``.
 
         Returns: a new TensorDict of batch size ``batch_size``: the input's entries
-        (without ``"_reset"``) updated with the reset observations and done keys.
+        (without ``"_reset"``) updated with the reset observations and done keys. Done
+        entries of the done spec that ``_reset`` leaves out are added as False (as in
+        TorchRL, a ``_reset`` may return only the observations).
         """
         self._assert_open()
         mask = self._reset_mask(tensordict)
         out = self._reset(tensordict, **kwargs)
+        self._complete_done(out)
         if tensordict is None:
             return out
         base = tensordict.exclude("_reset") if "_reset" in tensordict.keys() else tensordict.copy()
         if mask is None or self._handles_partial_reset:
             base.update(out)
             return base
-        nb = len(self._batch_size)
+        nb = len(mask.shape)
         for key in out.keys(include_nested=True, leaves_only=True):
             new = out.get(key)
             old = base.get(key, None)
@@ -707,6 +723,9 @@ class EnvBase:
             self._check_action(tensordict)
         self._action_guard(tensordict)
         next_td = self._step(tensordict)
+        plan = self._plan
+        if plan is None or not plan["done_complete"]:
+            self._complete_done(next_td, True)
         if type(tensordict) is TensorDict:
             root = tensordict.entries
             if "next" in root:
@@ -718,6 +737,66 @@ class EnvBase:
                 keep_preset_next(preset, next_td)
             tensordict.set("next", next_td)
         return tensordict
+
+    def _complete_done(self, data: TensorDictBase, from_step: bool = False) -> TensorDictBase:
+        """Adds the done entries of the done spec that ``data`` (a ``_reset`` or ``_step``
+        output) lacks, in place: ``terminated`` from ``done`` (``done & ~truncated`` if
+        ``truncated`` is there), ``done`` from ``terminated | truncated``, anything else
+        False; done entries of shape ``[*batch]`` are reshaped to the spec's
+        ``[*batch, 1]``. Once a step brings every done entry, later steps skip this.
+
+        TorchRL refuses ``done`` + ``truncated`` without ``terminated``; here
+        ``terminated = done & ~truncated``, what the three flags mean.
+        """
+        plan = self._hot_plan()
+        keys = plan["done_keys"]
+        if not keys:
+            return data
+        if all(type(k) is str for k in keys) and all(data.get(k, None) is not None for k in keys):
+            if from_step and plan is self._plan:
+                plan["done_complete"] = True
+            return data
+        nb = len(self._batch_size)
+        lead = data.batch_size[: data.batch_dims - nb]
+        spec = self._full_done_spec
+        groups: dict[tuple, list[str]] = {}
+        for k in keys:
+            t = (k,) if type(k) is str else k
+            groups.setdefault(t[:-1], []).append(t[-1])
+
+        def key(prefix: tuple, name: str) -> NestedKey:
+            return name if not prefix else (*prefix, name)
+
+        filled = False
+        for prefix, names in groups.items():
+            have = {}
+            for n in names:
+                v = data.get(key(prefix, n), None)
+                if isinstance(v, Tensor):
+                    want = (*lead, *spec[key(prefix, n)].shape)
+                    if v.shape != want and v.numel() == torch.Size(want).numel():
+                        v = v.reshape(want)
+                        data.set(key(prefix, n), v)
+                        filled = True
+                    have[n] = v
+            if len(have) == len(names):
+                continue
+            filled = True
+            d, te, tr = have.get("done"), have.get("terminated"), have.get("truncated")
+            if "terminated" in names and te is None and d is not None:
+                te = d & ~tr if tr is not None else d.clone()
+                data.set(key(prefix, "terminated"), te)
+                have["terminated"] = te
+            if "done" in names and d is None and (te is not None or tr is not None):
+                d = te | tr if te is not None and tr is not None else (te if tr is None else tr).clone()
+                data.set(key(prefix, "done"), d)
+                have["done"] = d
+            for n in names:
+                if n not in have:
+                    data.set(key(prefix, n), spec[key(prefix, n)].zero(lead))
+        if from_step and not filled and plan is self._plan:
+            plan["done_complete"] = True
+        return data
 
     def step_and_maybe_reset(
         self, tensordict: TensorDictBase
@@ -731,7 +810,8 @@ class EnvBase:
         tensordict = self.step(tensordict)
         td_ = self._step_mdp(tensordict)
         plan = self._hot_plan()
-        done = _any_done(td_, plan["reset_from"], len(self._batch_size))
+        nb = len(self._batch_size) if self.batch_locked else td_.batch_dims
+        done = _any_done(td_, plan["reset_from"], nb)
         if done is not None and bool(done.any()):
             td_ = td_.copy()
             td_.set("_reset", done.unsqueeze(-1))
@@ -743,8 +823,11 @@ class EnvBase:
         """Writes a random action (``action_spec.rand()``, torch's global RNG) into ``tensordict``."""
         if tensordict is None:
             tensordict = TensorDict.from_trusted({}, self._batch_size, self._device)
+        lead = None
+        if not self.batch_locked:  # one action per entry of the input's extra leading dims
+            lead = tensordict.batch_size[: tensordict.batch_dims - len(self._batch_size)]
         for key, spec in self._full_action_spec.items(include_nested=True, leaves_only=True):
-            tensordict.set(key, spec.rand())
+            tensordict.set(key, spec.rand(lead))
         return tensordict
 
     def rand_step(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
@@ -811,7 +894,7 @@ class EnvBase:
             td = tensordict
         if policy is None:
             policy = self.rand_action
-        nb = len(self._batch_size)
+        nb = len(self._batch_size) if self.batch_locked else td.batch_dims
         tds: list[TensorDictBase] = []
         stop_early = break_when_any_done or break_when_all_done
         reset_from = self._hot_plan()["reset_from"]

@@ -20,21 +20,22 @@ specs, never per step.
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from steersman.data import Composite, TensorSpec
-from steersman.tensordict import TensorDictBase, is_tensor_collection
+from steersman.tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from steersman.tensordict._utils import NestedKey
 
 from ..common import EnvBase, keep_preset_next
 from ._utils import key_list, leaf_keys, missing_key, missing_spec_key
 
-__all__ = ["Transform", "ObservationTransform", "Compose", "TransformedEnv"]
+__all__ = ["Transform", "ObservationTransform", "Compose", "TransformedEnv", "_apply_to_composite"]
 
 _OUTPUT_PARTS = ("full_observation_spec", "full_reward_spec", "full_done_spec")
 _INPUT_PARTS = ("full_action_spec", "full_state_spec")
@@ -47,6 +48,42 @@ def _pairs(owner: Transform, ins: list, outs: list, what: str) -> list[tuple[Nes
             f"{ins} -> {outs}"
         )
     return list(zip(ins, outs))
+
+
+def _apply_to_composite(fn: Callable[[Any, TensorSpec], TensorSpec]) -> Callable[[Any, Composite], Composite]:
+    """Turns a per-key ``transform_*_spec(self, leaf_spec) -> leaf_spec`` into one on the
+    Composite: the result of each ``in_keys`` entry's spec is stored at its ``out_keys``
+    entry (TorchRL's decorator of the same name, for custom transforms).
+
+    Example:
+        >>> import torch
+        >>> from steersman.data import Bounded
+        >>> from steersman.envs import PendulumEnv, TransformedEnv, check_env_specs
+        >>> from steersman.envs.transforms import Transform, _apply_to_composite
+        >>> class Sin(Transform):
+        ...     def _apply_transform(self, x):
+        ...         return x.sin()
+        ...     def _reset(self, td, td_reset):
+        ...         return self._call(td_reset)
+        ...     @_apply_to_composite
+        ...     def transform_observation_spec(self, spec):
+        ...         return Bounded(-1.0, 1.0, shape=spec.shape, dtype=spec.dtype)
+        >>> env = TransformedEnv(PendulumEnv(seed=0), Sin(in_keys=["observation"], out_keys=["sin"]))
+        >>> check_env_specs(env)
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self: Transform, spec: Composite) -> Composite:
+        if not isinstance(spec, Composite):
+            return fn(self, spec)
+        for ik, ok in self._pairs:
+            leaf = spec.get(ik, None)
+            if leaf is None or isinstance(leaf, Composite):
+                continue
+            spec.set(ok, fn(self, leaf))
+        return spec
+
+    return wrapper
 
 
 class Transform(nn.Module):
@@ -460,6 +497,10 @@ class Transform(nn.Module):
         """The batch size of the env after this transform (default: unchanged)."""
         return batch_size
 
+    def transform_env_device(self, device: torch.device) -> torch.device:
+        """The device of the env after this transform (default: unchanged)."""
+        return device
+
     def __repr__(self) -> str:
         fields = []
         if self.in_keys:
@@ -693,6 +734,11 @@ class Compose(Transform):
             batch_size = t.transform_env_batch_size(batch_size)
         return batch_size
 
+    def transform_env_device(self, device: torch.device) -> torch.device:
+        for t in self.transforms:
+            device = t.transform_env_device(device)
+        return device
+
     def __repr__(self) -> str:
         inner = ",\n".join("    " + repr(t).replace("\n", "\n    ") for t in self.transforms)
         return f"Compose(\n{inner})" if inner else "Compose()"
@@ -801,6 +847,11 @@ class TransformedEnv(EnvBase):
             EnvBase._action_guard(self, tensordict)
 
     @property
+    def batch_locked(self) -> bool:  # type: ignore[override]
+        """The base env's ``batch_locked``."""
+        return self._base_env.batch_locked
+
+    @property
     def base_env(self) -> EnvBase:
         """The wrapped env."""
         return self._base_env
@@ -866,9 +917,12 @@ class TransformedEnv(EnvBase):
         self._refresh_flags()
         d["_structure_version"] += 1
         bs = self._base_env.batch_size
+        dev = self._base_env.device
         for x in chain:
             bs = x.transform_env_batch_size(bs)
+            dev = x.transform_env_device(dev)
         self._batch_size = torch.Size(bs)
+        self._device = dev
         self._mark_dirty()
         if compute:
             self._compute_specs()
@@ -917,7 +971,13 @@ class TransformedEnv(EnvBase):
             inp = t.transform_input_spec(inp)
         specs = tuple(output[n] for n in _OUTPUT_PARTS) + tuple(inp[n] for n in _INPUT_PARTS)
         for name, s in zip(("observation", "reward", "done", "action", "state"), specs):
-            if not isinstance(s, Composite) or s.shape != self._batch_size:
+            if not isinstance(s, Composite):
+                raise TypeError(
+                    f"TransformedEnv: after the transforms the {name} spec is a {type(s).__name__}, "
+                    f"expected a Composite: a transform's transform_{name}_spec must return the "
+                    "Composite it was given (decorate a per-key override with _apply_to_composite)"
+                )
+            if s.shape != self._batch_size:
                 raise ValueError(
                     f"TransformedEnv: after the transforms the {name} spec has shape "
                     f"{list(getattr(s, 'shape', []))}, expected the env batch size "
@@ -945,6 +1005,9 @@ class TransformedEnv(EnvBase):
         if not d["_has_inv"]:
             base._action_guard(tensordict)
             next_td = base._step(tensordict)
+            p = base._plan
+            if p is None or not p["done_complete"]:
+                base._complete_done(next_td, True)
             preset = tensordict.get("next", None)
             if preset is not None:  # entries the policy wrote under "next": transforms see them
                 keep_preset_next(preset, next_td)
@@ -961,6 +1024,9 @@ class TransformedEnv(EnvBase):
                 cur = chain[i]._inv_call(cur.copy())
         base._action_guard(cur)
         next_td = base._step(cur)
+        p = base._plan
+        if p is None or not p["done_complete"]:
+            base._complete_done(next_td, True)
         preset = tensordict.get("next", None)
         if preset is not None:
             keep_preset_next(preset, next_td)
@@ -976,9 +1042,12 @@ class TransformedEnv(EnvBase):
         n = len(chain)
         levels: list | None = None
         cur = tensordict
+        no_input = tensordict is None and d["_has_pre"]
+        if no_input:
+            # the reset-preprocess hooks run on every reset: give them an empty input
+            tensordict = TensorDict.from_trusted({}, self._batch_size, self._device)
         if tensordict is not None:
-            cur = tensordict.exclude(*d["_reset_drop"])
-            if d["_has_pre"]:
+            if d["_has_pre"]:  # each hook runs once; the base env gets the last level
                 flags = d["_pre_flags"]
                 levels = [None] * n
                 lvl = tensordict
@@ -986,7 +1055,11 @@ class TransformedEnv(EnvBase):
                     levels[i] = lvl
                     if flags[i]:
                         lvl = chain[i]._reset_env_preprocess(lvl.copy())
-                        cur = chain[i]._reset_env_preprocess(cur)
+                cur = lvl.exclude(*d["_reset_drop"])
+            else:
+                cur = tensordict.exclude(*d["_reset_drop"])
+        if no_input and cur.is_empty():
+            cur = None  # nothing for the base env: reset it as reset() would
         td_reset = self._base_env.reset(cur, **kwargs)
         empty = None
         for i in range(n):
@@ -1020,8 +1093,7 @@ class TransformedEnv(EnvBase):
         """Moves the base env and the transforms to ``device``; returns self."""
         self._base_env.to(device)
         self._transform.to(device)
-        self._device = self._base_env.device
-        self._mark_dirty()
+        self._refresh_chain(compute=False)  # the device after the transforms
         return self
 
     def __getattr__(self, name: str) -> Any:

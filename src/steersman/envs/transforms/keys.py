@@ -285,11 +285,20 @@ def _cat_spec(specs: list[TensorSpec], dim: int, keys: list) -> TensorSpec:
     for s in specs[1:]:
         dtype = torch.promote_types(dtype, s.dtype)
     shapes = [s.shape for s in specs]
-    try:
-        shape = torch.cat([torch.empty(s, device="meta") for s in shapes], dim).shape
-    except RuntimeError as err:
+    # shape arithmetic (a meta-tensor torch.cat would import torch._dynamo: seconds)
+    nd = len(shapes[0])
+    d = dim + nd if dim < 0 else dim
+    why = None
+    if any(len(sh) != nd for sh in shapes):
+        why = "different numbers of dims"
+    elif not 0 <= d < nd:
+        why = f"dim {dim} is out of range for {nd}-d entries"
+    elif any(sh[:d] + sh[d + 1:] != shapes[0][:d] + shapes[0][d + 1:] for sh in shapes):
+        why = "the sizes differ outside the concatenation dim"
+    if why is not None:
         raise ValueError(f"CatTensors: the entries {keys} of shapes {[list(s) for s in shapes]} "
-                         f"cannot be concatenated along dim {dim}: {err}") from None
+                         f"cannot be concatenated along dim {dim}: {why}")
+    shape = torch.Size((*shapes[0][:d], sum(sh[d] for sh in shapes), *shapes[0][d + 1:]))
     dev = specs[0].device
     if all(isinstance(s, Bounded) for s in specs):
         low = torch.cat([s.low.to(dtype) for s in specs], dim)
