@@ -34,8 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from steersman.collectors import SyncDataCollector
-from steersman.data import Categorical, LazyTensorStorage, TensorDictReplayBuffer
+from steersman.data import Categorical
 from steersman.envs import EnvBase
 from steersman.modules import MLP, ProbabilisticActor, ValueOperator
 from steersman.objectives import SoftUpdate
@@ -51,6 +50,13 @@ from .config import (
 )
 from .config import (
     resolve_preset as config_resolve_preset,
+)
+from .distributed import (
+    DistributedConfig,
+    check_distributed,
+    make_collector,
+    make_replay_buffer,
+    shutdown,
 )
 from .envs import TRANSITION_KEYS, action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
@@ -107,6 +113,8 @@ class SACConfig:
     """Evaluation schedule."""
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=10_000))
     """Checkpoint schedule (the replay buffer is included)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Collection in Ray actors writing into a remote replay buffer (backend=ray; see docs/distributed.md)."""
 
 
 MUJOCO_DEFAULTS: dict[str, Any] = {
@@ -168,20 +176,38 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
     optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
+    check_distributed(cfg.distributed)
     updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
     run = Run("sac", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
-    collector = SyncDataCollector(env, actor, frames_per_batch=cfg.frames_per_batch,
-                                  total_frames=run.total_frames, init_random_frames=cfg.learning_starts)
+    # distributed.backend=ray: collector actors write straight into a buffer actor; batches are None here
+    rb = make_replay_buffer(cfg.distributed, cfg.buffer_size, cfg.batch_size, run.dir)
+    collector = make_collector(cfg.distributed, cfg, env, actor, total_frames=run.total_frames,
+                               init_random_frames=cfg.learning_starts, replay_buffer=rb)
     episodes = EpisodeReturns()
-    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes, buffer=rb)
+    try:
+        run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes, buffer=rb)
+        _loop(cfg, run, collector, rb, episodes, loss_fn, optim, target_updater, actor, eval_env, updates_per_batch)
+    finally:
+        shutdown(collector, rb)
+    return run.wrap_up(actor, eval_env)
 
+
+def _loop(cfg: SACConfig, run: Run, collector: Any, rb: Any, episodes: EpisodeReturns, loss_fn: nn.Module,
+          optim: torch.optim.Optimizer, target_updater: SoftUpdate, actor: nn.Module, eval_env: EnvBase,
+          updates_per_batch: int) -> None:
     frames = run.frames
+    remote = cfg.distributed.backend != "none"
     metrics: dict[str, Any] = {}
     for batch in collector:
-        frames += batch.numel()
-        episodes.update(batch)
-        rb.extend(batch.reshape(-1).select(*TRANSITION_KEYS))
+        if remote:  # the actors wrote the batch into the buffer and computed the episode returns
+            frames = collector.frames
+            returns = collector.pop_episode_returns()
+            if returns:
+                episodes.last_mean = sum(returns) / len(returns)
+        else:
+            frames += batch.numel()
+            episodes.update(batch)
+            rb.extend(batch.reshape(-1).select(*TRANSITION_KEYS))
 
         if frames >= cfg.learning_starts:
             for _ in range(updates_per_batch):
@@ -193,6 +219,8 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
                 target_updater.step()
             metrics = {"train/loss_actor": losses["loss_actor"], "train/loss_qvalue": losses["loss_qvalue"],
                        "train/alpha": losses["alpha"], "train/entropy": losses["entropy"]}
+            if remote:
+                collector.update_policy_weights_(actor)
 
         run.log(frames, {"train/return": episodes.last_mean, **metrics})
         if run.eval_due(frames):
@@ -201,8 +229,6 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
             run.save()
         if run.stop_requested:
             break
-    collector.shutdown()
-    return run.wrap_up(actor, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover
