@@ -19,7 +19,9 @@ from .libs import (
     VmasEnv,
     VmasWrapper,
     space_to_spec,
+    to_pettingzoo,
 )
+from .libs.gym import gym_backend, set_gym_backend
 from .multiagent import (
     MarlGroupMapType,
     MultiAgentNativeEnv,
@@ -40,7 +42,13 @@ from .native import (
 )
 from .transforms import *  # noqa: F403
 from .transforms import __all__ as _transforms_all
-from .utils import check_env_specs, next_seed, step_mdp
+from .utils import (
+    check_env_specs,
+    make_composite_from_td,
+    next_seed,
+    step_mdp,
+    terminated_or_truncated,
+)
 
 __all__ = [
     "EnvBase",
@@ -67,6 +75,7 @@ __all__ = [
     "PettingZooEnv",
     "VmasEnv",
     "VmasWrapper",
+    "to_pettingzoo",
     "DMControlEnv",
     "DMControlWrapper",
     "MultiThreadedEnv",
@@ -80,6 +89,10 @@ __all__ = [
     "MultiAgentNativeEnv",
     "NavigationEnv",
     "PredatorPreyEnv",
+    "make_composite_from_td",
+    "terminated_or_truncated",
+    "set_gym_backend",
+    "gym_backend",
     *_transforms_all,
 ]
 

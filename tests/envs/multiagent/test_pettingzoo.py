@@ -14,14 +14,17 @@ pytest.importorskip("pettingzoo")
 from steersman import TensorDict  # noqa: E402
 from steersman.collectors import MultiSyncDataCollector  # noqa: E402
 from steersman.envs import (  # noqa: E402
+    CartPoleEnv,
     InvalidActionError,
     MarlGroupMapType,
+    NavigationEnv,
     ParallelEnv,
+    PredatorPreyEnv,
     RewardSum,
     TransformedEnv,
     check_env_specs,
 )
-from steersman.envs.libs.pettingzoo import PettingZooEnv, PettingZooWrapper  # noqa: E402
+from steersman.envs.libs.pettingzoo import PettingZooEnv, PettingZooWrapper, to_pettingzoo  # noqa: E402
 
 from ._pz_envs import ScriptedParallelEnv  # noqa: E402
 
@@ -61,6 +64,19 @@ def test_classic_games_match_pettingzoo(task, n_actions):
     got = ro["next", "player", "reward"].sum(0).squeeze(-1).tolist()
     assert got == [total[a] for a in raw.possible_agents]
     assert all(raw.terminations.values()) or all(raw.truncations.values())
+
+
+def test_sisl_multiwalker_parallel_api():
+    pytest.importorskip("Box2D")
+    env = PettingZooEnv("sisl/multiwalker_v9", parallel=True, seed=0, use_mask=True, return_state=True,
+                        env_kwargs={"n_walkers": 3, "max_cycles": 8})
+    assert env.group_map == {"walker": ["walker_0", "walker_1", "walker_2"]}
+    check_env_specs(env)
+    ro = env.rollout(20, break_when_any_done=False)
+    assert ro["walker", "observation"].shape == (20, 3, 31) and ro["state"].shape[0] == 20
+    ends = ro["next", "done"].squeeze(-1).nonzero().squeeze(-1).tolist()
+    assert ends and ends[0] <= 7  # a fall or the time limit (8 cycles) ends it; then a reset
+    assert ro["walker", "mask"][ends[0] + 1].all()
 
 
 def test_aec_observes_only_the_acting_agent():
@@ -214,3 +230,40 @@ def test_pettingzoo_in_parallel_env_and_multisync_collector():
     acted = b["player", "action"].gather(-1, b["player", "mask"].to(torch.int64).argmax(-1, keepdim=True))
     legal = b["player", "action_mask"].gather(-1, b["player", "action"].unsqueeze(-1)).squeeze(-1)
     assert legal.all() and acted.numel() == 20
+
+
+# ---------------------------------------------------------------------- export
+@pytest.mark.parametrize("make", [
+    functools.partial(NavigationEnv, n_agents=3, max_steps=15),
+    functools.partial(PredatorPreyEnv, n_agents=2, max_steps=12, categorical_actions=True),
+], ids=["navigation", "predator_prey_cat"])
+def test_to_pettingzoo_passes_parallel_api_test(make, recwarn):
+    from pettingzoo.test import parallel_api_test
+
+    pz_env = to_pettingzoo(make(seed=0))
+    parallel_api_test(pz_env, num_cycles=40)
+    assert not [w for w in recwarn if "agent" in str(w.message).lower()], [str(w.message) for w in recwarn]
+    assert pz_env.state().shape == pz_env.state_space.shape
+
+
+def test_to_pettingzoo_round_trip_matches_the_env():
+    direct = NavigationEnv(n_agents=2, max_steps=6, seed=4)
+    back = PettingZooWrapper(to_pettingzoo(NavigationEnv(n_agents=2, max_steps=6, seed=4)),
+                             group_map={"agents": ["agent_0", "agent_1"]}, categorical_actions=False)
+    td_a, td_b = direct.reset(), back.reset()
+    g = torch.Generator().manual_seed(0)
+    for t in range(6):
+        assert torch.allclose(td_a["agents", "observation"], td_b["agents", "observation"])
+        a = torch.rand(2, 2, generator=g) * 2 - 1
+        td_a["agents", "action"], td_b["agents", "action"] = a, a.clone()
+        na, nb = direct.step(td_a)["next"], back.step(td_b)["next"]
+        assert torch.allclose(na["agents", "reward"], nb["agents", "reward"])
+        assert na["done"].item() == nb["done"].item() == (t == 5)
+        td_a, td_b = na.exclude(("agents", "reward")), nb.exclude(("agents", "reward"))
+
+
+def test_to_pettingzoo_refuses_batched_and_single_agent_envs():
+    with pytest.raises(ValueError, match="unbatched"):
+        to_pettingzoo(NavigationEnv(2))
+    with pytest.raises(TypeError, match="group_map"):
+        to_pettingzoo(CartPoleEnv())

@@ -37,6 +37,7 @@ from .pettingzoo import (
     PettingZooEnv,
     PettingZooWrapper,
     pettingzoo_available,
+    to_pettingzoo,
 )
 from .vmas import VMAS_EXTRA_HINT, VmasEnv, VmasWrapper, vmas_available
 
@@ -50,6 +51,7 @@ __all__ = [
     "PettingZooWrapper",
     "PettingZooEnv",
     "pettingzoo_available",
+    "to_pettingzoo",
     "PETTINGZOO_EXTRA_HINT",
     "VmasEnv",
     "VmasWrapper",

@@ -36,13 +36,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from steersman.data import Categorical, Composite, OneHot, TensorSpec, Unbounded
+from steersman.data import Bounded, Categorical, Composite, OneHot, TensorSpec, Unbounded
 from steersman.tensordict import TensorDict, TensorDictBase
 
+from .._mdp import step_mdp
 from ..common import EnvBase, InvalidActionError
 from ..multiagent.groups import MarlGroupMapType, check_marl_grouping
 
-__all__ = ["PettingZooWrapper", "PettingZooEnv", "PETTINGZOO_EXTRA_HINT", "pettingzoo_available"]
+__all__ = ["PettingZooWrapper", "PettingZooEnv", "to_pettingzoo", "PETTINGZOO_EXTRA_HINT", "pettingzoo_available"]
 
 PETTINGZOO_EXTRA_HINT = "pip install 'steersman[pettingzoo]'"
 
@@ -554,3 +555,154 @@ class PettingZooEnv(PettingZooWrapper):
             f"PettingZooEnv: no PettingZoo task {task!r} (tried {', '.join(errors)}); extra packages of a "
             f"family install with pip install 'pettingzoo[<family>]'"
         )
+
+
+# ---------------------------------------------------------------------- export
+def _spec_to_space(spec: TensorSpec, name: str) -> Any:
+    """The gymnasium space of ONE agent of a group spec ``[n_agents, *shape]``."""
+    from .gym import _import_gymnasium
+
+    spaces = _import_gymnasium().spaces
+    if isinstance(spec, Categorical):
+        return spaces.Discrete(spec.n)
+    if isinstance(spec, OneHot):
+        return spaces.Discrete(spec.shape[-1])
+    np_dtype = torch.empty((), dtype=spec.dtype).numpy().dtype
+    shape = tuple(spec.shape[1:])
+    if isinstance(spec, Bounded):
+        return spaces.Box(spec.low[0].cpu().numpy(), spec.high[0].cpu().numpy(), shape, np_dtype)
+    if isinstance(spec, Unbounded):
+        return spaces.Box(-np.inf, np.inf, shape, np_dtype)
+    raise ValueError(f"to_pettingzoo: cannot export {name} with spec {type(spec).__name__} (Bounded, Unbounded, "
+                     "Categorical and OneHot are supported)")
+
+
+def _export_class() -> type:
+    pz = _import_pettingzoo()
+
+    class PettingZooParallelExport(pz.ParallelEnv):
+        """A steersman multi-agent env (batch ``[]``) as a PettingZoo ``ParallelEnv``."""
+
+        metadata = {"name": "steersman_export", "render_modes": []}
+
+        def __init__(self, env: EnvBase) -> None:
+            gmap = getattr(env, "group_map", None)
+            if not isinstance(gmap, Mapping):
+                raise TypeError(f"to_pettingzoo: {type(env).__name__} has no group_map (not a multi-agent env)")
+            if tuple(env.batch_size) != ():
+                raise ValueError(
+                    f"to_pettingzoo: the env must be unbatched (batch_size []), got {list(env.batch_size)}; "
+                    "build it with num_envs=None"
+                )
+            self.env = env
+            self.group_map = {g: list(a) for g, a in gmap.items()}
+            self.possible_agents = [a for agents in self.group_map.values() for a in agents]
+            self.agents: list[str] = []
+            self._where = {a: (g, i) for g, agents in self.group_map.items() for i, a in enumerate(agents)}
+            self._obs_spaces = {}
+            self._act_spaces = {}
+            for g in self.group_map:
+                ospec = env.full_observation_spec[g, "observation"]
+                aspec = env.full_action_spec[g, "action"]
+                o = _spec_to_space(ospec, f"({g!r}, 'observation')")
+                a = _spec_to_space(aspec, f"({g!r}, 'action')")
+                for agent in self.group_map[g]:
+                    self._obs_spaces[agent], self._act_spaces[agent] = o, a
+            self._has_state = "state" in env.full_observation_spec.keys()
+            if self._has_state:
+                self.state_space = _spec_to_space(env.full_observation_spec["state"].unsqueeze(0), "'state'")
+            self._td: TensorDictBase | None = None
+
+        def observation_space(self, agent: str) -> Any:
+            return self._obs_spaces[agent]
+
+        def action_space(self, agent: str) -> Any:
+            return self._act_spaces[agent]
+
+        def _split(self, td: TensorDictBase, key: str) -> dict[str, Any]:
+            out = {}
+            for g, agents in self.group_map.items():
+                v = td.get((g, key)).detach().cpu().numpy()
+                for i, a in enumerate(agents):
+                    out[a] = v[i]
+            return out
+
+        def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+            if seed is not None:
+                self.env.set_seed(seed)
+            self._td = self.env.reset()
+            self.agents = list(self.possible_agents)
+            return self._split(self._td, "observation"), {a: {} for a in self.agents}
+
+        def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+            if self._td is None or not self.agents:
+                raise RuntimeError("to_pettingzoo: the episode is over (or not started): call reset() first")
+            unknown = [a for a in actions if a not in self._where]
+            if unknown:
+                raise ValueError(f"to_pettingzoo: actions for unknown agent(s) {unknown}; agents: {self.possible_agents}")
+            td = self._td
+            for g, agents in self.group_map.items():
+                spec = self.env.full_action_spec[g, "action"]
+                act = spec.zero()
+                for i, a in enumerate(agents):
+                    if a in actions:
+                        v = torch.as_tensor(np.asarray(actions[a]))
+                        if isinstance(spec, OneHot):
+                            v = torch.nn.functional.one_hot(v.long(), spec.shape[-1]).to(spec.dtype)
+                        act[i] = v.to(act.dtype)
+                td.set((g, "action"), act.to(self.env.device))
+            td = self.env.step(td)
+            nxt = td.get("next")
+            obs = self._split(nxt, "observation")
+            rew = {a: float(r.sum()) for a, r in self._split(nxt, "reward").items()}
+            term = {a: bool(t.any()) for a, t in self._split(nxt, "terminated").items()}
+            trunc = {a: bool(t.any()) for a, t in self._split(nxt, "truncated").items()}
+            ended = bool(nxt.get("done").any())
+            if ended:  # the episode of every agent ends with the root's
+                root_term = bool(nxt.get("terminated").any())
+                for a in self.possible_agents:
+                    term[a] = term[a] or (root_term and not trunc[a])
+                    trunc[a] = trunc[a] or not term[a]
+            keep = [a for a in self.agents if not (term[a] or trunc[a])]
+            live = set(self.agents)
+            out = tuple({a: d[a] for a in d if a in live} for d in (obs, rew, term, trunc))
+            self.agents = keep
+            self._td = step_mdp(td, reward_keys=self.env.reward_keys, done_keys=self.env.done_keys,
+                                action_keys=self.env.action_keys)
+            info = {a: {} for a in live}
+            return (*out, info)
+
+        def state(self) -> np.ndarray:
+            if not self._has_state or self._td is None:
+                raise AttributeError("to_pettingzoo: the env has no 'state' entry (or no episode is running)")
+            return self._td.get("state").detach().cpu().numpy()
+
+        def close(self) -> None:
+            self.env.close()
+
+    return PettingZooParallelExport
+
+
+def to_pettingzoo(env: EnvBase) -> Any:
+    """A steersman multi-agent env (unbatched, with a ``group_map``) as a PettingZoo
+    ``ParallelEnv``; PettingZoo's ``parallel_api_test`` passes on it.
+
+    Agents are the env's (``group_map`` order); each agent's observation and action
+    spaces come from its group's specs (``Bounded``/``Unbounded`` -> ``Box``,
+    ``Categorical``/``OneHot`` -> ``Discrete``). All agents leave when the root
+    ``"done"`` is set. ``state()`` returns the root ``"state"`` entry when there is one.
+
+    Example:
+        >>> from pettingzoo.test import parallel_api_test
+        >>> from steersman.envs import NavigationEnv
+        >>> from steersman.envs.libs.pettingzoo import to_pettingzoo
+        >>> pz_env = to_pettingzoo(NavigationEnv(n_agents=2, max_steps=20, seed=0))
+        >>> pz_env.possible_agents
+        ['agent_0', 'agent_1']
+        >>> obs, infos = pz_env.reset(seed=0)
+        >>> obs["agent_0"].shape, pz_env.action_space("agent_0")
+        ((8,), Box(-1.0, 1.0, (2,), float32))
+        >>> parallel_api_test(pz_env, num_cycles=30)
+        Passed Parallel API test
+    """
+    return _export_class()(env)
