@@ -1,0 +1,128 @@
+"""What the multi-agent recipes share besides the loop: their env settings, the start of a
+run, per-group returns (training and evaluation), and the end of a run (final evaluation,
+checkpoint, export of the per-agent policy).
+
+The returns are team returns: per step the mean over the group's agents of their
+rewards, summed over the episode (with a shared reward, every agent's return). Episodes
+end at the root ``done``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steersman.envs import EnvBase
+from steersman.tensordict import TensorDict, TensorDictBase
+from steersman.tensordict.files import write_json_atomic
+from steersman.tensordict.nn import ExplorationType, set_exploration_type
+
+from .checkpoint import seed_everything
+from .config import ConfigError, validate_config
+from .evaluation import EpisodeReturns, first_episode_returns
+from .marl_envs import GROUP, make_marl_env
+from .run import EVAL_SEED_OFFSET, Run, export_filename
+
+__all__ = ["MarlEnvConfig", "GroupReturns", "evaluate_groups", "setup_marl", "team_view", "wrap_up_marl"]
+
+
+@dataclass
+class MarlEnvConfig:
+    """Which multi-agent environment to train on, and how many copies."""
+
+    name: str = "navigation"
+    """Env id: navigation, predator_prey, vmas/<scenario> or pettingzoo/<task>."""
+    num_envs: int = 32
+    """Number of sub-envs stepped together (the batch size of the training env)."""
+    n_agents: int = 3
+    """Agents of the native tasks (and of VMAS scenarios that take n_agents)."""
+    max_episode_steps: int = 50
+    """Time limit per episode."""
+
+
+def setup_marl(cfg: Any, *, categorical_actions: bool = False) -> tuple[EnvBase, EnvBase]:
+    """The start of a multi-agent recipe: checks ``cfg``, seeds, sets torch's CPU threads,
+    and builds the training env (``env.num_envs`` sub-envs, seed ``cfg.seed``) and the
+    evaluation env (``eval.episodes`` sub-envs, seed ``cfg.seed + EVAL_SEED_OFFSET``)."""
+    validate_config(cfg)
+    seed_everything(cfg.seed)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    kw = dict(n_agents=cfg.env.n_agents, max_steps=cfg.env.max_episode_steps, categorical_actions=categorical_actions)
+    env = make_marl_env(cfg.env.name, cfg.env.num_envs, seed=cfg.seed, **kw)
+    eval_env = make_marl_env(cfg.env.name, cfg.eval.episodes, seed=cfg.seed + EVAL_SEED_OFFSET, **kw)
+    if GROUP not in env.group_map:
+        raise ConfigError(f"env.name={cfg.env.name}: the recipes train the group {GROUP!r}; this env has the groups "
+                          f"{sorted(env.group_map)}")
+    return env, eval_env
+
+
+def team_view(batch: TensorDictBase, group: str = GROUP) -> TensorDictBase:
+    """``("next", "reward")`` = the mean of the group's rewards over its agents and
+    ``("next", "done")`` = the root done, in a TensorDict of the batch's shape: what
+    :class:`~steersman.recipes.evaluation.EpisodeReturns` reads."""
+    reward = batch.get(("next", group, "reward"))
+    return TensorDict({"next": {"reward": reward.mean(-2), "done": batch.get(("next", "done"))}}, batch.batch_size)
+
+
+class GroupReturns:
+    """:class:`~steersman.recipes.evaluation.EpisodeReturns` of a group's team reward;
+    :attr:`last_mean` is the mean return of the latest finished episodes (NaN before any)."""
+
+    def __init__(self, group: str = GROUP) -> None:
+        self.group = group
+        self.returns = EpisodeReturns()
+
+    def update(self, batch: TensorDictBase) -> Tensor:
+        return self.returns.update(team_view(batch, self.group))
+
+    @property
+    def last_mean(self) -> float:
+        return self.returns.last_mean
+
+    def state_dict(self) -> dict:
+        return self.returns.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns.load_state_dict(state)
+
+
+@torch.no_grad()
+def evaluate_groups(env: EnvBase, policy: Callable[[TensorDictBase], TensorDictBase], seed: int | None = None,
+                    max_steps: int = 10_000, group: str = GROUP) -> Tensor:
+    """One deterministic episode per sub-env; returns the team returns ``[num_envs]``."""
+    if seed is not None:
+        env.set_seed(seed)
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        ro = env.rollout(max_steps, policy, break_when_any_done=False, break_when_all_done=True)
+    return first_episode_returns(team_view(ro, group))
+
+
+def wrap_up_marl(run: Run, policy: Any, eval_env: EnvBase, saved_frames: int, group: str = GROUP) -> dict[str, Any]:
+    """The end of a multi-agent run: (unless a stop was requested) a final evaluation and
+    checkpoint if none was made at these frames (``saved_frames``: those of the loop's last
+    :meth:`Run.save`), the export of the per-agent policy
+    (``(group, "observation")`` ``[B, n_agents, obs_dim]`` -> ``(group, "action")``), then
+    :meth:`Run.finish` (plot, summary)."""
+    from steersman import record
+
+    if run.stop_requested:
+        return run.finish()
+    if not run.evals or run.evals[-1][0] != run.frames:
+        run.log_eval(run.frames, evaluate_groups(eval_env, policy, seed=run.cfg.seed + EVAL_SEED_OFFSET, group=group))
+    if saved_frames != run.frames:
+        run.save()
+    fmt = run.cfg.export_format
+    summary = run.finish()
+    if fmt != "none":
+        obs = eval_env.reset()[group, "observation"]
+        path = run.paths.export_dir / export_filename(fmt)
+        record.export_policy(policy, obs, path, format=fmt, in_key=(group, "observation"), out_key=(group, "action"),
+                             verify=False)
+        summary["written"]["policy"] = str(path)
+        write_json_atomic(run.dir / "summary.json", summary, indent=1, default=str)
+    return summary

@@ -1,0 +1,155 @@
+"""The multi-agent recipes (mappo, ippo, qmix, vdn) end to end on tiny budgets: summary,
+per-group metrics, checkpoint, exported per-agent policy, bit-exact resume after a stop;
+env ids; and (slow) MAPPO and QMIX learning the native cooperative navigation task."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import signal
+
+import pytest
+import torch
+
+from steersman.recipes.checkpoint import load_checkpoint
+from steersman.recipes.config import ConfigError
+from steersman.recipes.marl_envs import make_marl_env
+from steersman.recipes.run import Run
+from steersman.record import read_metrics_csv
+from steersman.tensordict import TensorDict
+from steersman.tensordict.nn import ExplorationType, set_exploration_type
+
+CONFIGS = {"mappo": "MAPPOConfig", "ippo": "IPPOConfig", "qmix": "QMIXConfig", "vdn": "VDNConfig"}
+COMMON = {"quiet": True, "eval.episodes": 2, "eval.interval": 0, "logger.backends": ["csv"],
+          "checkpoint.interval": 0, "env.num_envs": 4, "env.max_episode_steps": 10, "hidden_sizes": [16]}
+TINY = {
+    "mappo": {"total_frames": 64, "n_steps": 8, "epochs": 2, "minibatch_size": 16},
+    "qmix": {"total_frames": 64, "frames_per_batch": 16, "gradient_steps": 2, "batch_size": 16},
+}
+TINY["ippo"], TINY["vdn"] = TINY["mappo"], TINY["qmix"]
+
+
+def config(algo, **overrides):
+    cfg = getattr(importlib.import_module(f"steersman.recipes.{algo}"), CONFIGS[algo])()
+    for key, value in {**COMMON, **TINY[algo], **overrides}.items():
+        obj = cfg
+        *path, last = key.split(".")
+        for part in path:
+            obj = getattr(obj, part)
+        assert hasattr(obj, last), key
+        setattr(obj, last, value)
+    return cfg
+
+
+def recipe(algo):
+    return importlib.import_module(f"steersman.recipes.{algo}")
+
+
+@pytest.mark.parametrize("algo", sorted(CONFIGS))
+def test_recipe_smoke(algo, tmp_path):
+    exports = algo in ("mappo", "qmix")
+    cfg = config(algo, export_format="torch-export" if exports else "none")
+    summary = recipe(algo).train(cfg, tmp_path / algo)
+    assert summary["algo"] == algo and not summary["interrupted"] and math.isfinite(summary["final_eval_return"])
+    cols = read_metrics_csv(tmp_path / algo / "metrics.csv")
+    assert cols["step"][-1] == summary["frames"] and "train/return/agents" in cols
+    assert not math.isnan(cols["eval/return"][-1])
+    ckpt = load_checkpoint(tmp_path / algo / "checkpoints")
+    assert ckpt.meta["frames"] == summary["frames"] and "policy" in ckpt.state
+    policy_file = tmp_path / algo / "export" / "policy.pt2"
+    assert policy_file.exists() == exports
+    if exports:  # the file maps every agent's observation to the live policy's deterministic actions
+        env = make_marl_env("navigation", 3, seed=1, categorical_actions=algo == "qmix")
+        policy = recipe(algo).make_policy(cfg, env)
+        policy.load_state_dict(ckpt.state["policy"])
+        obs = env.reset()["agents", "observation"]
+        with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+            want = policy(TensorDict({"agents": TensorDict({"observation": obs}, [3, 3])}, [3]))["agents", "action"]
+        got = torch.export.load(policy_file).module()(obs)
+        assert got.shape == want.shape and torch.allclose(got.to(want.dtype), want, atol=1e-6)
+
+
+def _flat(state, prefix=""):
+    if isinstance(state, dict):
+        for k, v in state.items():
+            yield from _flat(v, f"{prefix}/{k}")
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            yield from _flat(v, f"{prefix}/{i}")
+    else:
+        yield prefix, state
+
+
+# The collector saves the state of single-agent native envs only (collectors/_env_state.py);
+# a multi-agent native env is reset on resume (with a warning), so the data stream differs.
+# Strict: this fails the day the collector saves MultiAgentNativeEnv state, to drop the mark.
+@pytest.mark.xfail(strict=True, reason="the collector does not save MultiAgentNativeEnv state yet")
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_stop_and_resume_is_bit_exact(algo, tmp_path, monkeypatch):
+    """A run stopped (as by SIGTERM) after its second batch and resumed ends with the same
+    checkpoint (networks, targets, optimizer, collector, RNG) as an uninterrupted one."""
+    overrides = {"total_frames": 4 * (32 if algo == "mappo" else 16), "export_format": "none"}
+    full = recipe(algo).train(config(algo, **overrides), tmp_path / "full")
+    stop_at = 2 * (32 if algo == "mappo" else 16)
+    original = Run.log
+
+    def log(self, frames, metrics):
+        original(self, frames, metrics)
+        if frames >= stop_at and not self._resume:
+            self.stop_signal = signal.SIGTERM
+
+    monkeypatch.setattr(Run, "log", log)
+    stopped = recipe(algo).train(config(algo, **overrides), tmp_path / "resumed")
+    assert stopped["interrupted"] and stopped["frames"] == stop_at
+    monkeypatch.setattr(Run, "log", original)
+    resumed = recipe(algo).train(config(algo, **overrides), tmp_path / "resumed", resume=True)
+    assert resumed["frames"] == full["frames"] and resumed["final_eval_return"] == full["final_eval_return"]
+    a = dict(_flat(load_checkpoint(tmp_path / "full" / "checkpoints").state))
+    b = dict(_flat(load_checkpoint(tmp_path / "resumed" / "checkpoints").state))
+    assert a.keys() == b.keys()
+    for key, va in a.items():
+        if isinstance(va, torch.Tensor):
+            assert torch.equal(va, b[key]), key
+        elif not (isinstance(va, float) and math.isnan(va)):
+            assert va == b[key], key
+
+
+def test_env_ids():
+    with pytest.raises(ConfigError, match="unknown multi-agent env id 'CartPole-v1'.*vmas/<scenario>"):
+        make_marl_env("CartPole-v1", 2)
+    with pytest.raises(ConfigError, match="num_envs must be >= 1"):
+        make_marl_env("navigation", 0)
+    env = make_marl_env("predator_prey", 2, seed=0, categorical_actions=True)
+    assert env.group_map == {"agents": ["agent_0", "agent_1", "agent_2"]} and env.batch_size == (2,)
+
+
+def test_mappo_on_vmas(tmp_path):
+    pytest.importorskip("vmas", reason="the vmas extra (pip install steersman[vmas])")
+    cfg = config("mappo", **{"env.name": "vmas/navigation", "export_format": "none", "total_frames": 32})
+    summary = recipe("mappo").train(cfg, tmp_path / "vmas")
+    assert math.isfinite(summary["final_eval_return"])
+
+
+# ------------------------------------------------------------------ learning (slow)
+# Cooperative navigation, 3 agents, 50-step episodes. The team return (mean over agents of
+# 10 x progress to the own goal, -1 per overlap, +1 when all are on their goals) of a
+# uniformly random policy is about -1 (-0.6 to -1.5 over seeds; zero actions: the same,
+# the initial overlaps); an agent that walks straight to its goal gets about +10. The
+# thresholds need most of that distance covered by every agent, which no untrained policy
+# gets near.
+@pytest.mark.slow
+def test_mappo_learns_navigation(tmp_path):
+    cfg = config("mappo", **{"total_frames": 9_600, "n_steps": 50, "epochs": 4, "minibatch_size": 400,
+                             "env.num_envs": 32, "env.max_episode_steps": 50, "hidden_sizes": [64, 64],
+                             "eval.episodes": 32, "export_format": "none"})
+    summary = recipe("mappo").train(cfg, tmp_path / "mappo")
+    assert summary["final_eval_return"] >= 4.0, summary
+
+
+@pytest.mark.slow
+def test_qmix_learns_navigation(tmp_path):
+    cfg = config("qmix", **{"total_frames": 9_600, "frames_per_batch": 1_600, "gradient_steps": 40,
+                            "batch_size": 256, "env.num_envs": 32, "env.max_episode_steps": 50,
+                            "hidden_sizes": [64, 64], "eval.episodes": 32, "export_format": "none"})
+    summary = recipe("qmix").train(cfg, tmp_path / "qmix")
+    assert summary["final_eval_return"] >= 4.0, summary
