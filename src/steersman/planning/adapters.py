@@ -10,11 +10,12 @@ from torch import Tensor
 
 from steersman.data import Categorical, OneHot
 from steersman.envs.native._base import NativeEnv
+from steersman.envs.native._board import BoardGameEnv
 from steersman.tensordict import TensorDict, TensorDictBase
 
 from .search import RecurrentFnOutput, RootFnOutput
 
-__all__ = ["recurrent_fn_from_env", "recurrent_fn_from_model", "root_from_env"]
+__all__ = ["board_observation", "recurrent_fn_from_env", "recurrent_fn_from_model", "root_from_env"]
 
 
 def recurrent_fn_from_model(dynamics: Callable[[TensorDictBase], TensorDictBase],
@@ -63,8 +64,8 @@ def _discrete_actions(env: NativeEnv) -> int:
     return int(spec.n)
 
 
-def _check_env(env: Any) -> NativeEnv:
-    if not isinstance(env, NativeEnv):
+def _check_env(env: Any) -> NativeEnv | BoardGameEnv:
+    if not isinstance(env, (NativeEnv, BoardGameEnv)):
         raise TypeError(f"recurrent_fn_from_env: env must be a native steersman env (NativeEnv), got "
                         f"{type(env).__name__}; other envs cannot be stepped from an arbitrary state")
     if len(env.batch_size) != 1:
@@ -77,9 +78,22 @@ def root_from_env(env: NativeEnv, prediction: Callable[[Tensor], tuple[Tensor, T
                   ) -> RootFnOutput:
     """The roots at the env's current state: embedding ``{"state": [B, S], "done":
     [B]}``, prior logits and value from ``prediction(observation)`` (default:
-    uniform logits, value 0)."""
+    uniform logits, value 0).
+
+    Board games (:class:`~steersman.envs.TicTacToeEnv`, :class:`~steersman.envs.ConnectFourEnv`):
+    the embedding is ``{"board": int8 [B, cells], "player": [B], "done": [B]}``, the
+    observation ``[B, 2, rows, cols]`` (the mover's pieces, the opponent's: the env's
+    ``"observation"``), values are for the player to move, and the prior logits of
+    illegal moves are set to the dtype's minimum.
+    """
     env = _check_env(env)
     num_actions = _discrete_actions(env)
+    if isinstance(env, BoardGameEnv):
+        st = env.get_state()
+        board, player, over = st.get("board"), st.get("current_player"), st.get("over")
+        emb = TensorDict({"board": board, "player": player, "done": over}, batch_size=board.shape[:1])
+        logits, value = _predict_board(env, prediction, board, player, over)
+        return RootFnOutput(logits, value, emb)
     st = env.get_state()
     state = torch.stack([st.get(n) for n in env.state_names], -1)
     batch = state.shape[0]
@@ -109,9 +123,17 @@ def recurrent_fn_from_env(env: NativeEnv, prediction: Callable[[Tensor], tuple[T
     ``prediction(observation) -> (prior_logits [B, A], value [B])`` gives the new
     node's prior and value (default: uniform, 0). The env's time limit is not applied.
     ``params`` and ``rng`` are not used (the dynamics are deterministic).
+
+    Board games (see :func:`root_from_env` for the embedding): ``reward`` is +1 when the
+    move wins (for the player who moved), ``discount`` is -1 (the next value is the
+    opponent's) and 0 once the game is over; an illegal move (occupied cell, full column)
+    loses at once (reward -1, game over), so the search learns to avoid moves that the
+    prior's mask did not rule out. ``discount`` must be left at its default for them.
     """
     env = _check_env(env)
     num_actions = _discrete_actions(env)
+    if isinstance(env, BoardGameEnv):
+        return _board_recurrent_fn(env, prediction)
     dynamics = type(env)._dynamics
     consts = env._make_consts()
 
@@ -129,5 +151,44 @@ def recurrent_fn_from_env(env: NativeEnv, prediction: Callable[[Tensor], tuple[T
         value = torch.where(ndone, 0.0, value)
         out = RecurrentFnOutput(reward=reward, discount=disc, prior_logits=logits, value=value)
         return out, TensorDict({"state": nstate, "done": ndone}, batch_size=action.shape)
+
+    return recurrent_fn
+
+
+def board_observation(env: BoardGameEnv, board: Tensor, player: Tensor) -> Tensor:
+    """The env's ``"observation"`` of boards ``[B, cells]`` with ``player`` ``[B]`` to move:
+    float ``[B, 2, rows, cols]`` (the mover's pieces, then the opponent's)."""
+    sign = (1 - 2 * player).to(torch.int8).unsqueeze(-1)
+    planes = torch.stack([board == sign, board == -sign], -2).to(torch.float32)
+    return planes.unflatten(-1, (env.rows, env.cols))
+
+
+def _predict_board(env: BoardGameEnv, prediction: Callable | None, board: Tensor, player: Tensor, done: Tensor
+                   ) -> tuple[Tensor, Tensor]:
+    batch = board.shape[0]
+    legal = env._legal(board) & ~done.unsqueeze(-1)
+    if prediction is None:
+        logits = torch.zeros(batch, env.num_actions, device=board.device)
+        value = torch.zeros(batch, device=board.device)
+    else:
+        logits, value = prediction(board_observation(env, board, player))
+        value = value.reshape(batch)
+    return torch.where(legal, logits, torch.finfo(logits.dtype).min), value
+
+
+def _board_recurrent_fn(env: BoardGameEnv, prediction: Callable | None) -> Callable:
+    def recurrent_fn(params: Any, rng: Any, action: Tensor, embedding: TensorDictBase
+                     ) -> tuple[RecurrentFnOutput, TensorDictBase]:
+        board, player, done = embedding.get("board"), embedding.get("player"), embedding.get("done")
+        legal = env._legal(board).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        nboard, nplayer, ndone, won = env.transition(board, player, done, action)
+        illegal = ~legal & ~done
+        reward = torch.where(illegal, -1.0, won)
+        ndone = ndone | illegal
+        logits, value = _predict_board(env, prediction, nboard, nplayer, ndone)
+        value = torch.where(ndone, 0.0, value)
+        discount = torch.where(ndone, 0.0, -1.0).to(value.dtype)
+        out = RecurrentFnOutput(reward=reward.to(value.dtype), discount=discount, prior_logits=logits, value=value)
+        return out, TensorDict({"board": nboard, "player": nplayer, "done": ndone}, batch_size=action.shape)
 
     return recurrent_fn
