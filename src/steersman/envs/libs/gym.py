@@ -50,7 +50,9 @@ exactly the one of independent single envs:
 from __future__ import annotations
 
 import difflib
+import functools
 import math
+import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "GymWrapper", "GymEnv", "space_to_spec", "gymnasium_available", "GYM_EXTRA_HINT",
-    "GymDependencyError",
+    "GymDependencyError", "set_gym_backend", "gym_backend",
 ]
 
 #: how to install the optional Gymnasium dependency.
@@ -103,6 +105,86 @@ def _import_gymnasium() -> Any:
             f"{GYM_EXTRA_HINT}"
         ) from err
     return gymnasium
+
+
+# ---------------------------------------------------------------------- backend
+def _backend_name(backend: Any) -> str:
+    if isinstance(backend, str):
+        return backend
+    if not isinstance(backend, types.ModuleType) and callable(backend):
+        backend = backend()  # a callable returning the module
+    return getattr(backend, "__name__", repr(backend))
+
+
+class set_gym_backend:  # noqa: N801 - TorchRL's name
+    """Chooses the Gym library the wrappers use (a context manager or a decorator).
+
+    Args:
+        backend: ``"gymnasium"``, the ``gymnasium`` module, or a callable returning it.
+
+    steersman wraps Gymnasium only (>= 1.0): any other backend (``"gym"``, OpenAI Gym,
+    SB3's vectorized envs...) is refused with a ``ValueError`` when the switch is made;
+    with ``"gymnasium"`` it is a no-op that checks gymnasium is importable.
+
+    Example:
+        >>> from steersman.envs.libs.gym import gym_backend, set_gym_backend
+        >>> with set_gym_backend("gymnasium"):
+        ...     gym_backend().__name__
+        'gymnasium'
+        >>> try:
+        ...     set_gym_backend("gym").set()
+        ... except ValueError as err:
+        ...     print(str(err).split(":")[0])
+        set_gym_backend('gym')
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def _check(self) -> None:
+        name = _backend_name(self.backend)
+        if name != "gymnasium":
+            raise ValueError(
+                f"set_gym_backend({name!r}): steersman supports the gymnasium backend only "
+                f"(gymnasium>=1.0, {GYM_EXTRA_HINT}); port the env to gymnasium or wrap it in a "
+                "steersman EnvBase"
+            )
+        _import_gymnasium()
+
+    def set(self) -> None:
+        """Makes the switch permanently (checks the backend)."""
+        self._check()
+
+    def __enter__(self) -> set_gym_backend:
+        self._check()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __call__(self, func: Callable) -> Callable:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+def gym_backend(submodule: str | None = None) -> Any:
+    """The Gym library in use (always ``gymnasium``), or one of its submodules.
+
+    Example:
+        >>> from steersman.envs.libs.gym import gym_backend
+        >>> gym_backend("spaces").__name__
+        'gymnasium.spaces'
+    """
+    gym = _import_gymnasium()
+    if submodule is None:
+        return gym
+    import importlib
+
+    return importlib.import_module(f"gymnasium.{submodule}")
 
 
 # ---------------------------------------------------------------------- spaces -> specs

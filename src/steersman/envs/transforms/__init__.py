@@ -6,8 +6,9 @@ applies to a TensorDict outside any env with ``transform(td)``.
 """
 
 from .actions import ActionScaling, DiscreteActionProjection, FlattenAction
-from .base import Compose, ObservationTransform, Transform, TransformedEnv
+from .base import Compose, ObservationTransform, Transform, TransformedEnv, _apply_to_composite  # noqa: F401
 from .checks import FiniteTensorDictCheck
+from .control import DeviceCastTransform, Hash, PinMemoryTransform, TerminateTransform, gSDENoise
 from .counters import InitTracker, StepCounter
 from .crop import Crop
 from .elementwise import ClipTransform, SignTransform
@@ -23,7 +24,7 @@ from .keys import (
 )
 from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetEnv
 from .module import ModuleTransform
-from .norm import ObservationNorm, VecNorm
+from .norm import ObservationNorm, VecNorm, VecNormV2
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
 from .replay import BurnInTransform, RandomCropTensorDict, Reward2GoTransform
@@ -87,4 +88,10 @@ __all__ = [
     "RemoveEmptySpecs",
     "ModuleTransform",
     "BurnInTransform",
+    "TerminateTransform",
+    "DeviceCastTransform",
+    "PinMemoryTransform",
+    "Hash",
+    "gSDENoise",
+    "VecNormV2",
 ]

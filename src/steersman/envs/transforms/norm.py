@@ -209,7 +209,19 @@ class VecNorm(ObservationTransform):
     """
 
     def __init__(self, in_keys: Any = None, out_keys: Any = None, decay: float = 0.9999,
-                 eps: float = 1e-4) -> None:
+                 eps: float = 1e-4, *, lock: Any = None, new_api: bool | None = None,
+                 shapes: Any = None, shared_td: Any = None) -> None:
+        # TorchRL's lock/shared_td/shapes share statistics between processes through a
+        # shared TensorDict; here statistics are module buffers (state_dict): a lock is
+        # accepted and unused, a shared TensorDict is refused. new_api picks TorchRL's
+        # VecNormV2 implementation: both APIs are this one.
+        if shared_td is not None or shapes is not None:
+            raise ValueError(
+                f"{type(self).__name__}: shared_td/shapes (statistics shared across processes) are not "
+                "supported; the statistics are module buffers: copy them with state_dict / "
+                "load_state_dict, or use frozen_copy() for evaluation envs"
+            )
+        del lock, new_api
         super().__init__(["observation"] if in_keys is None else in_keys, out_keys)
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"VecNorm: decay must be in (0, 1], got {decay}")
@@ -378,3 +390,35 @@ class VecNorm(ObservationTransform):
 
     def __repr__(self) -> str:
         return f"VecNorm(in_keys={self.in_keys}, decay={self.decay}, eps={self.eps}, frozen={self.frozen})"
+
+
+class VecNormV2(VecNorm):
+    """TorchRL's newer ``VecNorm`` API (``VecNorm(..., new_api=True)``): the same running
+    normalization as :class:`VecNorm`, with its constructor.
+
+    Args:
+        in_keys, out_keys: the entries to normalize (``in_keys`` required).
+        decay, eps: as :class:`VecNorm`.
+        lock: accepted and unused (statistics are this module's buffers).
+        stateful: only True (the statistics live in the transform); False raises.
+        shared_data: refused if given (see :class:`VecNorm`).
+        reduce_batch_dims: accepted; statistics are always pooled over the batch dims
+            (one mean/std per feature, shared by the sub-envs).
+
+    Example:
+        >>> from steersman.envs import CartPoleEnv, TransformedEnv, VecNormV2
+        >>> env = TransformedEnv(CartPoleEnv(batch_size=[4], seed=0), VecNormV2(in_keys=["observation"]))
+        >>> env.rollout(5, break_when_any_done=False)["next", "observation"].shape
+        torch.Size([4, 5, 4])
+    """
+
+    def __init__(self, in_keys: Any, out_keys: Any = None, *, lock: Any = None, stateful: bool = True,
+                 decay: float = 0.9999, eps: float = 1e-4, shared_data: Any = None,
+                 reduce_batch_dims: bool = False) -> None:
+        if not stateful:
+            raise ValueError(
+                "VecNormV2: stateful=False (statistics passed in the data) is not supported; use "
+                "ObservationNorm with fixed loc/scale, or a frozen VecNormV2"
+            )
+        super().__init__(in_keys, out_keys, decay=decay, eps=eps, lock=lock, shared_td=shared_data)
+        self.reduce_batch_dims = bool(reduce_batch_dims)
