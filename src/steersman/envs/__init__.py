@@ -21,6 +21,7 @@ from .libs import (
     space_to_spec,
     to_pettingzoo,
 )
+from .libs.gym import gym_backend, set_gym_backend
 from .multiagent import (
     MarlGroupMapType,
     MultiAgentNativeEnv,
@@ -90,6 +91,8 @@ __all__ = [
     "PredatorPreyEnv",
     "make_composite_from_td",
     "terminated_or_truncated",
+    "set_gym_backend",
+    "gym_backend",
     *_transforms_all,
 ]
 
