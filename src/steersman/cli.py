@@ -10,6 +10,9 @@
     steersman export RUN_DIR --format {torch-export,onnx} [--out PATH] [--allow-import]
     steersman plot RUN_DIR [RUN_DIR ...] [--out PATH]
     steersman envs                                built-in envs and Gymnasium ids
+    steersman doctor [ALGO|RUN_DIR] [key=value ...] [--seconds N]
+    steersman doctor SCRIPT.py [--seconds N] [-- script args]
+                                                  where the time goes, and what to change
     steersman --version
 
 ``train`` composes its config with Hydra from the recipes' dataclasses: ``key=value``
@@ -510,6 +513,56 @@ def cmd_envs(args: list[str]) -> int:
     return 0
 
 
+def cmd_doctor(args: list[str]) -> int:
+    """Profiles a recipe, a run folder's config or a script for ``--seconds`` (default 10;
+    startup and compiling not counted) and prints the phase table and the findings."""
+    if args and args[0] in ("-h", "--help"):
+        print("usage:\n    steersman doctor [ALGO|RUN_DIR] [key=value ...] [--seconds N] [--allow-import]\n"
+              "    steersman doctor SCRIPT.py [--seconds N] [-- script args]\n\n"
+              "Runs the recipe (default ppo; a run folder: its saved config) or the script for N seconds\n"
+              "and prints where the time goes (env step, policy forward, loss, optimizer, data movement,\n"
+              "logging, Python), graph breaks and recompiles, train()/eval() toggles and pin_memory()\n"
+              "calls inside the loop and the thread settings, each finding with its fix.")
+        return 0
+    own, script_args = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    seconds, allow_import, rest = 10.0, False, []
+    it = iter(own)
+    for arg in it:
+        if arg == "--seconds" or arg.startswith("--seconds="):
+            value = arg.split("=", 1)[1] if "=" in arg else next(it, None)
+            try:
+                seconds = float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise UsageError(f"--seconds expects a number of seconds, got {value!r}") from None
+            if not seconds > 0:
+                raise UsageError(f"--seconds must be > 0, got {value}")
+        elif arg == "--allow-import":
+            allow_import = True
+        else:
+            rest.append(arg)
+    from . import doctor
+    from .recipes import ALGOS
+
+    target = rest[0] if rest and "=" not in rest[0] else None
+    if target is not None and target.endswith(".py"):
+        if not Path(target).is_file():
+            raise UsageError(f"steersman doctor: no script {target!r}")
+        report = doctor.profile_script(target, [*rest[1:], *script_args], seconds)
+    elif target is not None and Path(target).is_dir():
+        from .recipes.launch import load_run_config
+
+        algo, base = load_run_config(target, allow_import=allow_import)
+        report = doctor.profile_recipe(algo, rest[1:], seconds, base=base)
+    elif target is None or target in ALGOS:
+        algo = target or "ppo"
+        report = doctor.profile_recipe(algo, rest[1:] if target else rest, seconds)
+    else:
+        raise UsageError(f"steersman doctor: {target!r} is not an algorithm ({', '.join(sorted(ALGOS))}), "
+                         "a run folder or a .py script")
+    print(report)
+    return 0
+
+
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
@@ -517,6 +570,7 @@ COMMANDS = {
     "export": cmd_export,
     "plot": cmd_plot,
     "envs": cmd_envs,
+    "doctor": cmd_doctor,
 }
 
 

@@ -1,0 +1,175 @@
+"""``steersman doctor``: the phase table and the findings, on planted problems."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from steersman import cli
+from steersman.doctor import PHASES, profile_callable
+
+PLANTED = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+    @torch.compile(backend="eager")
+    def loss_fn(x, y):
+        out = model(x)
+        print("loss computed")  # planted: a graph break
+        return ((out - y) ** 2).mean()
+
+
+    while True:  # runs until doctor stops it
+        model.eval()  # planted: toggled every iteration
+        with torch.no_grad():
+            model(torch.randn(16, 8))
+        model.train()
+        loss = loss_fn(torch.randn(16, 8), torch.randn(16, 2))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
+def _steersman(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", "import sys; from steersman.cli import main; sys.exit(main())", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_doctor_finds_a_planted_toggle_and_graph_break_in_a_script(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PLANTED)
+    proc = _steersman("doctor", "train.py", "--seconds", "1.5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "steersman doctor: train.py:" in out and "stopped after the time limit" in out
+    assert "Sequential.eval() at train.py:17 is called" in out
+    assert "Sequential.train() at train.py:20 is called" in out
+    assert "torch.compile: " in out and "graph break(s): Failed to trace builtin operator" in out
+    assert "`print`" in out and "fix: remove the Python the compiler cannot trace" in out
+    assert "loss backward" in out and "policy forward" in out and "optimizer" in out
+
+
+def test_doctor_ppo_prints_the_phase_table(tmp_path: Path) -> None:
+    proc = _steersman("doctor", "ppo", "total_frames=512", "n_steps=16", "epochs=1", "minibatch_size=64",
+                      "env.num_envs=4", "eval.episodes=1", "--seconds", "1.5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("steersman doctor: ppo total_frames=512")
+    header = lines.index(next(line for line in lines if line.startswith("phase")))
+    rows = {}
+    for line in lines[header + 1:]:
+        if not line.strip():
+            break
+        name = line[:24].strip()
+        rows[name] = float(line[24:32])
+    for phase in ("env step", "policy forward", "loss forward", "loss backward", "optimizer"):
+        assert rows.get(phase, 0) > 0, (phase, proc.stdout)
+    assert set(rows) <= set(PHASES)
+    assert "findings:" in proc.stdout and "the largest phase is" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # the profiled run wrote nothing here
+
+
+class _Loop:
+    """A tiny loop of known calls: env steps, policy calls, a loss, backward, optimizer."""
+
+    def __init__(self, iterations: int, toggle: bool) -> None:
+        from steersman.envs import CartPoleEnv
+
+        self.env = CartPoleEnv(batch_size=[2], seed=0)
+        self.policy = nn.Linear(4, 2)
+        self.opt = torch.optim.SGD(self.policy.parameters(), lr=0.1)
+        self.iterations, self.toggle = iterations, toggle
+
+    def __call__(self) -> None:
+        td = self.env.reset()
+        for _ in range(self.iterations):
+            if self.toggle:
+                self.policy.eval()
+            with torch.no_grad():
+                td["action"] = self.policy(td["observation"]).argmax(-1)
+            td = self.env.step_and_maybe_reset(td)[1]
+            if self.toggle:
+                self.policy.train()
+            loss = self.policy(torch.randn(8, 4)).pow(2).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+
+@pytest.mark.parametrize("toggle", [True, False])
+def test_profile_counts_each_call_once_and_restores_everything(toggle: bool) -> None:
+    from steersman.envs import EnvBase
+
+    originals = (nn.Module.train, EnvBase.step, torch.autograd.backward, torch.Tensor.pin_memory)
+    report = profile_callable(_Loop(7, toggle), seconds=60)
+    assert not report.stopped_early and report.error is None
+    # the clock starts at the first timed call (the reset): 1 reset + 7 step_and_maybe_reset
+    assert report.calls["env step"] == 8
+    assert report.calls["policy forward"] == 14 and report.calls["loss backward"] == 7
+    assert report.calls["optimizer"] == 14  # zero_grad + step
+    assert all(report.phases[p] > 0 for p in ("env step", "policy forward", "loss backward", "optimizer"))
+    assert abs(sum(report.phases.values()) - report.wall) < 1e-6  # exclusive times add up to the wall time
+    toggles = {k.split(" at ")[0]: n for k, n in report.toggles.items()}
+    assert toggles == ({"Linear.eval()": 7, "Linear.train()": 7} if toggle else {})
+    assert any("Linear.eval()" in problem for problem, _ in report.findings) is toggle
+    assert (nn.Module.train, EnvBase.step, torch.autograd.backward, torch.Tensor.pin_memory) == originals
+
+
+def test_profile_counts_graph_breaks_and_recompiles() -> None:
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager")
+    def f(x, n):
+        y = x * n
+        torch._dynamo.graph_break()
+        return y + 1
+
+    lin = nn.Linear(3, 3)  # a first timed call starts the clock
+    report = profile_callable(lambda: [lin(torch.ones(3))] + [f(torch.ones(3), n) for n in (1, 2)], seconds=60)
+    assert sum(report.graph_breaks.values()) >= 1
+    assert len(report.recompiles) >= 1 and report.recompiles[0].startswith("Recompiling function f")
+    assert report.phases["compiling"] > 0
+    problems = " ".join(problem for problem, _ in report.findings)
+    assert "graph break(s)" in problems and "recompiled" in problems
+
+
+def test_profile_stops_an_endless_loop_and_reports_errors() -> None:
+    def endless() -> None:
+        lin = nn.Linear(2, 2)
+        while True:
+            lin(torch.zeros(1, 2))
+
+    report = profile_callable(endless, seconds=0.3)
+    assert report.stopped_early and 0.3 <= report.wall < 5 and report.calls["policy forward"] > 10
+
+    def broken() -> None:
+        nn.Linear(2, 2)(torch.zeros(1, 2))
+        raise RuntimeError("boom")
+
+    report = profile_callable(broken, seconds=5)
+    assert report.error == "RuntimeError: boom" and "the profiled code raised: RuntimeError: boom" in str(report)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["doctor", "nosuch"], "'nosuch' is not an algorithm"),
+    (["doctor", "missing.py"], "no script 'missing.py'"),
+    (["doctor", "ppo", "--seconds", "0"], "--seconds must be > 0, got 0"),
+    (["doctor", "ppo", "--seconds", "soon"], "--seconds expects a number of seconds, got 'soon'"),
+    (["doctor", "ppo", "total_frames=abc"], "total_frames"),
+])
+def test_doctor_bad_input_is_one_line(args, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
