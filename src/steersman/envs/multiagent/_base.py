@@ -33,7 +33,7 @@ from steersman.data import Bounded, Categorical, Composite, Unbounded
 from steersman.tensordict import TensorDict, TensorDictBase
 
 from ..common import EnvBase, InvalidActionError
-from ..native._base import lane_keys, make_offsets, mix32
+from ..native._base import lane_keys, make_offsets, mix32, tensor_consts
 
 __all__ = ["MultiAgentNativeEnv", "ma_fused_step", "uniforms", "CATEGORICAL_DIRECTIONS"]
 
@@ -173,6 +173,8 @@ class MultiAgentNativeEnv(EnvBase):
         self._compile = compile
         self._compiled: Callable | None = None
         self._c = self._make_consts()
+        # eager steps read 0-dim tensors (no scalar wrapping per op); compiled ones the floats
+        self._c_eager = tensor_consts(self._c, torch.float32, self._device)
         self._offsets = make_offsets(self._num_uniforms(), self._device)
         self._directions = torch.tensor(CATEGORICAL_DIRECTIONS, device=self._device)
         self._make_specs()
@@ -368,7 +370,8 @@ class MultiAgentNativeEnv(EnvBase):
         return self._compiled
 
     def _run(self, force: Tensor, autoreset: bool) -> tuple:
-        out = self._kernel_fn()(self._state, self._steps, self._rng, self._offsets, force, self._c,
+        c = self._c if self._compile else self._c_eager
+        out = self._kernel_fn()(self._state, self._steps, self._rng, self._offsets, force, c,
                                 self.max_steps, autoreset)
         self._state, self._steps, self._rng = out[0], out[1], out[2]
         return out[3], out[4]
@@ -410,6 +413,7 @@ class MultiAgentNativeEnv(EnvBase):
         self._offsets = self._offsets.to(dev)
         self._directions = self._directions.to(dev)
         self._c = type(self._c)(*(v.to(dev) if isinstance(v, Tensor) else v for v in self._c))
+        self._c_eager = type(self._c)(*(v.to(dev) if isinstance(v, Tensor) else v for v in self._c_eager))
         return self
 
     def __repr__(self) -> str:
