@@ -1,0 +1,181 @@
+"""The AlphaZero recipe: tiny runs on both games, bit-exact resume, self-play bookkeeping,
+board symmetries, bad configs; and (slow) it learns tic-tac-toe."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from steersman.envs import TicTacToeEnv
+from steersman.recipes import alphazero
+from steersman.recipes.alphazero import (
+    AlphaZeroConfig,
+    SelfPlay,
+    evaluate_agent,
+    make_game,
+    make_policy,
+    symmetries,
+    train,
+)
+from steersman.recipes.checkpoint import load_checkpoint
+from steersman.recipes.config import ConfigError
+from steersman.record import read_metrics_csv
+from steersman.tensordict import TensorDict
+
+
+def tiny(game: str = "tictactoe", **overrides) -> AlphaZeroConfig:
+    cfg = AlphaZeroConfig(total_frames=64, frames_per_batch=32, updates_per_batch=2, batch_size=16, learning_starts=16,
+                          num_simulations=4, eval_simulations=4, hidden_sizes=[16], quiet=True, export_format="none")
+    cfg.env.name, cfg.env.num_envs = game, 8
+    cfg.eval.episodes, cfg.eval.interval = 2, 0
+    cfg.checkpoint.interval = 0
+    cfg.logger.backends = ["csv"]
+    for key, value in overrides.items():
+        obj = cfg
+        *path, last = key.split(".")
+        for part in path:
+            obj = getattr(obj, part)
+        setattr(obj, last, value)
+    return cfg
+
+
+@pytest.mark.parametrize("game", ["tictactoe", "connect4"])
+def test_tiny_run(game, tmp_path):
+    export = "torch-export" if game == "tictactoe" else "none"
+    cfg = tiny(game, export_format=export, solver_depth=1)
+    summary = train(cfg, tmp_path / "run")
+    assert summary["frames"] == 64 and not summary["interrupted"]
+    cols = read_metrics_csv(tmp_path / "run" / "metrics.csv")
+    assert cols["step"][-1] == 64
+    for opponent in ("random", "solver"):
+        rates = [cols[f"eval/{opponent}_{w}"][-1] for w in ("win", "draw", "loss")]
+        assert all(0.0 <= r <= 1.0 for r in rates) and math.isclose(sum(rates), 1.0)
+    assert cols["eval/return"][-1] == cols["eval/solver_score"][-1] == summary["final_eval_return"]
+    assert not math.isnan(cols["train/policy_loss"][-1])
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints")
+    assert {"policy", "optim", "selfplay"} <= set(ckpt.state) and ckpt.replay_buffer_path is not None
+    if export != "none":  # the file is the network's greedy policy: legal moves, as the live module
+        env = make_game(game, 5)
+        policy = make_policy(cfg, env)
+        policy.load_state_dict(ckpt.state["policy"])
+        td = env.reset()
+        for a in (4, 0):  # two pieces on the boards
+            td = env.step(td.set("action", torch.full((5,), a)))["next"]
+        obs = td["observation"]
+        program = torch.export.load(tmp_path / "run" / "export" / "policy.pt2").module()
+        action = program(obs)
+        assert torch.equal(action, policy(TensorDict({"observation": obs}, [5]))["action"])
+        assert bool(td["action_mask"].gather(-1, action.unsqueeze(-1)).all())
+
+
+def _flat(obj, prefix=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flat(v, f"{prefix}/{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _flat(v, f"{prefix}/{i}")
+    else:
+        yield prefix, obj
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """A run stopped at 64 moves (with an evaluation there) and resumed to 128 ends with the
+    same networks, optimizer moments, self-play games, replay buffer and RNG states as a run
+    of 128 moves in one go (evaluation draws from its own generators)."""
+    train(tiny(total_frames=128, **{"checkpoint.interval": 32}), tmp_path / "ref")
+    train(tiny(total_frames=64, **{"checkpoint.interval": 32}), tmp_path / "cut")
+    train(tiny(total_frames=128, **{"checkpoint.interval": 32}), tmp_path / "cut", resume=True)
+    a, b = load_checkpoint(tmp_path / "ref" / "checkpoints"), load_checkpoint(tmp_path / "cut" / "checkpoints")
+    assert a.meta["frames"] == b.meta["frames"] == 128
+    fa, fb = dict(_flat(a.state)), dict(_flat(b.state))
+    assert fa.keys() == fb.keys()
+    for key, va in fa.items():
+        assert (torch.equal(va, fb[key]) if isinstance(va, torch.Tensor) else va == fb[key]), key
+    bufs = []
+    for run in ("ref", "cut"):
+        rb = alphazero.TensorDictReplayBuffer(storage=alphazero.LazyTensorStorage(20_000))
+        rb.loads(load_checkpoint(tmp_path / run / "checkpoints").replay_buffer_path)
+        bufs.append(rb.storage[:len(rb)])
+    assert len(bufs[0]) > 0 and all(torch.equal(bufs[0][k], bufs[1][k]) for k in ("observation", "policy", "value"))
+
+
+def test_selfplay_labels_positions_with_the_outcome_for_the_player_to_move():
+    env = TicTacToeEnv(batch_size=[2])
+    sp = SelfPlay(env)
+    # board 0: the first player takes the top row in five moves; board 1: a draw in nine
+    moves = [(0, 0), (3, 1), (1, 2), (4, 4), (2, 3), (0, 5), (1, 7), (2, 6), (3, 8)]
+    weights = torch.full((2, 9), 1 / 9)
+    finished = []
+    for a0, a1 in moves:
+        finished.append(sp.step(torch.tensor([a0, a1]), weights))
+    assert [f.shape[0] for f in finished] == [0, 0, 0, 0, 5, 0, 0, 0, 9]
+    assert finished[4]["value"].tolist() == [1.0, -1.0, 1.0, -1.0, 1.0]
+    assert finished[8]["value"].tolist() == [0.0] * 9
+    # observations are from the mover's side: before move 2 of board 0 the mover (second player) has no piece
+    assert finished[4]["observation"][1, 0].sum() == 0 and finished[4]["observation"][1, 1].sum() == 1
+    assert sp.length.tolist() == [4, 0]  # board 0 restarted after its game and played on
+
+
+@pytest.mark.parametrize("game", ["tictactoe", "connect4"])
+def test_symmetries_move_the_policy_with_the_board(game):
+    """A position whose policy is one-hot at the cell (or column) of its only piece keeps
+    that match in every image, and the images are distinct."""
+    env = make_game(game, 1)
+    rows, cols = env.rows, env.cols
+    cells = torch.arange(rows * cols) if game == "tictactoe" else torch.arange(cols)  # column c: bottom cell
+    obs = torch.zeros(len(cells), 2, rows, cols)
+    for i, c in enumerate(cells.tolist()):
+        obs[i, 0].view(-1)[c] = 1.0
+    policy = torch.nn.functional.one_hot(cells, env.num_actions).float()
+    out = symmetries(TensorDict({"observation": obs, "policy": policy, "value": torch.arange(len(cells)).float()},
+                                [len(cells)]), connect_four=game == "connect4")
+    assert out.shape[0] == len(cells) * (8 if game == "tictactoe" else 2)
+    piece = out["observation"][:, 0].flatten(1).argmax(-1)
+    target = out["policy"].argmax(-1)
+    assert torch.equal(piece if game == "tictactoe" else piece % cols, target)
+    centre_moves = out["value"] == (4 if game == "tictactoe" else 3)
+    assert bool((target[centre_moves] == (4 if game == "tictactoe" else 3)).all())  # the centre stays
+    corner = out["observation"][out["value"] == 0][:, 0].flatten(1).argmax(-1)
+    assert len(set(corner.tolist())) == (4 if game == "tictactoe" else 2)  # a corner goes to every corner
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"env.name": "chess"}, "unknown game env.name='chess'; valid: tictactoe, connect4"),
+    ({"num_simulations": 0}, "num_simulations must be an integer >= 1, got 0"),
+    ({"frames_per_batch": 30}, "frames_per_batch (30) must be a multiple of env.num_envs (8)"),
+])
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train(tiny(**overrides), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_alphazero_learns_tictactoe(tmp_path):
+    """Self-play with 16 simulations per move: the trained network with a 32-simulation
+    search never loses against perfect play (minimax with random tie-breaks), 64 games
+    from each side, where the untrained network with the same search does lose."""
+    cfg = AlphaZeroConfig(total_frames=LEARN_FRAMES, hidden_sizes=[64, 64], quiet=True, export_format="none")
+    cfg.logger.backends = ["csv"]
+    cfg.eval.interval, cfg.checkpoint.interval = 0, 0
+    cfg.eval.episodes = 64
+    untrained = evaluate_agent(cfg, make_policy(cfg, make_game("tictactoe", 1)).module.net, seed=1)
+    assert untrained["eval/solver_loss"] > 0
+    start = time.perf_counter()
+    summary = train(cfg, tmp_path / "run")
+    print(f"alphazero tictactoe: {summary['frames']} moves in {time.perf_counter() - start:.1f} s")
+    cols = read_metrics_csv(tmp_path / "run" / "metrics.csv")
+    assert cols["eval/solver_loss"][-1] == 0.0, cols["eval/solver_loss"][-1]
+    assert cols["eval/random_loss"][-1] == 0.0
+    # other tie-breaks of the solver, another evaluation seed
+    policy = make_policy(cfg, make_game("tictactoe", 1))
+    policy.load_state_dict(load_checkpoint(tmp_path / "run" / "checkpoints").state["policy"])
+    again = evaluate_agent(cfg, policy.module.net, seed=12345)
+    assert again["eval/solver_loss"] == 0.0
+
+
+LEARN_FRAMES = 6144
