@@ -3,6 +3,20 @@
 from . import pytree as _pytree  # noqa: F401  (registers TensorDict as a pytree node)
 from ._utils import NestedKey, unravel_key, unravel_key_list
 from .base import TensorDictBase, is_tensor_collection
+from .constructors import (
+    from_any,
+    from_csv,
+    from_dict,
+    from_h5,
+    from_json,
+    from_namedtuple,
+    from_pytree,
+    from_struct_array,
+    from_tuple,
+    fromkeys,
+    make_tensordict,
+    merge_tensordicts,
+)
 from .files import LoadError
 from .functional import cat, maybe_dense_stack, pad, pad_sequence, stack, where
 from .io import load, load_memmap, save
@@ -12,6 +26,18 @@ from .module_params import ensemble_call, from_module, from_modules, shared_copy
 from .nontensor import MetaData, NonTensorData, NonTensorStack, is_non_tensor
 from .params import TensorDictParams
 from .persistent import PersistentTensorDict, to_h5
+from .switches import (
+    capture_non_tensor_stack,
+    get_defaults_to_none,
+    get_printoptions,
+    lazy_legacy,
+    list_to_stack,
+    set_capture_non_tensor_stack,
+    set_get_defaults_to_none,
+    set_lazy_legacy,
+    set_list_to_stack,
+    set_printoptions,
+)
 from .td import TensorDict
 from .tensorclass import from_dataclass, is_tensorclass, tensorclass
 
@@ -49,4 +75,26 @@ __all__ = [
     "shared_copy",
     "PersistentTensorDict",
     "to_h5",
+    "set_list_to_stack",
+    "list_to_stack",
+    "set_lazy_legacy",
+    "lazy_legacy",
+    "set_capture_non_tensor_stack",
+    "capture_non_tensor_stack",
+    "set_get_defaults_to_none",
+    "get_defaults_to_none",
+    "set_printoptions",
+    "get_printoptions",
+    "from_any",
+    "from_csv",
+    "from_dict",
+    "from_h5",
+    "from_json",
+    "from_namedtuple",
+    "from_pytree",
+    "from_struct_array",
+    "from_tuple",
+    "fromkeys",
+    "make_tensordict",
+    "merge_tensordicts",
 ]

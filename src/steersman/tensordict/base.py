@@ -39,6 +39,7 @@ from ._utils import (
     normalize_index,
     unravel_key,
 )
+from .switches import STATE as _SWITCHES
 
 __all__ = ["TensorDictBase", "is_tensor_collection", "HANDLED_FUNCTIONS"]
 
@@ -208,7 +209,12 @@ class TensorDictBase:
         """
         if type(key) is not str:
             key = unravel_key(key)
-        return self._get_nested(key, default)
+        try:
+            return self._get_nested(key, default)
+        except KeyError:
+            if default is NO_DEFAULT and _SWITCHES["get_defaults_to_none"]:
+                return None
+            raise
 
     def __getitem__(self, index: Any) -> Any:
         if type(index) is str:
@@ -1565,12 +1571,20 @@ class TensorDictBase:
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:
-        fields = _fields_repr(self, indent=8)
+        from .switches import PRINT_OPTIONS as opts
+
         head = type(self).__name__
-        return (
-            f"{head}(\n    fields={{{fields}}},\n    batch_size={self.batch_size},\n"
-            f"    device={self.device},\n    is_shared={self._shared_repr()})"
-        )
+        if opts["compact"]:
+            return _compact_repr(self, head, opts)
+        fields = _fields_repr(self, indent=8)
+        out = f"{head}(\n    fields={{{fields}}}"
+        if opts["show_batch_size"]:
+            out += f",\n    batch_size={self.batch_size}"
+        if opts["show_device"]:
+            out += f",\n    device={self.device}"
+        if opts["show_is_shared"]:
+            out += f",\n    is_shared={self._shared_repr()}"
+        return out + ")"
 
     def _shared_repr(self) -> bool:
         try:
@@ -2001,14 +2015,41 @@ def _unflatten_state_dict(sd: dict) -> dict:
     return out
 
 
+def _sorted_keys(td: Any, opts: dict) -> list:
+    keys = list(td._keys_str())
+    return sorted(keys) if opts["sort_keys"] == "alphabetical" else keys
+
+
+def _tensor_desc(v: Tensor, opts: dict) -> str:
+    parts = []
+    if opts["show_shape"]:
+        parts.append(f"shape={v.shape}")
+    if opts["show_field_device"]:
+        parts.append(f"device={v.device}")
+    if opts["show_dtype"]:
+        parts.append(f"dtype={v.dtype}")
+    if opts["show_field_is_shared"]:
+        parts.append(f"is_shared={v.is_shared()}")
+    if opts["show_grad"]:
+        parts.append(f"requires_grad={v.requires_grad}")
+    if opts["show_is_contiguous"]:
+        parts.append(f"is_contiguous={v.is_contiguous()}")
+    if opts["show_is_view"]:
+        parts.append(f"is_view={v._base is not None}")
+    if opts["show_storage_size"]:
+        parts.append(f"storage_size={v.untyped_storage().nbytes()}")
+    return f"Tensor({', '.join(parts)})"
+
+
 def _fields_repr(td: TensorDictBase, indent: int) -> str:
+    from .switches import PRINT_OPTIONS as opts
+
     pad = " " * indent
     lines = []
-    for key in td._keys_str():
+    for key in _sorted_keys(td, opts):
         v = td._get_str(key, NO_DEFAULT)
         if isinstance(v, Tensor):
-            desc = (f"Tensor(shape={v.shape}, device={v.device}, dtype={v.dtype}, "
-                    f"is_shared={v.is_shared()})")
+            desc = _tensor_desc(v, opts)
         elif _is_non_tensor(v):
             desc = repr(v)
         else:
@@ -2017,3 +2058,33 @@ def _fields_repr(td: TensorDictBase, indent: int) -> str:
                     f"batch_size={v.batch_size},\n{pad}    device={v.device})")
         lines.append(f"\n{pad}{key}: {desc}")
     return ",".join(lines) + (f"\n{' ' * (indent - 4)}" if lines else "")
+
+
+_SHORT_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+                 torch.uint8: "u8", torch.bool: "bool", torch.complex64: "c64", torch.complex128: "c128"}
+
+
+def _compact_fields(td: Any, bd: int, opts: dict) -> str:
+    parts = []
+    for key in _sorted_keys(td, opts):
+        v = td._get_str(key, NO_DEFAULT)
+        if isinstance(v, Tensor):
+            feat = ",".join(str(d) for d in v.shape[bd:])
+            parts.append(f"{key}: {_SHORT_DTYPES.get(v.dtype, str(v.dtype).replace('torch.', ''))}[{feat}]")
+        elif _is_non_tensor(v):
+            data = getattr(v, "data", None)
+            parts.append(f"{key}: {type(data).__name__ if not getattr(type(v), '_is_stack', False) else 'stack'}")
+        else:
+            parts.append(f"{key}: {{{_compact_fields(v, bd, opts)}}}")
+    return ", ".join(parts)
+
+
+def _compact_repr(td: Any, head: str, opts: dict) -> str:
+    """``TensorDict(batch_size=[3], fields={a: f32[2]})``: dtype and feature dims per entry."""
+    out = f"{head}("
+    if opts["show_batch_size"]:
+        out += f"batch_size={list(td.batch_size)}, "
+    if opts["show_device"] and td.device is not None:
+        out += f"device={td.device}, "
+    return out + f"fields={{{_compact_fields(td, td.batch_dims, opts)}}})"

@@ -18,6 +18,7 @@ from .base import (
     _is_non_tensor,
     is_tensor_collection,
 )
+from .switches import STATE
 from .td import TensorDict, _td
 
 __all__ = ["stack", "cat", "where", "gather", "pad", "maybe_dense_stack"]
@@ -51,6 +52,10 @@ def stack(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | Non
     dim = _norm_dim(dim, bd + 1, "stack")
     if out is not None:
         return _stack_into(list_of_tds, dim, out)
+    if STATE["lazy_legacy"]:
+        from .lazy import lazy_stack
+
+        return lazy_stack(list(list_of_tds), dim)
     result = _join_dense(list_of_tds, dim, (), torch.stack)
     if result is not None:
         return result

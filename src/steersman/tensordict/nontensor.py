@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._utils import NO_DEFAULT, as_size, indexed_batch_size
 from .base import TensorDictBase
+from .switches import STATE
 
 __all__ = ["NonTensorData", "NonTensorStack", "MetaData", "is_non_tensor", "to_entry"]
 
@@ -352,6 +353,10 @@ def to_entry(value: Any, batch_size: torch.Size, device: Any, key: Any) -> Any:
             return NonTensorStack(value, device=device)
         return torch.as_tensor(value, device=device)
     if isinstance(value, (list, tuple)) and value and not isinstance(value, str):
+        if type(value) is list and STATE["list_to_stack"]:
+            stacked = _stack_tensor_list(value)
+            if stacked is not None:
+                return stacked if device is None else stacked.to(device)
         if _all_numbers(value):
             try:
                 return torch.tensor(value, device=device)
@@ -367,6 +372,23 @@ def to_entry(value: Any, batch_size: torch.Size, device: Any, key: Any) -> Any:
     if isinstance(value, Tensor) or getattr(type(value), "_is_tensor_collection", False):
         return value
     return NonTensorData(value, batch_size, device)
+
+
+def _stack_tensor_list(value: list) -> Tensor | None:
+    """A list (of lists) of same-shape tensors as one stacked tensor; None otherwise."""
+    if all(isinstance(v, Tensor) for v in value):
+        try:
+            return torch.stack(value)
+        except RuntimeError:  # ragged: kept as a NonTensorStack
+            return None
+    if all(type(v) is list and v for v in value):
+        parts = [_stack_tensor_list(v) for v in value]
+        if all(p is not None for p in parts):
+            try:
+                return torch.stack(parts)
+            except RuntimeError:
+                return None
+    return None
 
 
 def _all_numbers(v: Any) -> bool:
@@ -393,6 +415,11 @@ def stack_non_tensor(items: Sequence[Any], dim: int) -> TensorDictBase:
     if all(type(x) is MetaData for x in items) and all(x.data is first.data for x in items):
         bs = first.batch_size
         return MetaData(first.data, bs[:dim] + (len(items),) + bs[dim:], first.device)
+    if STATE["capture_non_tensor_stack"] and all(type(x) is NonTensorData for x in items) and all(
+        _same(x.data, first.data) for x in items
+    ):
+        bs = first.batch_size
+        return NonTensorData(first.data, bs[:dim] + (len(items),) + bs[dim:], first.device)
     arrays = [x.to_object_array() for x in items]
     return NonTensorStack(np.stack(arrays, dim), device=first.device)
 

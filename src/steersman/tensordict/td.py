@@ -22,6 +22,7 @@ from ._utils import (
 )
 from .base import TensorDictBase, _is_branch, _is_non_tensor, is_tensor_collection
 from .indexing import INT, SLICE, plan_index
+from .switches import STATE
 
 __all__ = ["TensorDict"]
 
@@ -172,6 +173,8 @@ class TensorDict(TensorDictBase):
         Without ``batch_size`` the batch size is found automatically: the longest
         shape prefix shared by every leaf (at most ``batch_dims`` dims).
         """
+        if auto_batch_size is False and batch_size is None and batch_dims is None:
+            batch_size = torch.Size(())
         if batch_size is not None:
             return cls(input_dict, batch_size=batch_size, device=device, names=names)
         td = cls._from_dict_nocheck(input_dict, device)
@@ -398,6 +401,8 @@ class TensorDict(TensorDictBase):
                 return self._tensordict[key]
             except KeyError:
                 if default is NO_DEFAULT:
+                    if STATE["get_defaults_to_none"]:
+                        return None
                     raise missing_key_error(key, self._tensordict) from None
                 return default
         try:  # nested key through plain TensorDicts

@@ -30,6 +30,12 @@ from .interaction import (
 )
 from .probabilistic import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential
 from .sequence import TensorDictSequential
+from .switches import (
+    composite_lp_aggregate,
+    set_composite_lp_aggregate,
+    set_skip_existing,
+    skip_existing,
+)
 from .utils import NormalParamExtractor, biased_softplus, expln, inv_softplus, mappings
 
 __all__ = [
@@ -65,4 +71,8 @@ __all__ = [
     "MaskedOneHotCategorical",
     "ReparamGradientStrategy",
     "optim",
+    "set_skip_existing",
+    "skip_existing",
+    "set_composite_lp_aggregate",
+    "composite_lp_aggregate",
 ]

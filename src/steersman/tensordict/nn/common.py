@@ -27,6 +27,8 @@ from torch import Tensor, nn
 
 from .._utils import NestedKey, unravel_key
 from ..td import TensorDict
+from .switches import _STATE as _SKIP
+from .switches import should_skip
 
 __all__ = ["TensorDictModuleBase", "TensorDictModule", "WrapModule", "dispatch"]
 
@@ -654,6 +656,8 @@ class TensorDictModule(TensorDictModuleBase):
         """
         if not getattr(type(tensordict), "_is_tensor_collection", False):
             return self._call_tensors(tensordict, args, kwargs)
+        if _SKIP.active and should_skip(self, tensordict):
+            return tensordict
         if args:
             if len(args) > 1 or tensordict_out is not None:
                 raise TypeError("forward(tensordict, tensordict_out=None, **kwargs): too many arguments")

@@ -43,6 +43,8 @@ from .interaction import (
     set_interaction_type,
 )
 from .sequence import TensorDictSequential
+from .switches import _STATE as _SKIP
+from .switches import should_skip
 
 __all__ = ["ProbabilisticTensorDictModule", "ProbabilisticTensorDictSequential"]
 
@@ -297,6 +299,8 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
         if not getattr(type(tensordict), "_is_tensor_collection", False):
             pos = args if tensordict is None else (tensordict, *args)
             return _call_with_tensors(self, self.forward, pos, kwargs, self.in_keys, self.out_keys)
+        if _SKIP.active and should_skip(self, tensordict):
+            return tensordict
         if args:
             if len(args) > 1 or tensordict_out is not None:
                 raise TypeError("forward(tensordict, tensordict_out=None): too many arguments")

@@ -19,6 +19,8 @@ from .common import (
     _rollback,
     _snapshot,
 )
+from .switches import _STATE as _SKIP
+from .switches import should_skip
 
 __all__ = ["TensorDictSequential"]
 
@@ -256,6 +258,8 @@ class TensorDictSequential(TensorDictModuleBase):
             return _call_with_tensors(
                 self, self.forward, pos, kwargs, self._in_keys, self.out_keys
             )
+        if _SKIP.active and should_skip(self, tensordict):
+            return tensordict
         if args:
             if len(args) > 1 or tensordict_out is not None:
                 raise TypeError("forward(tensordict, tensordict_out=None, **kwargs): too many arguments")
