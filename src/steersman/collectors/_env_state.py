@@ -5,7 +5,7 @@ the env is put back in the state it was in: physics, step counters and random
 generators. Envs expose no common API for this, so this module knows the ones that
 steersman ships:
 
-* native envs (``CartPoleEnv`` ...): the state tensor, the step counters and the
+* native envs (``CartPoleEnv`` ..., and the multi-agent ``NavigationEnv`` ...): the state tensor, the step counters and the
   counter-based RNG of every sub-env;
 * Gymnasium envs (``GymEnv``/``GymWrapper``): the attributes of every layer of the
   Gymnasium wrapper chain (the unwrapped env's physics and ``np_random`` generator,
@@ -28,7 +28,17 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from steersman.envs import EnvBase, GymWrapper, NativeEnv, SerialEnv, TransformedEnv
+from steersman.envs import (
+    EnvBase,
+    GymWrapper,
+    MultiAgentNativeEnv,
+    NativeEnv,
+    SerialEnv,
+    TransformedEnv,
+)
+
+#: torch-native envs: their whole dynamic state is ``_state``, ``_steps`` and the counter RNG ``_rng``
+_NATIVE = (NativeEnv, MultiAgentNativeEnv)
 
 __all__ = ["env_state", "load_env_state"]
 
@@ -122,7 +132,7 @@ def env_state(env: EnvBase) -> dict | None:
         if any(s is None for s in subs):
             return None
         return {"kind": "serial", "workers": subs}
-    if isinstance(env, NativeEnv):
+    if isinstance(env, _NATIVE):
         return {"kind": "native", "state": env._state.clone(), "steps": env._steps.clone(),
                 "rng": env._rng.clone()}
     if isinstance(env, GymWrapper):
@@ -151,7 +161,7 @@ def load_env_state(env: EnvBase, state: dict) -> None:
         for e, s in zip(env._envs, state["workers"]):
             load_env_state(e, s)
         return
-    if isinstance(env, NativeEnv) and kind == "native":
+    if isinstance(env, _NATIVE) and kind == "native":
         if state["state"].shape != env._state.shape:
             raise ValueError(
                 f"collector.load_state_dict: the saved {type(env).__name__} state has shape "
