@@ -42,7 +42,7 @@ def test_readme_tour_runs(tmp_path, monkeypatch, capsys):
         exec(compile(code, f"README.md block {i}", "exec"), namespace)
     out = capsys.readouterr().out
     assert re.search(r"return \d+\.\d ± \d+\.\d over 10 episodes", out)
-    assert "torch.Size([3])\n(3,)\n" in out
+    assert "torch.Size([3])\ntorch.Size([])\n(3,)\n()\n" in out
     assert "torch.Size([4, 1])" in out
     assert "torch.Size([8, 16, 1])" in out
     assert "['loss_critic', 'loss_entropy', 'loss_objective']" in out
@@ -78,9 +78,9 @@ def test_readme_exported_policy_runs_without_steersman(tmp_path):
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", script], cwd=cwd, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["no steersman here", "torch.Size([3])", "(3,)"]
-    # the README's shapes are the agent's: observations [3, 4] -> actions [3]
-    assert agent.act(torch.zeros(3, 4)).shape == (3,)
+    assert proc.stdout.splitlines() == ["no steersman here", "torch.Size([3])", "torch.Size([])", "(3,)", "()"]
+    # the README's shapes are the agent's: observations [3, 4] -> actions [3], one observation -> one action
+    assert agent.act(torch.zeros(3, 4)).shape == (3,) and agent.act(torch.zeros(4)).shape == ()
 
 
 def test_readme_commands_exist():

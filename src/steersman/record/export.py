@@ -6,6 +6,7 @@ Two formats:
 
       program = torch.export.load("policy.pt2").module()
       action = program(observation)            # [B, *obs_shape] -> [B, *action_shape]
+      one = program(single_observation[None])[0]   # one observation: a batch of one
 
 * ``"onnx"`` (``.onnx``): the same graph through ``torch.onnx.export(dynamo=True)``; run
   with ONNX Runtime (or any ONNX runtime)::
@@ -15,7 +16,10 @@ Two formats:
 
 The policy is exported deterministic (``ExplorationType.DETERMINISTIC``: the mode or
 mean of a stochastic policy, the argmax of a Q-value policy), with a dynamic batch
-dimension. :func:`verify_export` checks a file in a fresh Python process in which
+dimension (any ``B >= 1``). The input always has the batch dimension: ``torch.export``
+and ONNX fix the rank of a program's input, so an unbatched ``[*obs_shape]`` observation
+is refused by the runtime (ONNX Runtime: "Invalid rank for input"; a torch-export
+program: an ``IndexError``); pass ``obs[None]`` and take ``[0]`` of the answer. :func:`verify_export` checks a file in a fresh Python process in which
 importing steersman fails, against the live policy.
 """
 
@@ -90,7 +94,7 @@ class ExportReport:
         size = f"{self.file_size / 1024:.1f} KiB"
         shapes = (f"observation {batch_shape(self.input_shape)} -> action {batch_shape(self.output_shape)} "
                   f"{str(self.output_dtype).replace('torch.', '')}")
-        line = f"exported {self.path} ({self.format}, {size}): {shapes}"
+        line = f"exported {self.path} ({self.format}, {size}): {shapes} (one observation: obs[None])"
         v = self.verification
         if v is not None:
             line += (f"; matches the live policy on {v.num_observations} observations "
