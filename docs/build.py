@@ -38,6 +38,7 @@ API = [
     ("planning", "steersman.planning", "tree search and CEM/MPPI planners (L4)"),
     ("record", "steersman.record", "loggers, videos, policy export (L4)"),
     ("recipes", "steersman.recipes", "the training recipes (L6)"),
+    ("doctor", "steersman.doctor", "where the training time goes, and what to change (L6)"),
 ]
 
 

@@ -151,8 +151,8 @@ def _hidden(monkeypatch, *modules: str) -> None:
 
 
 def test_atari_pong_steps_with_the_usual_preprocessing() -> None:
-    """``gym:ale_py:ALE/Pong-v5`` (ale-py ships the ROMs): raw frames, then grayscale 84x84
-    with 4 stacked frames, as DQN/PPO on Atari use."""
+    """``ale_py:ALE/Pong-v5`` (ale-py ships the ROMs): raw frames, then the usual Atari
+    stack: no-op starts, rewards clipped to [-1, 1], grayscale 84x84, 4 stacked frames."""
     pytest.importorskip("ale_py", reason="pip install 'steersman[atari]'")
     from steersman.envs import check_env_specs
     from steersman.envs.libs import GymEnv
@@ -160,7 +160,10 @@ def test_atari_pong_steps_with_the_usual_preprocessing() -> None:
         CatFrames,
         Compose,
         GrayScale,
+        NoopResetEnv,
         Resize,
+        RewardClipping,
+        StepCounter,
         ToTensorImage,
         TransformedEnv,
     )
@@ -169,17 +172,20 @@ def test_atari_pong_steps_with_the_usual_preprocessing() -> None:
     assert env.observation_spec["observation"].shape == (210, 160, 3)
     assert env.observation_spec["observation"].dtype == torch.uint8 and env.action_spec.n == 6
     keys = ["observation"]
-    env = TransformedEnv(env, Compose(ToTensorImage(in_keys=keys), GrayScale(in_keys=keys),
-                                      Resize(84, 84, in_keys=keys), CatFrames(4, dim=-3, in_keys=keys)))
+    env = TransformedEnv(env, Compose(StepCounter(), NoopResetEnv(noops=5, random=False),
+                                      RewardClipping(-1, 1), ToTensorImage(in_keys=keys),
+                                      GrayScale(in_keys=keys), Resize(84, 84, in_keys=keys),
+                                      CatFrames(4, dim=-3, in_keys=keys)))
     try:
         check_env_specs(env, seed=0)
         env.set_seed(0)
+        assert int(env.reset()["step_count"]) == 5  # the no-ops were taken
         td = env.rollout(40)
         obs = td["next", "observation"]
         assert obs.shape == (40, 4, 84, 84) and obs.dtype == torch.float32
         assert 0 <= obs.min() and obs.max() <= 1 and obs.std() > 0  # real frames, scaled
-        # the stack shifts by one frame per step
-        assert torch.equal(obs[10, :3], obs[9, 1:])
+        assert torch.equal(obs[10, :3], obs[9, 1:])  # the stack shifts by one frame per step
+        assert td["next", "reward"].abs().max() <= 1
     finally:
         env.close()
 
