@@ -19,17 +19,19 @@ class ScriptedParallelEnv(ParallelEnv):
     that step. ``final``: the last step of an episode (every agent truncated and
     removed: the agent list empties). ``final_dicts``: ``"full"`` (the last step's
     dicts name every remaining agent) or ``"empty"`` (they are empty). ``intruder``:
-    a step at which an agent not in ``possible_agents`` is observed. ``step`` asserts
+    a step at which an agent not in ``possible_agents`` is observed. ``no_legal_move``:
+    a step after which the first agent's action mask allows nothing. ``step`` asserts
     that it gets actions for exactly the present agents.
     """
 
     metadata = {"name": "scripted_v0"}
 
     def __init__(self, n: int = 3, leave=None, join=None, final: int = 6, final_dicts: str = "full",
-                 intruder: int | None = None):
+                 intruder: int | None = None, no_legal_move: int | None = None):
         self.possible_agents = [f"a_{i}" for i in range(n)]
         self.leave, self.join = dict(leave or {}), dict(join or {})
         self.final, self.final_dicts, self.intruder = final, final_dicts, intruder
+        self.no_legal_move = no_legal_move
         self.actions_seen: list[dict] = []
 
     @functools.cache  # noqa: B019 (PettingZoo's own idiom)
@@ -44,6 +46,8 @@ class ScriptedParallelEnv(ParallelEnv):
     def _obs(self, agent):
         mask = np.ones(3, np.int8)
         mask[self.t % 3] = 0
+        if self.t == self.no_legal_move and agent == self.possible_agents[0]:
+            mask[:] = 0
         return {"observation": np.array([self.t, self.possible_agents.index(agent), 1], np.float32),
                 "action_mask": mask}
 

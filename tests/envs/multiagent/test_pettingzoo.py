@@ -191,6 +191,13 @@ def test_unknown_agent_is_a_clear_error_state_unchanged():
     assert all(torch.equal(obs[k], env._obs[k]) for k in obs)
 
 
+def test_mask_hiding_every_action_of_an_acting_agent():
+    env = PettingZooWrapper(ScriptedParallelEnv(n=2, final=5, no_legal_move=2))
+    td = env.rand_step(env.reset())["next"]
+    with pytest.raises(ValueError, match="'a_0' \\(group 'a'\\) allows no action"):
+        env.rand_step(td)
+
+
 def test_bad_group_map_and_wrong_agent_dim():
     with pytest.raises(ValueError, match="'a_1'.*twice"):
         PettingZooWrapper(ScriptedParallelEnv(n=2), group_map={"x": ["a_0", "a_1"], "y": ["a_1"]})
