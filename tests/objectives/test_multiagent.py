@@ -289,6 +289,13 @@ def test_agent_batch_layout_and_errors():
     assert torch.equal(flat["next", "terminated"][:, :, 1], td["next", "terminated"])
     with pytest.raises(KeyError, match="no group 'team'"):
         agent_batch(td, "team")
+    # a group stored with the outer batch dims only (as a collector may hand it out) gets
+    # its agent dim back from its leaves
+    flat_group = TensorDict({G: TensorDict({"observation": torch.zeros(4, N, OBS)}, [4]),
+                             "next": {G: TensorDict({"reward": torch.ones(4, N, 1)}, [4]),
+                                      "done": torch.zeros(4, 1, dtype=torch.bool)}}, [4])
+    out = agent_batch(flat_group)
+    assert out.batch_size == (4, N) and out["next"].batch_size == (4, N) and out["next", "done"].shape == (4, N, 1)
 
 
 def test_iql_is_dqn_per_agent():

@@ -1,4 +1,4 @@
-"""The multi-agent recipes (mappo, ippo, qmix, vdn) end to end on tiny budgets: summary,
+"""The multi-agent recipes (mappo, ippo, qmix, vdn, maddpg) end to end on tiny budgets: summary,
 per-group metrics, checkpoint, exported per-agent policy, bit-exact resume after a stop;
 env ids; and (slow) MAPPO and QMIX learning the native cooperative navigation task."""
 
@@ -19,14 +19,15 @@ from steersman.record import read_metrics_csv
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
-CONFIGS = {"mappo": "MAPPOConfig", "ippo": "IPPOConfig", "qmix": "QMIXConfig", "vdn": "VDNConfig"}
+CONFIGS = {"mappo": "MAPPOConfig", "ippo": "IPPOConfig", "qmix": "QMIXConfig", "vdn": "VDNConfig",
+           "maddpg": "MADDPGConfig"}
 COMMON = {"quiet": True, "eval.episodes": 2, "eval.interval": 0, "logger.backends": ["csv"],
           "checkpoint.interval": 0, "env.num_envs": 4, "env.max_episode_steps": 10, "hidden_sizes": [16]}
 TINY = {
     "mappo": {"total_frames": 64, "n_steps": 8, "epochs": 2, "minibatch_size": 16},
     "qmix": {"total_frames": 64, "frames_per_batch": 16, "gradient_steps": 2, "batch_size": 16},
 }
-TINY["ippo"], TINY["vdn"] = TINY["mappo"], TINY["qmix"]
+TINY["ippo"], TINY["vdn"], TINY["maddpg"] = TINY["mappo"], TINY["qmix"], TINY["qmix"]
 
 
 def config(algo, **overrides):

@@ -20,6 +20,17 @@ def _broadcast_into(dest: TensorDictBase, src: TensorDictBase, keys: Sequence[st
         dest.set(key, value.unsqueeze(src.ndim).expand(*dest.batch_size, *value.shape[src.ndim:]))
 
 
+def _with_agent_dim(g: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+    """``g`` with batch ``[*td.batch_size, n_agents]`` (a group stored with only the outer
+    batch dims gets the agent dim from its leaves)."""
+    if g.ndim == td.ndim:
+        leaves = list(g.values(include_nested=True, leaves_only=True))
+        if leaves and all(t.ndim > td.ndim and t.shape[td.ndim] == leaves[0].shape[td.ndim] for t in leaves):
+            g = g.copy()
+            g.batch_size = [*td.batch_size, leaves[0].shape[td.ndim]]
+    return g
+
+
 def agent_batch(
     td: TensorDictBase, group: str = "agents", *, broadcast: Sequence[str] = ("done", "terminated", "truncated")
 ) -> TensorDictBase:
@@ -44,6 +55,8 @@ def agent_batch(
         (torch.Size([4, 3]), torch.Size([4, 3, 1]))
     """
     g = td.get(group, None)
+    if isinstance(g, TensorDictBase):
+        g = _with_agent_dim(g, td)
     if not isinstance(g, TensorDictBase) or g.ndim != td.ndim + 1:
         raise KeyError(
             f"agent_batch: no group {group!r} with batch [*batch, n_agents] in the TensorDict "
@@ -56,7 +69,7 @@ def agent_batch(
         ng = nxt.get(group, None)
         if not isinstance(ng, TensorDictBase):
             raise KeyError(f"agent_batch: no group {group!r} under 'next' (keys {sorted(map(str, nxt.keys()))})")
-        ng = ng.copy()
+        ng = _with_agent_dim(ng, nxt).copy()
         _broadcast_into(ng, nxt, broadcast, "'next', ")
         out.set("next", ng)
     return out
