@@ -80,6 +80,17 @@ def test_sisl_multiwalker_parallel_api():
     assert ro["walker", "mask"][ends[0] + 1].all()
 
 
+def test_mpe_simple_tag_two_groups():
+    pytest.importorskip("mpe2")
+    env = PettingZooEnv("mpe/simple_tag_v3", parallel=True, seed=0, categorical_actions=False,
+                        env_kwargs={"max_cycles": 5})
+    assert env.group_map == {"adversary": ["adversary_0", "adversary_1", "adversary_2"], "agent": ["agent_0"]}
+    check_env_specs(env)
+    ro = env.rollout(7, break_when_any_done=False)
+    assert ro["adversary", "action"].shape == (7, 3, 5) and ro["agent", "observation"].shape[:2] == (7, 1)
+    assert ro["next", "truncated"].squeeze(-1).tolist() == [False] * 4 + [True] + [False] * 2
+
+
 def test_aec_observes_only_the_acting_agent():
     """pytorch/rl#2990: the AEC wrapper observed every agent, not the acting one."""
     env = PettingZooEnv("classic/tictactoe_v3", parallel=False, seed=0)

@@ -516,7 +516,8 @@ class PettingZooEnv(PettingZooWrapper):
     Args:
         task: ``"<family>/<module>"`` or ``"<family>.<module>"`` of ``pettingzoo`` (e.g.
             ``"classic/tictactoe_v3"``, ``"butterfly/pistonball_v6"``), or a bare module name
-            searched in the families (``"tictactoe_v3"``).
+            searched in the families (``"tictactoe_v3"``). MPE tasks (``"mpe/simple_spread_v3"``)
+            come from the ``mpe2`` package (``pip install mpe2``).
         parallel: build ``module.parallel_env(**kwargs)`` (True) or ``module.env(**kwargs)``
             (False, the AEC API).
         env_kwargs: arguments of the PettingZoo constructor.
@@ -544,7 +545,14 @@ class PettingZooEnv(PettingZooWrapper):
     @classmethod
     def _module(cls, task: str) -> Any:
         name = task.replace("/", ".")
-        candidates = [f"pettingzoo.{name}"] if "." in name else [f"pettingzoo.{f}.{name}" for f in cls.FAMILIES]
+        if name.startswith("mpe2."):
+            candidates = [name]
+        elif "." in name:
+            candidates = [f"pettingzoo.{name}"]
+            if name.startswith("mpe."):  # MPE moved to the mpe2 package (pip install mpe2)
+                candidates.append("mpe2." + name[len("mpe."):])
+        else:
+            candidates = [f"pettingzoo.{f}.{name}" for f in cls.FAMILIES] + [f"mpe2.{name}"]
         errors = []
         for c in candidates:
             try:
