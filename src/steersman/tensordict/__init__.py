@@ -19,6 +19,23 @@ from .constructors import (
 )
 from .files import LoadError
 from .functional import cat, maybe_dense_stack, pad, pad_sequence, stack, where
+from .helpers import (
+    KEY_SEPARATOR,
+    assert_allclose_td,
+    assert_close,
+    default_is_leaf,
+    dense_stack_tds,
+    group_by,
+    is_bool,
+    is_floating,
+    is_inexact,
+    is_integer,
+    is_leaf_nontensor,
+    is_memmap_archive,
+    pack_memmap,
+    unpack_memmap,
+    unravel_key_to_tuple,
+)
 from .io import load, load_memmap, save
 from .lazy import LazyStackedTensorDict, lazy_stack
 from .memmap import MemoryMappedTensor
@@ -39,7 +56,7 @@ from .switches import (
     set_printoptions,
 )
 from .td import TensorDict
-from .tensorclass import from_dataclass, is_tensorclass, tensorclass
+from .tensorclass import TensorClass, from_dataclass, is_tensorclass, tensorclass
 
 __all__ = [
     "TensorDict",
@@ -97,4 +114,20 @@ __all__ = [
     "fromkeys",
     "make_tensordict",
     "merge_tensordicts",
+    "TensorClass",
+    "KEY_SEPARATOR",
+    "assert_allclose_td",
+    "assert_close",
+    "default_is_leaf",
+    "dense_stack_tds",
+    "group_by",
+    "is_bool",
+    "is_floating",
+    "is_inexact",
+    "is_integer",
+    "is_leaf_nontensor",
+    "is_memmap_archive",
+    "pack_memmap",
+    "unpack_memmap",
+    "unravel_key_to_tuple",
 ]

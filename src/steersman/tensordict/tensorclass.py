@@ -1039,3 +1039,62 @@ def from_dataclass(obj: Any, *, batch_size: Any = None, auto_batch_size: bool = 
                 break
         out.batch_size = common
     return out
+
+
+# ----------------------------------------------------------------------------- subclassing form
+_TC_FLAGS = ("autocast", "nocast", "frozen", "shadow", "tensor_only")
+
+
+class _TensorClassMeta(type):
+    """Builds every subclass of :class:`TensorClass` as ``@tensorclass`` would."""
+
+    def __new__(mcs, name: str, bases: tuple, ns: dict, **flags: Any) -> type:
+        unknown = sorted(set(flags) - set(_TC_FLAGS))
+        if unknown:
+            raise TypeError(f"class {name}: unknown TensorClass flag(s) {unknown}; known: {list(_TC_FLAGS)}")
+        cls = super().__new__(mcs, name, bases, ns)
+        if ns.get("_tc_fields_done") or ns.get("_tc_root"):
+            return cls
+        opts = {**getattr(cls, "_tc_flags", {}), **flags}
+        return _build(cls, bool(opts.get("autocast")), bool(opts.get("nocast")), bool(opts.get("frozen")),
+                      bool(opts.get("shadow")), _caller_locals())
+
+    def __init__(cls, name: str, bases: tuple, ns: dict, **flags: Any) -> None:
+        super().__init__(name, bases, ns)
+
+
+class TensorClass(_TensorClass, metaclass=_TensorClassMeta):
+    """The subclassing form of :func:`tensorclass`: ``class Foo(TensorClass): x: torch.Tensor``.
+
+    Flags go in brackets or as class keywords: ``TensorClass["nocast", "frozen"]`` or
+    ``class Foo(TensorClass, autocast=True)``; they are the options of
+    :func:`tensorclass` (``autocast``, ``nocast``, ``frozen``, ``shadow``).
+    ``tensor_only`` is accepted: its fields are stored as tensors as with no flag (the
+    lookup speed-up it gives in tensordict does not apply here). Subclasses of a
+    TensorClass inherit its fields and flags.
+
+    Example:
+        >>> import torch
+        >>> class Obs(TensorClass):
+        ...     pixels: torch.Tensor
+        ...     step: torch.Tensor
+        >>> o = Obs(pixels=torch.zeros(4, 3), step=torch.arange(4), batch_size=[4])
+        >>> o[1:3].step
+        tensor([1, 2])
+        >>> class Count(TensorClass["nocast"]):
+        ...     n: int
+        >>> Count(n=1).n
+        1
+    """
+
+    _tc_root = True
+    _tc_flags: dict = {}
+
+    def __class_getitem__(cls, item: Any) -> type:
+        items = (item,) if isinstance(item, str) else tuple(item)
+        unknown = sorted(i for i in items if i not in _TC_FLAGS)
+        if unknown:
+            raise ValueError(f"TensorClass[...]: unknown flag(s) {unknown}; known: {list(_TC_FLAGS)}")
+        flags = {**cls._tc_flags, **dict.fromkeys(items, True)}
+        return _TensorClassMeta(f"TensorClass[{', '.join(items)}]", (cls,), {"_tc_root": True, "_tc_flags": flags,
+                                                                         "__module__": cls.__module__})

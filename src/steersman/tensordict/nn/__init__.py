@@ -7,10 +7,13 @@ distribution and draw a value according to the interaction type set by
 TorchRL code). Imports only ``steersman.tensordict`` (L0) and torch.
 """
 
+from ..constructors import make_tensordict
 from ..module_params import ensemble_call, from_module, from_modules, shared_copy, to_module
 from ..params import TensorDictParams
 from . import optim
 from .common import TensorDictModule, TensorDictModuleBase, WrapModule, dispatch
+from .composite import AddStateIndependentNormalScale, CompositeDistribution, rand_one_hot
+from .cudagraphs import CudaGraphModule
 from .distributions import (
     Delta,
     MaskedCategorical,
@@ -20,6 +23,7 @@ from .distributions import (
     TanhNormal,
     TruncatedNormal,
 )
+from .ensemble import EnsembleModule
 from .interaction import (
     ExplorationType,
     InteractionType,
@@ -36,7 +40,15 @@ from .switches import (
     set_skip_existing,
     skip_existing,
 )
-from .utils import NormalParamExtractor, biased_softplus, expln, inv_softplus, mappings
+from .utils import (
+    NormalParamExtractor,
+    add_custom_mapping,
+    biased_softplus,
+    expln,
+    inv_softplus,
+    mappings,
+)
+from .wrapper import TensorDictModuleWrapper
 
 __all__ = [
     "TensorDictModuleBase",
@@ -75,4 +87,12 @@ __all__ = [
     "skip_existing",
     "set_composite_lp_aggregate",
     "composite_lp_aggregate",
+    "CompositeDistribution",
+    "AddStateIndependentNormalScale",
+    "rand_one_hot",
+    "CudaGraphModule",
+    "EnsembleModule",
+    "TensorDictModuleWrapper",
+    "make_tensordict",
+    "add_custom_mapping",
 ]

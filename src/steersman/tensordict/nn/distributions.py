@@ -677,3 +677,7 @@ class MaskedOneHotCategorical(OneHotCategorical):
         return MaskedOneHotCategorical(logits=self.logits.expand(shape), mask=self.mask.expand(shape),
                                        neg_inf=self.neg_inf, grad_method=self.grad_method,
                                        temperature=self.temperature, validate_args=self._validate_args)
+
+# tensordict.nn.distributions also exports these (they live in their own files here)
+from .composite import AddStateIndependentNormalScale, CompositeDistribution, rand_one_hot  # noqa: E402, F401
+from .utils import add_custom_mapping  # noqa: E402, F401

@@ -160,3 +160,16 @@ class NormalParamExtractor(nn.Module):
     def forward(self, tensor: Tensor) -> tuple[Tensor, Tensor]:
         loc, scale = tensor.chunk(2, -1)
         return loc, self.scale_mapping(scale).clamp_min(self.scale_lb)
+
+
+def add_custom_mapping(name: str, mapping: Callable[[Tensor], Tensor]) -> None:
+    """Registers ``mapping`` under ``name`` for :func:`mappings` (and so for ``scale_mapping``).
+
+    Raises:
+        ValueError: ``name`` is already a mapping.
+    """
+    if name in _NAMED or name.startswith("biased_softplus"):
+        raise ValueError(f"add_custom_mapping: {name!r} is already a mapping")
+    if not callable(mapping):
+        raise TypeError(f"add_custom_mapping: the mapping for {name!r} must be callable")
+    _NAMED[name] = mapping
