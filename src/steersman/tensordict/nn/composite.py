@@ -93,6 +93,10 @@ class CompositeDistribution(D.Distribution):
         self._batch = params.batch_size
         super().__init__(batch_shape=params.batch_size, validate_args=False)
 
+    @property
+    def has_rsample(self) -> bool:
+        return all(d.has_rsample for d in self.dists.values())
+
     # -- drawing
     def _draw(self, fn: str, shape: Any) -> TensorDict:
         shape = torch.Size(shape)
@@ -126,7 +130,9 @@ class CompositeDistribution(D.Distribution):
         out = TensorDict({}, batch_size=self._batch)
         for name, d in self.dists.items():
             v = getattr(d, "deterministic_sample", None)
-            if v is None:
+            if v is None and getattr(d.support, "is_discrete", False):
+                v = d.mode  # the mean of a discrete distribution is not one of its values
+            elif v is None:
                 try:
                     v = d.mean
                 except NotImplementedError:

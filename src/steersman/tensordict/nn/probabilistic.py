@@ -314,6 +314,8 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
             self.last_dist = dist
         dest = tensordict if tensordict_out is None else tensordict_out
         keys = self._sample_keys
+        if getattr(type(sample), "_is_tensor_collection", False):  # a CompositeDistribution's draw
+            return self._write_composite(dist, sample, dest)
         if len(keys) == 1:
             values = (sample,)
         elif isinstance(sample, (tuple, list)) and len(sample) == len(keys):
@@ -344,6 +346,29 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
             for key, value, write in zip(keys, values, self._write_sample):
                 if write:
                     dest.set(key, value)
+        except BaseException:
+            _rollback(dest, snap)
+            raise
+        return dest
+
+    def _write_composite(self, dist: Any, sample: Any, dest: Any) -> Any:
+        """Writes each out key from the TensorDict a composite distribution drew, and its
+        log-probs (one tensor at ``log_prob_key`` when aggregated, else the per-part entries)."""
+        missing = [k for k in self._sample_keys if k not in sample.keys(include_nested=True)]
+        if missing:
+            raise KeyError(f"{self._describe()}: the composite sample has no entries {missing} "
+                           f"(it has {list(sample.keys(include_nested=True, leaves_only=True))})")
+        lp = dist.log_prob(sample) if self._write_lp else None
+        snap = _snapshot(dest, self._written)
+        try:
+            for key, write in zip(self._sample_keys, self._write_sample):
+                if write:
+                    dest.set(key, sample.get(key))
+            if lp is not None:
+                if isinstance(lp, Tensor):
+                    dest.set(self.log_prob_key, lp)
+                else:
+                    dest.update(lp)
         except BaseException:
             _rollback(dest, snap)
             raise
