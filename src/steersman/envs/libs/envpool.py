@@ -19,6 +19,7 @@ EnvPool's own auto-reset step (which ignores its action) is never taken.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,7 @@ class MultiThreadedEnvWrapper(EnvBase):
     def __init__(self, env: Any = None, *, categorical_action_encoding: bool = True, device: Any = None,
                  check: bool = True) -> None:
         _import_envpool()
-        if env is None or not hasattr(env, "spec") or not hasattr(env, "observation_space"):
+        if env is None or not hasattr(getattr(env, "spec", None), "config"):
             raise TypeError(f"MultiThreadedEnvWrapper expects an envpool env (envpool.make(..., "
                             f"env_type='gymnasium')), got {type(env).__name__}")
         cfg = env.spec.config
@@ -86,14 +87,17 @@ class MultiThreadedEnvWrapper(EnvBase):
         self._env = env
         self.num_workers = int(env.spec.config.num_envs)
         bs, dev, cae = tuple(self.batch_size), self.device, self.categorical_action_encoding
-        ospec = space_to_spec(env.observation_space, categorical_action_encoding=cae, batch_size=bs, device=dev)
+        with warnings.catch_warnings():  # EnvPool builds float32 Boxes from float64 bounds: Gymnasium warns
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+            obs_space, act_space = env.observation_space, env.action_space
+        ospec = space_to_spec(obs_space, categorical_action_encoding=cae, batch_size=bs, device=dev)
         self._obs_dict = isinstance(ospec, Composite)
         self.observation_spec = ospec if self._obs_dict else Composite(observation=ospec, shape=bs, device=dev)
-        self.action_spec = space_to_spec(env.action_space, categorical_action_encoding=cae, batch_size=bs,
+        self.action_spec = space_to_spec(act_space, categorical_action_encoding=cae, batch_size=bs,
                                          device=dev, name="action")
         self.reward_spec = Unbounded(shape=(*bs, 1), device=dev, dtype=torch.float32)
         self._onehot = not cae and self.action_spec.dtype == torch.bool
-        self._act_dtype = env.action_space.dtype
+        self._act_dtype = act_space.dtype
         self._finished = np.zeros(self.num_workers, dtype=bool)
         self._obs = None  # the last observations, returned for sub-envs a partial reset leaves alone
 
