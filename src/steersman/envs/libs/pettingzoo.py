@@ -175,6 +175,7 @@ class PettingZooWrapper(EnvBase):
         self._seed = seed
         self._where = {a: (g, i) for g, agents in gmap.items() for i, a in enumerate(agents)}
         self._groups = [_Group(g, a) for g, a in gmap.items()]
+        self._groups_by_name = {grp.name: grp for grp in self._groups}
         self._make_specs()
         self._reset_buffers()
 
@@ -308,10 +309,6 @@ class PettingZooWrapper(EnvBase):
         if mask is not None:
             m = torch.as_tensor(np.asarray(mask).astype(bool).reshape(-1))
             self._amask[g][i] = m
-
-    @property
-    def _groups_by_name(self) -> dict[str, _Group]:
-        return {grp.name: grp for grp in self._groups}
 
     # ------------------------------------------------------------------ output
     def _active(self) -> set[str]:
