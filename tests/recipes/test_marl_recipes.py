@@ -1,4 +1,4 @@
-"""The multi-agent recipes (mappo, ippo, qmix, vdn, maddpg) end to end on tiny budgets: summary,
+"""The multi-agent recipes (mappo, ippo, qmix, vdn, maddpg, masac) end to end on tiny budgets: summary,
 per-group metrics, checkpoint, exported per-agent policy, bit-exact resume after a stop;
 env ids; and (slow) MAPPO and QMIX learning the native cooperative navigation task."""
 
@@ -20,14 +20,15 @@ from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
 CONFIGS = {"mappo": "MAPPOConfig", "ippo": "IPPOConfig", "qmix": "QMIXConfig", "vdn": "VDNConfig",
-           "maddpg": "MADDPGConfig"}
+           "maddpg": "MADDPGConfig", "masac": "MASACConfig"}
 COMMON = {"quiet": True, "eval.episodes": 2, "eval.interval": 0, "logger.backends": ["csv"],
           "checkpoint.interval": 0, "env.num_envs": 4, "env.max_episode_steps": 10, "hidden_sizes": [16]}
 TINY = {
     "mappo": {"total_frames": 64, "n_steps": 8, "epochs": 2, "minibatch_size": 16},
     "qmix": {"total_frames": 64, "frames_per_batch": 16, "gradient_steps": 2, "batch_size": 16},
 }
-TINY["ippo"], TINY["vdn"], TINY["maddpg"] = TINY["mappo"], TINY["qmix"], TINY["qmix"]
+TINY["ippo"], TINY["vdn"] = TINY["mappo"], TINY["qmix"]
+TINY["maddpg"] = TINY["masac"] = TINY["qmix"]
 
 
 def config(algo, **overrides):
@@ -48,7 +49,7 @@ def recipe(algo):
 
 @pytest.mark.parametrize("algo", sorted(CONFIGS))
 def test_recipe_smoke(algo, tmp_path):
-    exports = algo in ("mappo", "qmix")
+    exports = algo in ("mappo", "qmix", "masac")
     cfg = config(algo, export_format="torch-export" if exports else "none")
     summary = recipe(algo).train(cfg, tmp_path / algo)
     assert summary["algo"] == algo and not summary["interrupted"] and math.isfinite(summary["final_eval_return"])
