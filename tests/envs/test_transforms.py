@@ -24,6 +24,7 @@ from steersman.data import Unbounded
 from steersman.envs import check_env_specs
 from steersman.envs.batched import SerialEnv
 from steersman.envs.transforms import (
+    ActionDiscretizer,
     ActionMask,
     ActionScaling,
     BatchSizeTransform,
@@ -253,6 +254,10 @@ CASES = [
          repro=(lambda: Hash(["observation"], ["h"]), lambda: Hash(["observation"], ["h"]), _both("h"))),
     Case("gsde_noise", "pendulum", lambda: gSDENoise(state_dim=3, action_dim=1)),
     Case("vecnorm_v2", "cartpole", lambda: VecNormV2(in_keys=["observation"], decay=0.99)),
+    Case("action_discretizer", "pendulum", lambda: ActionDiscretizer(5)),
+    Case("action_discretizer_onehot_renamed", "pendulum",
+         lambda: ActionDiscretizer(3, out_action_key="action_disc", categorical=False,
+                                   sampling=ActionDiscretizer.SamplingStrategy.RANDOM)),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),

@@ -146,3 +146,114 @@ def test_set_gym_backend():
     for other in ("gym", "stable_baselines3"):
         with pytest.raises(ValueError, match="gymnasium backend only"):
             set_gym_backend(other).set()
+
+
+# ---------------------------------------------------------------- TorchRL keywords
+def _accepted():
+    from steersman.envs import (
+        BatchSizeTransform,
+        CatFrames,
+        EnvCreator,
+        ExcludeTransform,
+        RemoveEmptySpecs,
+        RewardSum,
+        TargetReturn,
+        TimeMaxPool,
+        ToTensorImage,
+        UnsqueezeTransform,
+    )
+
+    return [
+        lambda: RewardSum(reset_keys=["_reset", ("agents", "_reset")], reward_spec=False),
+        lambda: CatFrames(2, -1, in_keys=["observation"], reset_key="_reset", as_inverse=False, future=0),
+        lambda: TimeMaxPool(["observation"], T=2, reset_key="_reset"),
+        lambda: TargetReturn(1.0, reset_key=None),
+        lambda: UnsqueezeTransform(-1, in_keys=["x"], allow_positive_dim=True),
+        lambda: RemoveEmptySpecs(in_keys=None),
+        lambda: ExcludeTransform("a", inverse=False),
+        lambda: ToTensorImage(unsqueeze=False),
+        lambda: BatchSizeTransform([2], reset_func=None, env_kwarg=False),
+        lambda: EnvCreator(CartPoleEnv, share_memory=True),
+    ]
+
+
+def _refused():
+    from steersman.envs import (
+        BatchSizeTransform,
+        CatFrames,
+        ExcludeTransform,
+        RemoveEmptySpecs,
+        RewardSum,
+        TargetReturn,
+        ToTensorImage,
+    )
+
+    return [
+        (lambda: RewardSum(reward_spec=True), "reward_spec"),
+        (lambda: RewardSum(reset_keys=["done"]), "reset_key"),
+        (lambda: CatFrames(2, -1, future=1), "future"),
+        (lambda: CatFrames(2, -1, as_inverse=True), "as_inverse"),
+        (lambda: CatFrames(2, -1, mask_key="m"), "mask_key"),
+        (lambda: TargetReturn(1.0, reset_key="foo"), "reset_key"),
+        (lambda: ExcludeTransform("a", inverse=True), "inverse"),
+        (lambda: ToTensorImage(unsqueeze=True), "unsqueeze"),
+        (lambda: BatchSizeTransform([2], env_kwarg=True), "env_kwarg"),
+        (lambda: RemoveEmptySpecs(in_keys=["a"]), "in_keys"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_torchrl_keywords_accepted(i):
+    _accepted()[i]()
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_torchrl_keywords_refused_with_reason(i):
+    make, name = _refused()[i]
+    with pytest.raises(ValueError, match=f"{name}=.* is not supported: "):
+        make()
+
+
+def test_cat_tensors_unsqueeze_if_oor_is_unsqueeze_if_needed():
+    from steersman.envs import CatTensors
+
+    td = TensorDict({"a": torch.zeros(3), "b": torch.ones(3, 2)}, [3])
+    assert CatTensors(["a", "b"], "c", unsqueeze_if_oor=True)(td.clone())["c"].shape == (3, 3)
+    with pytest.raises((ValueError, RuntimeError)):
+        CatTensors(["a", "b"], "c", unsqueeze_if_oor=False)(td.clone())
+
+
+def test_check_env_specs_break_when_any_done():
+    env = CartPoleEnv(batch_size=[2])
+    check_env_specs(env, seed=0, max_steps=40, break_when_any_done="both")
+    with pytest.raises(ValueError, match="break_when_any_done"):
+        check_env_specs(env, break_when_any_done="sometimes")
+
+
+@pytest.mark.parametrize("categorical", [True, False])
+def test_action_discretizer_maps_intervals(categorical):
+    from steersman.envs import ActionDiscretizer
+
+    S = ActionDiscretizer.SamplingStrategy
+    # Pendulum torque in [-2, 2], 4 intervals of width 1: interval i is [-2 + i, -1 + i]
+    for sampling, offset in ((S.MEDIAN, 0.5), (S.LOW, 0.0), (S.HIGH, 1.0)):
+        t = ActionDiscretizer(4, sampling=sampling, categorical=categorical)
+        env = TransformedEnv(PendulumEnv(batch_size=[4], seed=0), t)
+        td = env.reset()
+        idx = torch.arange(4).unsqueeze(-1)
+        td["action"] = idx if categorical else torch.nn.functional.one_hot(idx.squeeze(-1), 4).bool()
+        want = -2.0 + idx.float() + offset
+        torch.testing.assert_close(t.inv(td)["action"], want)
+    t = ActionDiscretizer(4, sampling=S.RANDOM)
+    env = TransformedEnv(PendulumEnv(batch_size=[4], seed=0), t)
+    td = env.reset()
+    td["action"] = torch.arange(4).unsqueeze(-1)
+    got = t.inv(td)["action"]
+    assert ((got >= -2.0 + td["action"]) & (got <= -1.0 + td["action"])).all()
+    # forward: continuous -> interval index
+    back = t(TensorDict({"action": torch.tensor([[-1.9], [0.2], [2.0]])}, [3]))["action"]
+    assert back.squeeze(-1).tolist() == [0, 2, 3]
+    with pytest.raises(ValueError, match="num_intervals"):
+        TransformedEnv(PendulumEnv(), ActionDiscretizer(torch.tensor([3, 4])))
+    with pytest.raises(ValueError, match="Bounded"):
+        TransformedEnv(CartPoleEnv(), ActionDiscretizer(3))

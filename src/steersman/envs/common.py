@@ -203,6 +203,15 @@ class EnvBase:
             sub-envs, any number of dims).
         check: refuse actions outside the action spec (default True; the attribute
             ``env.check`` can be changed later): see the module docstring.
+        run_type_checks: check every ``reset``/``step`` output against the specs (keys,
+            shapes, dtypes, values; a ``ValueError`` naming the entry). Off by default:
+            it costs a pass over the outputs per step.
+        allow_done_after_reset: with ``run_type_checks``, a reset that returns a done
+            sub-env is an error unless this is True (TorchRL's keyword).
+        spec_locked: lock the spec Composites when they are set (default True; see
+            :meth:`set_spec_lock_`).
+        auto_reset: TorchRL's self-resetting envs; only False is supported (a
+            ``ValueError`` says why): ``step_and_maybe_reset`` resets finished sub-envs.
 
     Specs (set in the subclass's ``__init__``; every spec's shape starts with
     ``batch_size``): ``observation_spec`` (a :class:`Composite`), ``action_spec`` (a leaf
@@ -264,21 +273,36 @@ class EnvBase:
     #: on ``td.batch_size`` (which must end with ``batch_size``) and ``rand_action`` draws
     #: one action per entry. A subclass sets ``batch_locked = False`` in its body.
     batch_locked: bool = True
+    run_type_checks: bool = False
+    allow_done_after_reset: bool = False
 
-    def __init__(self, *, device: Any = None, batch_size: Any = None, check: bool = True) -> None:
+    def __init__(self, *, device: Any = None, batch_size: Any = None, check: bool = True,
+                 run_type_checks: bool = False, allow_done_after_reset: bool = False,
+                 spec_locked: bool = True, auto_reset: bool = False) -> None:
+        if auto_reset:
+            raise ValueError(
+                f"{type(self).__name__}: auto_reset=True (an env that resets itself inside step) is "
+                "not supported; finished sub-envs are reset by step_and_maybe_reset, which rollout "
+                "and the collectors use"
+            )
         self.check = bool(check)
+        self.run_type_checks = bool(run_type_checks)
+        self.allow_done_after_reset = bool(allow_done_after_reset)
         self._device = _as_device(device)
         self._batch_size = _as_batch_size(batch_size)
         self._is_closed = False
-        self._spec_locked = True
+        self._spec_locked = bool(spec_locked)
         self._plan: dict | None = None
         bs = self._batch_size
         dev = self._device
-        self._full_observation_spec = Composite(shape=bs, device=dev).lock_()
-        self._full_action_spec = Composite(shape=bs, device=dev).lock_()
-        self._full_state_spec = Composite(shape=bs, device=dev).lock_()
-        self._full_reward_spec = Composite(reward=Unbounded((*bs, 1), device=dev), shape=bs, device=dev).lock_()
-        self._full_done_spec = self._default_done_spec()
+        defaults = [Composite(shape=bs, device=dev), Composite(shape=bs, device=dev),
+                    Composite(shape=bs, device=dev),
+                    Composite(reward=Unbounded((*bs, 1), device=dev), shape=bs, device=dev),
+                    self._default_done_spec()]
+        for spec in defaults:
+            spec.lock_() if self._spec_locked else spec.unlock_()
+        (self._full_observation_spec, self._full_action_spec, self._full_state_spec,
+         self._full_reward_spec, self._full_done_spec) = defaults
 
     def _default_done_spec(self) -> Composite:
         bs = self._batch_size
@@ -654,6 +678,15 @@ class EnvBase:
         mask = self._reset_mask(tensordict)
         out = self._reset(tensordict, **kwargs)
         self._complete_done(out)
+        if self.run_type_checks:
+            self._type_check(out, "reset", (self._full_observation_spec, self._full_done_spec))
+            if not self.allow_done_after_reset:
+                done = _any_done(out, self._hot_plan()["reset_from"], out.batch_dims)
+                if done is not None and bool(done.any()) and (mask is None or bool(done[mask].any())):
+                    raise RuntimeError(
+                        f"{type(self).__name__}.reset returned a done sub-env; pass "
+                        "allow_done_after_reset=True if the env can be done right after a reset"
+                    )
         if tensordict is None:
             return out
         base = tensordict.exclude("_reset") if "_reset" in tensordict.keys() else tensordict.copy()
@@ -726,6 +759,9 @@ class EnvBase:
         plan = self._plan
         if plan is None or not plan["done_complete"]:
             self._complete_done(next_td, True)
+        if self.run_type_checks:
+            self._type_check(next_td, "step", (self._full_observation_spec, self._full_reward_spec,
+                                                self._full_done_spec))
         if type(tensordict) is TensorDict:
             root = tensordict.entries
             if "next" in root:
@@ -737,6 +773,27 @@ class EnvBase:
                 keep_preset_next(preset, next_td)
             tensordict.set("next", next_td)
         return tensordict
+
+    def _type_check(self, data: TensorDictBase, what: str, specs: tuple) -> None:
+        """``run_type_checks``: every entry of ``specs`` is in ``data`` with the spec's
+        shape (after ``data``'s extra leading dims), dtype and values."""
+        lead = data.batch_dims - len(self._batch_size)
+        for composite in specs:
+            for key, spec in composite.items(include_nested=True, leaves_only=True):
+                val = data.get(key, None)
+                if not isinstance(val, Tensor):
+                    if val is None:
+                        raise ValueError(f"{type(self).__name__}.{what}: output has no entry {key!r}")
+                    continue
+                problem = None
+                if tuple(val.shape[lead:]) != tuple(spec.shape):
+                    problem = f"shape {list(val.shape)}, the spec has {list(spec.shape)}"
+                elif spec.dtype is not None and val.dtype != spec.dtype:
+                    problem = f"dtype {val.dtype}, the spec has {spec.dtype}"
+                elif not spec.is_in(val):
+                    problem = spec._check(val) or "values outside the spec"
+                if problem is not None:
+                    raise ValueError(f"{type(self).__name__}.{what} (run_type_checks): entry {key!r} has {problem}")
 
     def _complete_done(self, data: TensorDictBase, from_step: bool = False) -> TensorDictBase:
         """Adds the done entries of the done spec that ``data`` (a ``_reset`` or ``_step``

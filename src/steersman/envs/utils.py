@@ -194,6 +194,7 @@ def check_env_specs(
     seed: int | None = None,
     tensordict: TensorDictBase | None = None,
     max_steps: int = 3,
+    break_when_any_done: bool | str = False,
 ) -> None:
     """Runs a short rollout and checks every entry against the env's specs.
 
@@ -210,6 +211,9 @@ def check_env_specs(
         seed: if given, ``env.set_seed(seed)`` first.
         tensordict: an optional reset input passed to the rollout.
         max_steps: the rollout length.
+        break_when_any_done: the rollout's flag (TorchRL's keyword): False (default)
+            auto-resets finished sub-envs, True stops at the first done step, ``"both"``
+            runs the check once each way.
 
     Raises:
         AssertionError: naming the first offending key and what is wrong with it.
@@ -218,6 +222,12 @@ def check_env_specs(
         >>> from steersman.envs import CartPoleEnv, check_env_specs
         >>> check_env_specs(CartPoleEnv(batch_size=[4]), seed=0)  # silent when the specs hold
     """
+    if break_when_any_done == "both":
+        for flag in (True, False):
+            check_env_specs(env, return_contiguous, check_dtype, seed, tensordict, max_steps, flag)
+        return
+    if not isinstance(break_when_any_done, bool):
+        raise ValueError(f"check_env_specs: break_when_any_done must be a bool or 'both', got {break_when_any_done!r}")
     if seed is not None:
         env.set_seed(seed)
     specs = _leaf_specs(env)
@@ -227,7 +237,7 @@ def check_env_specs(
             return_contiguous=return_contiguous,
             tensordict=tensordict,
             auto_reset=True,
-            break_when_any_done=False,
+            break_when_any_done=break_when_any_done,
         )
     except (KeyError, ValueError, RuntimeError) as err:
         raise AssertionError(

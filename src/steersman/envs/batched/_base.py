@@ -58,6 +58,31 @@ class EnvWorkerError(RuntimeError):
         self.exitcode = exitcode
 
 
+#: TorchRL's keyword arguments of batched envs that need no action here, with the reason
+#: (accepted so that TorchRL scripts run; documented in ParallelEnv/SerialEnv).
+TORCHRL_NOOP_KWARGS = {
+    "pin_memory": "the outputs are copied out of shared memory into new tensors; pin them "
+                  "with PinMemoryTransform when they go to CUDA",
+    "consolidate": "data already travels as one flat byte buffer per worker",
+    "memmap": "the buffers are already in shared memory",
+    "share_individual_td": "there is one shared buffer for all workers",
+    "non_blocking": "the buffers are on CPU; device moves of the outputs are plain .to()",
+    "policy_proof": "the policy's own entries stay in the caller's TensorDict; nothing needs declaring",
+    "metadata_from_workers": "the specs are read from a probe env built in this process",
+    "daemon": "workers are always daemonic and exit with the parent (even after SIGKILL)",
+    "allow_step_when_done": "stepping a done sub-env is left to the sub-env (no check here)",
+}
+
+
+def apply_num_threads(num_threads: int | None, owner: str) -> None:
+    """TorchRL's ``num_threads``: ``torch.set_num_threads`` in this (the parent) process."""
+    if num_threads is None:
+        return
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"{owner}: num_threads must be a positive int or None, got {num_threads!r}")
+    torch.set_num_threads(num_threads)
+
+
 def make_creators(num_workers: Any, create_env_fn: Any, create_env_kwargs: Any, owner: str
                   ) -> list[EnvCreator]:
     """One :class:`EnvCreator` per worker from a callable (or a list of them) and kwargs

@@ -140,7 +140,11 @@ class EnvCreator:
     """
 
     def __init__(self, create_env_fn: Callable[..., EnvBase] | EnvCreator,
-                 create_env_kwargs: dict[str, Any] | None = None) -> None:
+                 create_env_kwargs: dict[str, Any] | None = None, share_memory: bool = True) -> None:
+        # TorchRL's share_memory puts the probe env's tensors in shared memory for the
+        # workers; here each worker builds its own env from the pickled factory, so the
+        # flag is accepted and has no effect
+        del share_memory
         if isinstance(create_env_fn, EnvCreator):
             kwargs = {**create_env_fn.create_env_kwargs, **(create_env_kwargs or {})}
             self._meta: EnvMetaData | None = create_env_fn._meta if not create_env_kwargs else None

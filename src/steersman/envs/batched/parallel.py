@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..utils import _splitmix64
-from ._base import BatchedEnvBase, CreateEnvFn, EnvWorkerError, make_creators
+from ._base import BatchedEnvBase, CreateEnvFn, EnvWorkerError, apply_num_threads, make_creators
 from .pool import WorkerPool, check_start_method, default_start_method, dumps, frame
 from .shm import SharedMemory
 from .worker import DATA_COMMANDS, OK_RESET, SEED, STEP, STEP_RESET, worker_main
@@ -82,6 +82,15 @@ class ParallelEnv(BatchedEnvBase):
         close_timeout: seconds ``close()`` waits for workers to exit before terminating
             them.
 
+    TorchRL's other keyword arguments: ``serial_for_single=True`` with one worker returns
+    a :class:`SerialEnv` (no process); ``use_buffers=False`` sends the bytes through the
+    pipes (``shared_memory=False``); ``num_threads`` sets ``torch.set_num_threads`` in
+    this process; ``shutdown_timeout`` is ``close_timeout``. ``pin_memory``,
+    ``consolidate``, ``memmap``, ``share_individual_td``, ``non_blocking``,
+    ``policy_proof``, ``metadata_from_workers``, ``daemon`` and ``allow_step_when_done``
+    are accepted and have no effect here (``TORCHRL_NOOP_KWARGS`` in ``_base`` gives
+    the reason for each).
+
     Workers are daemonic processes, so a sub-env cannot start processes of its own (a
     ParallelEnv of ParallelEnvs fails; batch inside the workers instead, e.g.
     ``ParallelEnv(n, functools.partial(SerialEnv, m, make_env))`` or a batched native
@@ -115,6 +124,14 @@ class ParallelEnv(BatchedEnvBase):
         True
     """
 
+    def __new__(cls, num_workers: Any = None, create_env_fn: Any = None, create_env_kwargs: Any = None,
+                *, serial_for_single: bool = False, device: Any = None, **kwargs: Any) -> Any:
+        if serial_for_single and num_workers == 1:  # TorchRL: no process for a single env
+            from .serial import SerialEnv
+
+            return SerialEnv(1, create_env_fn, create_env_kwargs, device=device)
+        return super().__new__(cls)
+
     def __init__(
         self,
         num_workers: int,
@@ -128,8 +145,26 @@ class ParallelEnv(BatchedEnvBase):
         timeout: float | None = None,
         start_timeout: float = 120.0,
         close_timeout: float = 10.0,
+        serial_for_single: bool = False,
+        use_buffers: bool | None = None,
+        num_threads: int | None = None,
+        shutdown_timeout: float | None = None,
+        pin_memory: bool = False,
+        consolidate: bool = True,
+        memmap: bool = False,
+        share_individual_td: bool | None = None,
+        non_blocking: bool = False,
+        policy_proof: Any = None,
+        metadata_from_workers: bool | None = None,
+        daemon: bool = False,
+        allow_step_when_done: bool = False,
     ) -> None:
         owner = type(self).__name__
+        apply_num_threads(num_threads, owner)
+        if use_buffers is False:
+            shared_memory = False  # TorchRL's "no shared buffers": the bytes go through the pipes
+        if shutdown_timeout is not None:
+            close_timeout = shutdown_timeout
         creators = make_creators(num_workers, create_env_fn, create_env_kwargs, owner)
         meta = creators[0].meta_data  # the probe env (built and closed here)
         method = check_start_method(mp_start_method, owner)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._base import BatchedEnvBase, CreateEnvFn, make_creators
+from ._base import BatchedEnvBase, CreateEnvFn, apply_num_threads, make_creators
 from .env_creator import EnvMetaData
 from .worker import F_KWARGS, RESET, STEP, STEP_RESET, EnvRunner
 
@@ -34,6 +34,12 @@ class SerialEnv(BatchedEnvBase):
         create_env_kwargs: keyword arguments for ``create_env_fn`` (a dict, or a list of
             ``num_workers`` dicts).
         device: the device of the batched env's outputs (default: the sub-env's).
+        num_threads: ``torch.set_num_threads`` in this process (TorchRL's keyword).
+
+    TorchRL's process-related keywords (``serial_for_single``, ``mp_start_method``,
+    ``shared_memory``, ``num_sub_threads``, ``use_buffers``, ``shutdown_timeout``) have no
+    effect on a SerialEnv (no process), nor do those listed in ``TORCHRL_NOOP_KWARGS``
+    (``pin_memory``, ``consolidate``, ...): all are accepted.
 
     Raises:
         TypeError: ``create_env_fn`` is not callable or does not return an EnvBase.
@@ -61,8 +67,17 @@ class SerialEnv(BatchedEnvBase):
     """
 
     def __init__(self, num_workers: int, create_env_fn: CreateEnvFn | Sequence[CreateEnvFn],
-                 create_env_kwargs: dict | Sequence[dict] | None = None, *, device: Any = None) -> None:
+                 create_env_kwargs: dict | Sequence[dict] | None = None, *, device: Any = None,
+                 num_threads: int | None = None, serial_for_single: bool = False,
+                 mp_start_method: str | None = None, shared_memory: bool = True,
+                 num_sub_threads: int | None = None, use_buffers: bool | None = None,
+                 shutdown_timeout: float | None = None, pin_memory: bool = False,
+                 consolidate: bool = True, memmap: bool = False, share_individual_td: bool | None = None,
+                 non_blocking: bool = False, policy_proof: Any = None,
+                 metadata_from_workers: bool | None = None, daemon: bool = False,
+                 allow_step_when_done: bool = False) -> None:
         owner = type(self).__name__
+        apply_num_threads(num_threads, owner)
         creators = make_creators(num_workers, create_env_fn, create_env_kwargs, owner)
         envs = []
         try:

@@ -5,7 +5,7 @@ transformed env), works on batched envs (per-sub-env state, partial resets) and
 applies to a TensorDict outside any env with ``transform(td)``.
 """
 
-from .actions import ActionScaling, DiscreteActionProjection, FlattenAction
+from .actions import ActionDiscretizer, ActionScaling, DiscreteActionProjection, FlattenAction
 from .base import Compose, ObservationTransform, Transform, TransformedEnv, _apply_to_composite  # noqa: F401
 from .checks import FiniteTensorDictCheck
 from .control import DeviceCastTransform, Hash, PinMemoryTransform, TerminateTransform, gSDENoise
@@ -94,4 +94,5 @@ __all__ = [
     "Hash",
     "gSDENoise",
     "VecNormV2",
+    "ActionDiscretizer",
 ]

@@ -63,6 +63,28 @@ def missing_spec_key(owner: Any, key: NestedKey, where: str, keys: Sequence) -> 
     )
 
 
+RESET_KEY_REASON = "the partial-reset mask of steersman's envs is always the '_reset' entry"
+
+
+def check_reset_key(owner: str, reset_key: Any) -> None:
+    """TorchRL's ``reset_key``/``reset_keys``: only the ``"_reset"`` entry (at any level) is
+    supported here; anything else raises a ``ValueError`` that says so."""
+    keys = reset_key if isinstance(reset_key, list) else [reset_key]
+    for k in keys:
+        if k is None:
+            continue
+        last = k if isinstance(k, str) else k[-1]
+        if last != "_reset":
+            raise ValueError(f"{owner}: reset_key={k!r} is not supported: {RESET_KEY_REASON}")
+
+
+def refuse_unless_default(owner: str, name: str, value: Any, default: Any, reason: str) -> None:
+    """A TorchRL keyword accepted with its default value only; another value raises a
+    ``ValueError`` naming it and why (never a ``TypeError``)."""
+    if value is not default and value != default:
+        raise ValueError(f"{owner}: {name}={value!r} is not supported: {reason}")
+
+
 def reset_mask(td: TensorDictBase | None, batch_size: torch.Size) -> Tensor | None:
     """The ``"_reset"`` entry of ``td`` as a ``[*batch]`` bool tensor, or None (reset all)."""
     if td is None:

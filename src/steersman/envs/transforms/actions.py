@@ -8,19 +8,20 @@ Inside an env they leave the env's outputs alone.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from steersman.data import Bounded, Composite, OneHot, Unbounded
+from steersman.data import Bounded, Composite, MultiCategorical, MultiOneHot, OneHot, Unbounded
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict._utils import NestedKey, unravel_key
 
 from ._utils import missing_key, missing_spec_key
 from .base import Transform
 
-__all__ = ["ActionScaling", "DiscreteActionProjection", "FlattenAction"]
+__all__ = ["ActionScaling", "DiscreteActionProjection", "FlattenAction", "ActionDiscretizer"]
 
 
 def _seeded_generator(seed: int | None) -> torch.Generator | None:
@@ -389,3 +390,136 @@ class FlattenAction(Transform):
     def __repr__(self) -> str:
         return (f"FlattenAction(first_dim={self.first_dim}, last_dim={self.last_dim}, "
                 f"in_keys_inv={self.in_keys_inv})")
+
+
+class _Sampling(enum.IntEnum):
+    """Where in its interval a discrete action lands (:class:`ActionDiscretizer`)."""
+
+    MEDIAN = 0
+    LOW = 1
+    HIGH = 2
+    RANDOM = 3
+
+
+class ActionDiscretizer(Transform):
+    """Discretizes a continuous (``Bounded``) action: the policy picks one of
+    ``num_intervals`` intervals per action element, the env gets a point of it.
+
+    Args:
+        num_intervals: the number of intervals per element (an int, or a tensor with one
+            count per element of the action's last dim).
+        action_key: the env's continuous action (default ``"action"``).
+        out_action_key: where the policy writes the discrete action (default:
+            ``action_key``). When it differs, the continuous action is no longer an input
+            of the transformed env (TorchRL moves it to the state spec and records it; here
+            it is computed from the discrete one inside ``step`` and not recorded).
+        sampling: an :attr:`ActionDiscretizer.SamplingStrategy` (default ``MEDIAN``, the
+            interval's middle; ``LOW``/``HIGH`` its ends; ``RANDOM`` uniform in it).
+        categorical: the discrete action is a ``MultiCategorical`` of indices ``[*batch,
+            A]`` (default) or, if False, a ``MultiOneHot`` ``[*batch, sum(num_intervals)]``.
+
+    Interval ``i`` of an element with bounds ``[low, high]`` and ``n`` intervals is
+    ``[low + i (high - low) / n, low + (i + 1) (high - low) / n]`` (the bounds of the first
+    sub-env are used for all: batched specs share their bounds).
+
+    Example:
+        >>> import torch
+        >>> from steersman.envs import ActionDiscretizer, PendulumEnv, TransformedEnv, check_env_specs
+        >>> env = TransformedEnv(PendulumEnv(seed=0), ActionDiscretizer(5))
+        >>> env.action_spec.nvec.tolist(), env.action_spec.shape
+        ([5], torch.Size([1]))
+        >>> check_env_specs(env)
+        >>> td = env.reset()
+        >>> td["action"] = torch.tensor([4])
+        >>> env.transform.inv(td)["action"]        # middle of [1.2, 2.0]
+        tensor([1.6000])
+    """
+
+    SamplingStrategy = _Sampling
+
+    def __init__(self, num_intervals: int | Tensor, action_key: NestedKey = "action",
+                 out_action_key: NestedKey | None = None, sampling: Any = None,
+                 categorical: bool = True) -> None:
+        out = action_key if out_action_key is None else out_action_key
+        super().__init__(in_keys_inv=[action_key], out_keys_inv=[out])
+        n = torch.as_tensor(num_intervals)
+        if n.dtype.is_floating_point or bool((n < 1).any()):
+            raise ValueError(f"ActionDiscretizer: num_intervals must be positive ints, got {num_intervals!r}")
+        self.num_intervals = n.long()
+        self.action_key = self.in_keys_inv[0]
+        self.out_action_key = self.out_keys_inv[0]
+        self.sampling = _Sampling.MEDIAN if sampling is None else _Sampling(sampling)
+        self.categorical = bool(categorical)
+        self._nvec: Tensor | None = None
+        self._low: Tensor | None = None
+        self._high: Tensor | None = None
+
+    def transform_input_spec(self, input_spec: Composite) -> Composite:
+        self._check_input_keys(input_spec)
+        aspec = input_spec["full_action_spec"]
+        spec = aspec.get(self.action_key, None)
+        if not isinstance(spec, Bounded) or not spec.dtype.is_floating_point:
+            raise ValueError(
+                f"ActionDiscretizer: the action {self.action_key!r} must be a floating Bounded spec, "
+                f"got {type(spec).__name__}"
+            )
+        a = spec.shape[-1] if spec.ndim else 1
+        nvec = self.num_intervals.expand(a) if self.num_intervals.ndim == 0 else self.num_intervals
+        if nvec.shape != (a,):
+            raise ValueError(
+                f"ActionDiscretizer: num_intervals has {nvec.numel()} counts, the action {self.action_key!r} "
+                f"has {a} elements (its last dim)"
+            )
+        self._nvec = nvec.to(spec.device).clone()
+        # the bounds of one sub-env ([A]): they broadcast over any batch and time dims
+        self._low, self._high = spec.low.reshape(-1, a)[0].clone(), spec.high.reshape(-1, a)[0].clone()
+        bs = spec.shape[:-1]
+        if self.categorical:
+            disc = MultiCategorical(self._nvec, shape=(*bs, a), device=spec.device)
+        else:
+            disc = MultiOneHot(self._nvec, shape=(*bs, int(self._nvec.sum())), device=spec.device)
+        aspec.del_(self.action_key)
+        aspec.set(self.out_action_key, disc)
+        return input_spec
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        try:
+            disc = tensordict.get(self.out_action_key)
+        except KeyError:
+            raise missing_key(self, self.out_action_key, tensordict, "out_keys_inv") from None
+        nvec = self._nvec
+        if nvec is None:
+            raise RuntimeError("ActionDiscretizer: used before its env computed the specs")
+        if not self.categorical:
+            idx = torch.stack([b.long().argmax(-1) for b in disc.split(nvec.tolist(), -1)], -1)
+        else:
+            idx = disc.long()
+        low, high = self._low, self._high
+        if self.sampling == _Sampling.RANDOM:
+            frac = torch.rand(idx.shape, device=idx.device, dtype=low.dtype)
+        else:
+            frac = {_Sampling.MEDIAN: 0.5, _Sampling.LOW: 0.0, _Sampling.HIGH: 1.0}[self.sampling]
+        width = (high - low) / nvec.to(low.dtype)
+        tensordict.set(self.action_key, low + (idx.to(low.dtype) + frac) * width)
+        if self.out_action_key != self.action_key:
+            tensordict = tensordict.exclude(self.out_action_key)
+        return tensordict
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Outside an env: the interval index of each continuous action (``categorical``)
+        or its one-hot encoding, written at ``out_action_key``."""
+        if self._nvec is None:
+            raise RuntimeError("ActionDiscretizer.forward needs the specs: use it in an env first")
+        x = tensordict.get(self.action_key)
+        width = (self._high - self._low) / self._nvec.to(x.dtype)
+        idx = torch.minimum(((x - self._low) / width).floor().long().clamp_min(0), self._nvec - 1)
+        if not self.categorical:
+            idx = torch.cat([torch.nn.functional.one_hot(i, int(n)).bool()
+                             for i, n in zip(idx.unbind(-1), self._nvec.tolist())], -1)
+        tensordict.set(self.out_action_key, idx)
+        return tensordict
+
+    def __repr__(self) -> str:
+        return (f"ActionDiscretizer(num_intervals={self.num_intervals.tolist()}, action_key={self.action_key!r}, "
+                f"out_action_key={self.out_action_key!r}, sampling={self.sampling.name}, "
+                f"categorical={self.categorical})")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from steersman.data import Composite
 from steersman.tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
+from ._utils import refuse_unless_default
 from .base import Transform
 
 __all__ = ["RemoveEmptySpecs"]
@@ -55,7 +58,12 @@ class RemoveEmptySpecs(Transform):
 
     _check_spec_in_keys = False
 
-    def __init__(self) -> None:
+    def __init__(self, in_keys: Any = None, out_keys: Any = None, in_keys_inv: Any = None,
+                 out_keys_inv: Any = None) -> None:
+        for name, v in (("in_keys", in_keys), ("out_keys", out_keys), ("in_keys_inv", in_keys_inv),
+                        ("out_keys_inv", out_keys_inv)):
+            refuse_unless_default("RemoveEmptySpecs", name, v, None,
+                                  "it removes every empty Composite, whatever its key")
         super().__init__()
         self.__dict__["_removed_inputs"] = []
 

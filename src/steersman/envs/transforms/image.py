@@ -17,7 +17,7 @@ from torch import Tensor
 from steersman.data import Bounded, TensorSpec, Unbounded
 from steersman.tensordict._utils import NestedKey
 
-from ._utils import map_bounded, uniform_bounds
+from ._utils import map_bounded, refuse_unless_default, uniform_bounds
 from .base import ObservationTransform
 
 __all__ = ["ToTensorImage", "Resize", "GrayScale", "CenterCrop"]
@@ -58,7 +58,10 @@ class ToTensorImage(ObservationTransform):
     """
 
     def __init__(self, from_int: bool | None = None, dtype: torch.dtype | None = None,
-                 in_keys: Any = None, out_keys: Any = None, shape_tolerant: bool = False) -> None:
+                 in_keys: Any = None, out_keys: Any = None, shape_tolerant: bool = False,
+                 unsqueeze: bool = False) -> None:
+        refuse_unless_default("ToTensorImage", "unsqueeze", unsqueeze, False,
+                              "images keep their batch dims (add one with UnsqueezeTransform)")
         super().__init__(["pixels"] if in_keys is None else in_keys, out_keys)
         self.from_int = from_int
         self.dtype = torch.float32 if dtype is None else dtype

@@ -12,7 +12,14 @@ from steersman.data import Bounded, Composite, TensorSpec, Unbounded
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict._utils import NestedKey
 
-from ._utils import key_list, leaf_keys, map_bounded, missing_key, missing_spec_key
+from ._utils import (
+    key_list,
+    leaf_keys,
+    map_bounded,
+    missing_key,
+    missing_spec_key,
+    refuse_unless_default,
+)
 from .base import ObservationTransform, Transform
 
 __all__ = [
@@ -142,7 +149,9 @@ class ExcludeTransform(Transform):
 
     _check_spec_in_keys = False
 
-    def __init__(self, *excluded_keys: NestedKey) -> None:
+    def __init__(self, *excluded_keys: NestedKey, inverse: bool = False) -> None:
+        refuse_unless_default("ExcludeTransform", "inverse", inverse, False,
+                              "entries are excluded from the env's outputs; drop inputs in the policy")
         super().__init__()
         if len(excluded_keys) == 1 and isinstance(excluded_keys[0], list):
             excluded_keys = tuple(excluded_keys[0])
@@ -337,7 +346,10 @@ class CatTensors(ObservationTransform):
     """
 
     def __init__(self, in_keys: Any = None, out_key: NestedKey = "observation_vector", dim: int = -1,
-                 *, del_keys: bool = True, unsqueeze_if_needed: bool = True, sort: bool = True) -> None:
+                 *, del_keys: bool = True, unsqueeze_if_needed: bool = True, sort: bool = True,
+                 unsqueeze_if_oor: bool | None = None) -> None:
+        if unsqueeze_if_oor is not None:  # TorchRL's name of unsqueeze_if_needed
+            unsqueeze_if_needed = bool(unsqueeze_if_oor)
         keys = key_list(in_keys, "CatTensors", "in_keys")
         if not keys:
             raise ValueError("CatTensors needs in_keys (the entries to concatenate)")
@@ -475,7 +487,13 @@ class UnsqueezeTransform(ObservationTransform):
     """
 
     def __init__(self, dim: int, in_keys: Any = None, out_keys: Any = None,
-                 in_keys_inv: Any = None, out_keys_inv: Any = None) -> None:
+                 in_keys_inv: Any = None, out_keys_inv: Any = None, *,
+                 allow_positive_dim: bool = False) -> None:
+        # TorchRL's allow_positive_dim counts dim >= 0 from the first dim of the data,
+        # batch dims included, so the result depends on the batch shape; here dims are
+        # negative only (the same transform fits any batch): the flag is accepted, and a
+        # dim >= 0 is refused either way, with the reason
+        del allow_positive_dim
         super().__init__(in_keys, out_keys, in_keys_inv, out_keys_inv)
         if not self.in_keys and not self.in_keys_inv:
             raise ValueError(f"{type(self).__name__} needs in_keys and/or in_keys_inv")

@@ -12,7 +12,15 @@ from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict._utils import NestedKey
 
 from .._mdp import _any_done
-from ._utils import expand_mask, key_list, leaf_keys, missing_key, missing_spec_key, reset_mask
+from ._utils import (
+    expand_mask,
+    key_list,
+    leaf_keys,
+    missing_key,
+    missing_spec_key,
+    refuse_unless_default,
+    reset_mask,
+)
 from .base import Transform
 
 __all__ = ["FrameSkipTransform", "NoopResetEnv", "ActionMask", "BatchSizeTransform"]
@@ -328,7 +336,12 @@ class BatchSizeTransform(Transform):
     _check_spec_in_keys = False
 
     def __init__(self, batch_size: Any = None,
-                 reshape_fn: Callable[[TensorDictBase], TensorDictBase] | None = None) -> None:
+                 reshape_fn: Callable[[TensorDictBase], TensorDictBase] | None = None,
+                 reset_func: Callable | None = None, env_kwarg: bool = False) -> None:
+        refuse_unless_default("BatchSizeTransform", "reset_func", reset_func, None,
+                              "the base env's reset is used (reshaped); wrap the env to change it")
+        refuse_unless_default("BatchSizeTransform", "env_kwarg", env_kwarg, False,
+                              "the base env's batch size is set where it is built")
         super().__init__()
         if (batch_size is None) == (reshape_fn is None):
             raise ValueError("BatchSizeTransform: give exactly one of batch_size and reshape_fn")

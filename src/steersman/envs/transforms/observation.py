@@ -13,10 +13,12 @@ from steersman.tensordict._utils import NestedKey
 
 from ._utils import (
     as_trajectory,
+    check_reset_key,
     episode_starts,
     expand_mask,
     map_bounded,
     missing_key,
+    refuse_unless_default,
     reset_mask,
     start_index,
     time_windows,
@@ -270,7 +272,15 @@ class CatFrames(_FrameBuffer):
     """
 
     def __init__(self, N: int, dim: int, in_keys: Any = None, out_keys: Any = None,
-                 padding: str = "same", padding_value: float = 0.0, done_key: NestedKey = "done") -> None:
+                 padding: str = "same", padding_value: float = 0.0, done_key: NestedKey = "done",
+                 as_inverse: bool = False, reset_key: NestedKey | None = None, *,
+                 future: int = 0, mask_key: NestedKey | None = None) -> None:
+        check_reset_key("CatFrames", reset_key)
+        refuse_unless_default("CatFrames", "as_inverse", as_inverse, False,
+                              "frames are stacked on the env's outputs only")
+        refuse_unless_default("CatFrames", "future", future, 0, "only past frames are stacked")
+        refuse_unless_default("CatFrames", "mask_key", mask_key, None,
+                              "the padding of the first frames is given by padding/padding_value")
         if in_keys is None:
             in_keys = ["pixels"]
         super().__init__(in_keys, out_keys, done_key)
@@ -344,7 +354,8 @@ class TimeMaxPool(_FrameBuffer):
     """
 
     def __init__(self, in_keys: Any = None, out_keys: Any = None, T: int = 1,
-                 done_key: NestedKey = "done") -> None:
+                 done_key: NestedKey = "done", reset_key: NestedKey | None = None) -> None:
+        check_reset_key("TimeMaxPool", reset_key)
         if in_keys is None:
             in_keys = ["observation"]
         super().__init__(in_keys, out_keys, done_key)

@@ -13,12 +13,14 @@ from steersman.tensordict._utils import NestedKey
 
 from ._utils import (
     as_trajectory,
+    check_reset_key,
     episode_starts,
     key_list,
     leaf_keys,
     map_bounded,
     missing_key,
     missing_spec_key,
+    refuse_unless_default,
     segment_cumsum,
     start_index,
 )
@@ -251,7 +253,11 @@ class RewardSum(_EpisodeAccumulator):
         tensor([1., 2., 3.])
     """
 
-    def __init__(self, in_keys: Any = None, out_keys: Any = None) -> None:
+    def __init__(self, in_keys: Any = None, out_keys: Any = None, reset_keys: Any = None,
+                 *, reward_spec: bool = False) -> None:
+        check_reset_key("RewardSum", reset_keys)
+        refuse_unless_default("RewardSum", "reward_spec", reward_spec, False,
+                              "the episode return is an observation entry (in the observation spec)")
         in_keys = key_list(["reward"] if in_keys is None else in_keys, "RewardSum", "in_keys")
         if out_keys is None:
             out_keys = [_episode_key(k, "episode_") for k in in_keys]
@@ -287,7 +293,8 @@ class TargetReturn(_EpisodeAccumulator):
     """
 
     def __init__(self, target_return: float, mode: str = "reduce", in_keys: Any = None,
-                 out_keys: Any = None) -> None:
+                 out_keys: Any = None, reset_key: NestedKey | None = None) -> None:
+        check_reset_key("TargetReturn", reset_key)
         if mode not in ("reduce", "constant"):
             raise ValueError(f"TargetReturn: mode must be 'reduce' or 'constant', got {mode!r}")
         super().__init__(["reward"] if in_keys is None else in_keys,
