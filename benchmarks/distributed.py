@@ -6,7 +6,11 @@ Measures, on one machine (a local Ray instance):
    ``MultiSyncDataCollector`` with N worker processes (same env, same policy, one run);
 2. the weight broadcast of a 1M-parameter policy to 4 actors (ms per update: one
    ``ray.put`` plus every actor fetching and loading it);
-3. ``RayReplayBuffer.sample(256)`` and ``extend(1000 transitions)`` round trips (ms).
+3. ``RayReplayBuffer.sample(256)`` and ``extend(1000 transitions)`` round trips (ms);
+4. ``--pendulum``: frames/s of RayCollector on an unbatched Pendulum (2 actors, a linear
+   policy, 256 frames per batch), the setting ``--torchrl`` runs with TorchRL's
+   RayCollector and its own native Pendulum (run that one with a venv holding torchrl and
+   ray: ``~/.cache/steersman/anchors-venv/bin/python benchmarks/distributed.py --torchrl``).
 
 Run: ``.venv/bin/python benchmarks/distributed.py [--collectors 2] [--frames 20000]``.
 Results go to benchmarks/README.md (section "Distributed (Ray)").
@@ -16,30 +20,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
 from torch import nn
 
-from steersman import TensorDict
-from steersman.collectors import MultiSyncDataCollector
-from steersman.data import LazyTensorStorage
-from steersman.distributed import RayCollector, RayReplayBuffer, init_ray
-from steersman.envs import CartPoleEnv
-
-
-def make_env() -> CartPoleEnv:
-    return CartPoleEnv(batch_size=[16])
-
-
-class Greedy(nn.Module):
-    def __init__(self, width: int = 64) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 2))
-
-    def forward(self, td):
-        td.set("action", self.net(td.get("observation")).argmax(-1))
-        return td
+PENDULUM = {"frames_per_batch": 256, "frames": 10_000, "collectors": 2}
 
 
 def fps(collector, frames: int) -> float:
@@ -51,6 +38,71 @@ def fps(collector, frames: int) -> float:
         if n >= frames:
             break
     return n / (time.perf_counter() - t)
+
+
+
+def torchrl_pendulum() -> None:
+    """TorchRL's RayCollector, unbatched native Pendulum, linear policy (the --pendulum setting)."""
+    import ray
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors.distributed import RayCollector as TorchRLRayCollector
+    from torchrl.envs import PendulumEnv
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300 * 2**20, log_to_driver=False,
+             _system_config={"worker_niceness": 0})
+    policy = TensorDictModule(nn.Linear(3, 1), ["observation"], ["action"])
+    collector = TorchRLRayCollector([PendulumEnv] * PENDULUM["collectors"], policy,
+                                    frames_per_batch=PENDULUM["frames_per_batch"], total_frames=-1, sync=True,
+                                    remote_configs={"num_cpus": 1})
+    try:
+        print(f"TorchRL RayCollector, Pendulum, {PENDULUM['collectors']} collectors: "
+              f"{fps(collector, PENDULUM['frames']):,.0f} frames/s")
+    finally:
+        collector.shutdown()
+
+
+if "--torchrl" in sys.argv and __name__ == "__main__":
+    torchrl_pendulum()
+    sys.exit(0)
+
+from steersman import TensorDict  # noqa: E402
+from steersman.collectors import MultiSyncDataCollector  # noqa: E402
+from steersman.data import LazyTensorStorage  # noqa: E402
+from steersman.distributed import RayCollector, RayReplayBuffer, init_ray  # noqa: E402
+from steersman.envs import CartPoleEnv, PendulumEnv  # noqa: E402
+
+
+def make_env() -> CartPoleEnv:
+    return CartPoleEnv(batch_size=[16])
+
+
+class Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def forward(self, td):
+        td.set("action", self.net(td.get("observation")))
+        return td
+
+
+def steersman_pendulum() -> float:
+    collector = RayCollector([PendulumEnv] * PENDULUM["collectors"], Linear(),
+                             frames_per_batch=PENDULUM["frames_per_batch"], total_frames=-1, sync=True)
+    try:
+        return fps(collector, PENDULUM["frames"])
+    finally:
+        collector.shutdown()
+
+
+class Greedy(nn.Module):
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 2))
+
+    def forward(self, td):
+        td.set("action", self.net(td.get("observation")).argmax(-1))
+        return td
 
 
 def bench_collect(n: int, frames: int, fpb: int) -> tuple[float, float]:
@@ -124,11 +176,16 @@ def main() -> None:
     p.add_argument("--collectors", type=int, default=2)
     p.add_argument("--frames", type=int, default=20_000)
     p.add_argument("--frames-per-batch", type=int, default=1024)
+    p.add_argument("--pendulum", action="store_true", help="only the Pendulum setting of --torchrl")
     args = p.parse_args()
     torch.set_num_threads(1)
     t = time.perf_counter()
     init_ray({"object_store_memory": 300 * 2**20, "log_to_driver": False})
     print(f"ray.init: {time.perf_counter() - t:.1f} s")
+    if args.pendulum:
+        print(f"steersman RayCollector, Pendulum, {PENDULUM['collectors']} collectors: "
+              f"{steersman_pendulum():,.0f} frames/s")
+        return
     local_fps, ray_fps = bench_collect(args.collectors, args.frames, args.frames_per_batch)
     print(f"collect, {args.collectors} collectors, CartPole[16], {args.frames_per_batch} frames/batch: "
           f"local MultiSync {local_fps:,.0f} frames/s, RayCollector {ray_fps:,.0f} frames/s, "

@@ -55,8 +55,9 @@ def _check_reachable(address: str, timeout: float) -> None:
 def init_ray(ray_init_config: dict | None = None, *, address: str | None = None, connect_timeout: float = 5.0) -> bool:
     """Starts or joins Ray unless it already runs in this process; returns True if it started it.
 
-    Without an address: a local instance with the dashboard off, ``num_cpus`` = the
-    machine's CPUs and an object store of 30% of RAM capped by the free ``/dev/shm``
+    Without an address: a local instance with the dashboard off, workers at the driver's
+    priority (Ray's default niceness 15 starves collector actors on a busy machine),
+    ``num_cpus`` = the machine's CPUs and an object store of 30% of RAM capped by the free ``/dev/shm``
     (a warning with the numbers when ``/dev/shm`` is under 1 GiB, as in many containers).
     ``address="auto"`` joins the cluster started on this machine with ``ray start --head``;
     ``"host:port"`` joins that one (checked first: a ConnectionError within
@@ -86,6 +87,9 @@ def init_ray(ray_init_config: dict | None = None, *, address: str | None = None,
                 store = min(store, int(0.8 * shm))
             cfg["object_store_memory"] = max(store, 80 * 2**20)  # Ray's minimum is 75 MiB
         cfg.setdefault("num_cpus", os.cpu_count() or 1)
+        # Ray runs its workers at niceness 15 (to keep a laptop's driver responsive): collector
+        # actors then lose the CPU to everything else on a busy machine. Same priority as the driver.
+        cfg.setdefault("_system_config", {}).setdefault("worker_niceness", 0)
     cfg.setdefault("include_dashboard", False)
     cfg.setdefault("log_to_driver", True)
     try:

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -110,7 +111,12 @@ class _CollectorActor:
         import ray
 
         if weights is not None and weights[0] > self.version:
-            self.collector.update_policy_weights_(ray.get(weights[1]))
+            w = ray.get(weights[1])
+            if isinstance(w, dict):  # read-only views of the object store, copied into the policy
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # "non-writable array": only read here
+                    w = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in w.items()}
+            self.collector.update_policy_weights_(w)
             self.version = weights[0]
 
     def collect(self, seq: int, weights: list | None) -> tuple[dict, Any]:
@@ -494,9 +500,12 @@ class RayCollector:
         if src is None:
             raise ValueError("RayCollector.update_policy_weights_: no policy given at construction, pass the weights")
         if isinstance(src, nn.Module):
-            src = {k: v.detach().cpu() for k, v in src.state_dict().items()}
-        elif isinstance(src, TensorDictBase):
+            src = src.state_dict()
+        if isinstance(src, TensorDictBase):
             src = src.detach().cpu()
+        else:  # numpy arrays: actors on the node read them from the object store without a copy
+            src = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 else v
+                   for k, v in src.items()}
         self._weights_ref = ray.put(src)
         self._version += 1
         return self._version

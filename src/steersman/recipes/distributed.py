@@ -87,32 +87,39 @@ def _ray_init(d: DistributedConfig) -> dict:
     return {"address": d.address} if d.address else {"num_cpus": max(d.num_collectors, 1)}
 
 
-def make_collector(d: DistributedConfig, cfg: Any, env: Any, policy: Any, *, total_frames: int,
-                   init_random_frames: int, replay_buffer: Any = None) -> Any:
-    """The recipe's collector: a local ``SyncDataCollector`` over ``env``, or a
-    :class:`~steersman.distributed.RayCollector` with ``num_collectors`` actors, each
-    building ``cfg.env`` itself (seeded ``cfg.seed + 1000 * actor``) and writing into the
-    remote ``replay_buffer`` (the random frames are shared out among the actors)."""
+def make_collector(d: DistributedConfig, cfg: Any, env: Any, policy: Any, *, frames_per_batch: int, total_frames: int,
+                   init_random_frames: int = 0, replay_buffer: Any = None) -> Any:
+    """The recipe's collector of ``frames_per_batch`` frames per batch: a local
+    ``SyncDataCollector`` over ``env``, or a :class:`~steersman.distributed.RayCollector`
+    with ``num_collectors`` actors, each building ``cfg.env`` itself (seeded
+    ``cfg.seed + 1000 * actor``). With ``sync`` a batch gathers ``frames_per_batch //
+    num_collectors`` frames of every actor (``[num_collectors, num_envs, T]``); otherwise
+    each batch comes from one actor. With a remote ``replay_buffer`` the actors write into
+    it (the random frames are shared out among them) and batches are ``None``."""
     check_distributed(d)
     if d.backend == "none":
-        return SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch, total_frames=total_frames,
+        return SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
                                  init_random_frames=init_random_frames)
     from steersman.distributed import RayCollector
 
+    per_actor = frames_per_batch // d.num_collectors if d.sync else frames_per_batch
+    if d.sync and (frames_per_batch % d.num_collectors or per_actor % cfg.env.num_envs):
+        raise ConfigError(f"with distributed.sync, frames per batch ({frames_per_batch}) must be a multiple of "
+                          f"distributed.num_collectors x env.num_envs ({d.num_collectors} x {cfg.env.num_envs})")
     env_fn = functools.partial(make_env, cfg.env.name, cfg.env.num_envs, max_episode_steps=cfg.env.max_episode_steps)
-    kwargs = {"init_random_frames": math.ceil(init_random_frames / d.num_collectors)}
+    kwargs: dict[str, Any] = {"init_random_frames": math.ceil(init_random_frames / d.num_collectors)}
     if replay_buffer is not None:
         kwargs["postproc"] = SelectTransitions()
-    return RayCollector(env_fn, policy, frames_per_batch=cfg.frames_per_batch * (d.num_collectors if d.sync else 1),
-                        total_frames=total_frames, collector_kwargs=kwargs, num_collectors=d.num_collectors,
-                        sync=d.sync, remote_configs={"num_cpus": d.cpus_per_collector}, max_restarts=d.max_restarts,
+    return RayCollector(env_fn, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
+                        collector_kwargs=kwargs, num_collectors=d.num_collectors, sync=d.sync,
+                        remote_configs={"num_cpus": d.cpus_per_collector}, max_restarts=d.max_restarts,
                         replay_buffer=replay_buffer, seed=cfg.seed, ray_init_config=_ray_init(d))
 
 
-def shutdown(collector: Any, buffer: Any) -> None:
+def shutdown(collector: Any, buffer: Any = None) -> None:
     """Stops the collector (and its actors), the buffer actor and a Ray started here."""
     collector.shutdown()
-    if hasattr(buffer, "shutdown"):
+    if buffer is not None and hasattr(buffer, "shutdown"):
         buffer.shutdown()
     if not isinstance(collector, SyncDataCollector):
         from steersman.distributed import shutdown_ray

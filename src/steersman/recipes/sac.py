@@ -23,6 +23,11 @@ The loop: collect ``frames_per_batch`` frames with the stochastic policy into th
 buffer; ``frames_per_batch x utd_ratio`` updates of actor, critics and temperature on
 sampled minibatches (:class:`~steersman.objectives.sac.SACLoss`), each followed by a soft
 update of the target critics; evaluate, checkpoint, log.
+
+Distributed (``distributed.backend=ray distributed.num_collectors=N``, see
+:mod:`steersman.recipes.distributed`): N collector actors write straight into a replay
+buffer actor, the loop samples from it and pushes the actor's weights to the collectors
+after each round of updates; give ``frames_per_batch`` well above 1 (a round trip per batch).
 """
 
 from __future__ import annotations
@@ -181,8 +186,8 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
     run = Run("sac", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
     # distributed.backend=ray: collector actors write straight into a buffer actor; batches are None here
     rb = make_replay_buffer(cfg.distributed, cfg.buffer_size, cfg.batch_size, run.dir)
-    collector = make_collector(cfg.distributed, cfg, env, actor, total_frames=run.total_frames,
-                               init_random_frames=cfg.learning_starts, replay_buffer=rb)
+    collector = make_collector(cfg.distributed, cfg, env, actor, frames_per_batch=cfg.frames_per_batch,
+                               total_frames=run.total_frames, init_random_frames=cfg.learning_starts, replay_buffer=rb)
     episodes = EpisodeReturns()
     try:
         run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes, buffer=rb)
