@@ -145,22 +145,22 @@ class set_get_defaults_to_none(_Switch):
         return False
 
 
-def list_to_stack() -> bool:
+def list_to_stack(allow_none: bool = False) -> bool:
     """Whether lists of tensors given as entries are stacked (see :class:`set_list_to_stack`)."""
     return STATE["list_to_stack"]
 
 
-def lazy_legacy() -> bool:
+def lazy_legacy(allow_none: bool = False) -> bool:
     """Whether ``torch.stack`` of containers returns a lazy stack."""
     return STATE["lazy_legacy"]
 
 
-def capture_non_tensor_stack() -> bool:
+def capture_non_tensor_stack(allow_none: bool = False) -> bool:
     """Whether stacking equal ``NonTensorData`` gives one ``NonTensorData``."""
     return STATE["capture_non_tensor_stack"]
 
 
-def get_defaults_to_none() -> bool:
+def get_defaults_to_none(set_to_none: bool | None = None) -> bool:
     """Whether ``td.get(missing)`` returns None (see :class:`set_get_defaults_to_none`)."""
     return STATE["get_defaults_to_none"]
 

@@ -16,6 +16,7 @@ from steersman.tensordict.nn import (
     EnsembleModule,
     TensorDictModule,
     TensorDictModuleWrapper,
+    TensorDictSequential,
     add_custom_mapping,
     composite_lp_aggregate,
     rand_one_hot,
@@ -147,3 +148,67 @@ def test_wrapper_and_rand_one_hot():
     assert oh.dtype == torch.long and oh.tolist() == [[0, 1, 0]] * 4
     probs = torch.tensor([[0.0, 0.0, 1.0]])
     assert rand_one_hot(probs, do_softmax=False).tolist() == [[0, 0, 1]]
+
+
+# ----------------------------------------------------------------------------- tensordict's keywords
+def test_module_method_strict_and_get_kwargs():
+    from steersman.tensordict.nn import TensorDictModule as M
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def act(self, x, scale=1.0):
+            return self.lin(x) * scale
+
+    net = Net()
+    m = M(net, ["x"], ["y"], method="act", method_kwargs={"scale": 2.0})
+    x = torch.ones(2)
+    torch.testing.assert_close(m(TensorDict(x=x))["y"], net.lin(x) * 2)
+    assert len(list(m.parameters())) == 2
+    with pytest.raises(AttributeError, match="nope"):
+        M(net, ["x"], ["y"], method="nope")
+    loose = M(lambda x, h: x if h is None else x + h, ["x", "h"], ["y"], strict=False)
+    assert loose(TensorDict(x=x))["y"].tolist() == [1, 1]
+    filled = M(lambda x, h: x + h, ["x", "h"], ["y"], strict=False, get_kwargs={"default": torch.ones(2)})
+    assert filled(TensorDict(x=x))["y"].tolist() == [2, 2]
+    with pytest.raises(KeyError, match="'h'"):
+        M(lambda x, h: x, ["x", "h"], ["y"])(TensorDict(x=x))
+
+
+@pytest.mark.parametrize("inplace", [True, False, "empty"])
+def test_sequence_inplace(inplace):
+    seq = TensorDictSequential(TensorDictModule(lambda a: a + 1, ["a"], ["b"]), inplace=inplace)
+    inp = TensorDict(a=torch.zeros(2), batch_size=[2])
+    out = seq(inp)
+    assert out["b"].tolist() == [1, 1]
+    assert (out is inp) == (inplace is True) and ("b" in inp.keys()) == (inplace is True)
+    if inplace is not True:
+        assert list(out.keys()) == ["b"]
+    with pytest.raises(ValueError, match="inplace"):
+        TensorDictSequential(TensorDictModule(lambda a: a, ["a"], ["b"]), inplace="sometimes")
+
+
+def test_probabilistic_num_samples_generator_log_prob_keys():
+    from steersman.tensordict.nn import ProbabilisticTensorDictModule as P
+    from steersman.tensordict.nn import TruncatedNormal
+
+    td = TensorDict(loc=torch.zeros(4), scale=torch.ones(4), batch_size=[4])
+    m = P(["loc", "scale"], ["x"], distribution_class=D.Normal, num_samples=3, default_interaction_type="random",
+          log_prob_keys=["x_lp"], return_log_prob=True)
+    out = m(td)
+    assert out.batch_size == (3, 4) and out["x"].shape == (3, 4) and "x" not in td.keys()
+    torch.testing.assert_close(out["x_lp"], D.Normal(0.0, 1.0).log_prob(out["x"]))
+    assert not torch.equal(out["x"][0], out["x"][1])  # new draws
+    det = P(["loc", "scale"], ["x"], distribution_class=D.Normal, num_samples=2)(td)
+    assert det["x"].shape == (2, 4) and not det["x"].any()  # the deterministic value, repeated
+    g1 = P(["loc", "scale"], ["x"], distribution_class=D.Normal, generator=3, default_interaction_type="random")
+    g2 = P(["loc", "scale"], ["x"], distribution_class=D.Normal, generator=3, default_interaction_type="random")
+    a = g1(td.clone())["x"]
+    assert torch.equal(a, g2(td.clone())["x"]) and not torch.equal(a, g1(td.clone())["x"])
+    with pytest.raises(TypeError, match="generator"):
+        P(["loc", "scale"], ["x"], distribution_class=D.Normal, generator="seed")
+    tn = TruncatedNormal(torch.zeros(1000), torch.ones(1000), a=-0.25, b=0.5)
+    s = tn.sample()
+    assert s.min() >= -0.25 and s.max() <= 0.5

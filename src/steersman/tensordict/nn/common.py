@@ -487,14 +487,25 @@ class TensorDictModule(TensorDictModuleBase):
         out_keys: NestedKey | Sequence[NestedKey],
         out_to_in_map: bool | None = None,
         inplace: bool | str = True,
+        method: str | None = None,
+        method_kwargs: Mapping[str, Any] | None = None,
+        strict: bool = True,
+        get_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if not callable(module):
+        if not callable(module) and method is None:
             raise TypeError(f"TensorDictModule needs a callable module, got {type(module).__name__}")
         if not (inplace is True or inplace is False or inplace == "empty"):
             raise ValueError(f"inplace must be True, False or 'empty', got {inplace!r}")
+        if method is not None and not callable(getattr(module, method, None)):
+            raise AttributeError(f"TensorDictModule: {type(module).__name__} has no method {method!r}")
+        self.method = method
+        self.method_kwargs = dict(method_kwargs or {})
+        #: strict=False passes None for a missing input (tensordict's default); True raises
+        self.strict = bool(strict)
+        self.get_kwargs = dict(get_kwargs or {})
         self.module = module  # registered if it is an nn.Module, a plain attribute otherwise
-        self.__dict__["_call"] = module  # direct reference for the hot path
+        self.__dict__["_call"] = self._target(module)  # direct reference for the hot path
         self.inplace = inplace
         self._inplace_mode = _INPLACE_MODES[inplace]
         self._out_to_in_map = out_to_in_map
@@ -506,7 +517,13 @@ class TensorDictModule(TensorDictModuleBase):
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if name == "module":
-            self.__dict__["_call"] = value
+            self.__dict__["_call"] = self._target(value)
+
+    def _target(self, module: Any) -> Callable:
+        """What a call runs: ``module`` (or its ``method``), with ``method_kwargs`` bound."""
+        fn = module if self.__dict__.get("method") is None else getattr(module, self.__dict__["method"])
+        kwargs = self.__dict__.get("method_kwargs")
+        return functools.partial(fn, **kwargs) if kwargs else fn
 
     def _set_in_keys(self, in_keys: Any) -> None:
         if isinstance(in_keys, Mapping):
@@ -672,7 +689,9 @@ class TensorDictModule(TensorDictModuleBase):
             else:
                 inputs = tuple([tensordict[k] for k in keys])
         except KeyError:
-            raise _missing_input(self, tensordict, keys) from None
+            if self.strict:
+                raise _missing_input(self, tensordict, keys) from None
+            inputs = tuple(tensordict.get(k, self.get_kwargs.get("default")) for k in keys)
         if self._kwarg_names is None:
             out = self._call(*inputs, **kwargs)
         else:

@@ -257,7 +257,13 @@ class TruncatedNormal(D.Distribution):
         tanh_loc: bool = False,
         event_dims: int | None = None,
         validate_args: bool = False,
+        a: float | Tensor | None = None,
+        b: float | Tensor | None = None,
     ) -> None:
+        if a is not None:  # tensordict's names of the bounds
+            low = a
+        if b is not None:
+            high = b
         _check_bounds(low, high, "TruncatedNormal")
         loc, scale = torch.broadcast_tensors(loc, scale)
         if tanh_loc:

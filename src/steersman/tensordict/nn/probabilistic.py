@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch import distributions as D
 
@@ -151,8 +152,23 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
         return_log_prob: bool = False,
         log_prob_key: NestedKey | None = None,
         cache_dist: bool = False,
+        n_empirical_estimate: int = 1000,
+        num_samples: int | Sequence[int] | None = None,
+        log_prob_keys: Sequence[NestedKey] | None = None,
+        generator: torch.Generator | int | None = None,
     ) -> None:
         super().__init__()
+        if log_prob_keys is not None:  # one key per sampled key; the first is the log-prob entry here
+            keys = _as_key_list(log_prob_keys, "log_prob_keys")
+            if log_prob_key is None and keys:
+                log_prob_key = keys[0]
+        self.n_empirical_estimate = int(n_empirical_estimate)
+        self.num_samples = torch.Size([num_samples] if isinstance(num_samples, int) else num_samples or [])
+        if isinstance(generator, int):
+            generator = torch.Generator().manual_seed(generator)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or an int seed, got {generator!r}")
+        self.generator = generator
         if distribution_class is None:
             try:
                 from .distributions import Delta  # noqa: PLC0415 (optional sibling module)
@@ -271,6 +287,21 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
         return dist.log_prob(tensordict[self._sample_keys[0]])
 
     def _draw(self, dist: D.Distribution, itype: InteractionType) -> Any:
+        if self.generator is not None and itype is InteractionType.RANDOM:
+            # the draw uses this module's generator (which advances), not the global one
+            seed = int(torch.randint(0, 2**62, (), generator=self.generator))
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return self._draw_now(dist, itype)
+        return self._draw_now(dist, itype)
+
+    def _draw_now(self, dist: D.Distribution, itype: InteractionType) -> Any:
+        shape = self.num_samples
+        if shape:
+            if itype is InteractionType.RANDOM:
+                return dist.rsample(shape) if dist.has_rsample else dist.sample(shape)
+            one = self._draw_now.__func__(_NoSamples(self), dist, itype)
+            return one.expand(*shape, *one.shape)
         try:
             if itype is InteractionType.RANDOM:
                 return dist.rsample() if dist.has_rsample else dist.sample()
@@ -279,7 +310,11 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
             if itype is InteractionType.DETERMINISTIC:
                 return _deterministic(dist, self._strategy)
             if itype is InteractionType.MEAN:
-                return dist.mean
+                try:
+                    return dist.mean
+                except NotImplementedError:  # an empirical mean
+                    n = (self.n_empirical_estimate,)
+                    return (dist.rsample(n) if dist.has_rsample else dist.sample(n)).float().mean(0)
             if itype is InteractionType.MEDIAN:
                 return dist.median
         except (NotImplementedError, AttributeError) as err:
@@ -310,6 +345,9 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
         if itype is None:
             itype = self.default_interaction_type
         sample = self._draw(dist, itype)
+        if self.num_samples and tensordict_out is None:
+            # num_samples draws per element: the output gains the leading sample dims
+            tensordict_out = tensordict.expand(*self.num_samples, *tensordict.batch_size).copy()
         if self.cache_dist:
             self.last_dist = dist
         dest = tensordict if tensordict_out is None else tensordict_out
@@ -385,6 +423,17 @@ class ProbabilisticTensorDictModule(TensorDictModuleBase):
         return extra
 
 
+class _NoSamples:
+    """``self`` seen without ``num_samples`` (for one deterministic draw to repeat)."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+        self.num_samples = torch.Size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
 class ProbabilisticTensorDictSequential(TensorDictSequential):
     """A sequence whose last module is a :class:`ProbabilisticTensorDictModule`.
 
@@ -426,7 +475,12 @@ class ProbabilisticTensorDictSequential(TensorDictSequential):
         *modules: Any,
         partial_tolerant: bool = False,
         selected_out_keys: Sequence[NestedKey] | None = None,
+        inplace: bool | str | None = None,
+        return_composite: bool | None = None,
     ) -> None:
+        # return_composite: accepted for tensordict's signature; get_dist() gives the last
+        # module's distribution (a CompositeDistribution when that module builds one)
+        self.__dict__["return_composite"] = return_composite
         if len(modules) == 1 and isinstance(modules[0], (list, tuple)):
             modules = tuple(modules[0])
         if not modules or not isinstance(modules[-1], ProbabilisticTensorDictModule):
@@ -436,7 +490,7 @@ class ProbabilisticTensorDictSequential(TensorDictSequential):
                 f"ProbabilisticTensorDictModule, got {last}"
             )
         super().__init__(
-            *modules, partial_tolerant=partial_tolerant, selected_out_keys=selected_out_keys
+            *modules, partial_tolerant=partial_tolerant, selected_out_keys=selected_out_keys, inplace=inplace
         )
 
     def _new_sequence(self, modules: Sequence[Any]) -> TensorDictSequential:

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from .._utils import NestedKey
+from ..td import TensorDict
 from .common import (
     TensorDictModuleBase,
     _as_key_list,
@@ -103,8 +104,12 @@ class TensorDictSequential(TensorDictModuleBase):
         *modules: Any,
         partial_tolerant: bool = False,
         selected_out_keys: Sequence[NestedKey] | None = None,
+        inplace: bool | str | None = None,
     ) -> None:
         super().__init__()
+        if not (inplace is None or inplace is True or inplace is False or inplace == "empty"):
+            raise ValueError(f"inplace must be True, False, 'empty' or None, got {inplace!r}")
+        self.inplace = inplace
         name = type(self).__name__
         if len(modules) == 1 and isinstance(modules[0], (list, tuple, nn.ModuleList)):
             modules = tuple(modules[0])
@@ -264,6 +269,10 @@ class TensorDictSequential(TensorDictModuleBase):
             if len(args) > 1 or tensordict_out is not None:
                 raise TypeError("forward(tensordict, tensordict_out=None, **kwargs): too many arguments")
             tensordict_out = args[0]
+        if tensordict_out is None and self.inplace is not None and self.inplace is not True:
+            # inplace=False: the out_keys go to a new TensorDict; "empty": to input.empty()
+            tensordict_out = tensordict.empty() if self.inplace == "empty" else TensorDict(
+                {}, batch_size=tensordict.batch_size, device=tensordict.device)
         td = tensordict if tensordict_out is None else tensordict.copy()
         drop = None
         if self._drop:

@@ -169,7 +169,7 @@ class _KeysView:
 _LP = {"aggregate": False}
 
 
-def composite_lp_aggregate() -> bool:
+def composite_lp_aggregate(nowarn: bool = False) -> bool:
     """Whether :class:`CompositeDistribution` sums the log-probs of its parts (default False)."""
     return _LP["aggregate"]
 
