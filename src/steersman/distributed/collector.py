@@ -223,14 +223,16 @@ class RayCollector:
     Metrics: :meth:`pop_episode_returns` gives the returns of the episodes that ended in the
     batches delivered since the last call (computed in the actors, also with a remote buffer).
 
-    Example:
-        >>> from steersman.distributed import RayCollector  # doctest: +SKIP
-        >>> from steersman.envs import CartPoleEnv
-        >>> collector = RayCollector(CartPoleEnv, None, frames_per_batch=200, total_frames=2000,
-        ...                          num_collectors=2, sync=True)
-        >>> for batch in collector:
-        ...     assert batch.shape == (2, 100)
-        >>> collector.shutdown()
+    Example (not run by the doctests: it starts Ray)::
+
+        from steersman.distributed import RayCollector
+        from steersman.envs import CartPoleEnv
+
+        collector = RayCollector(CartPoleEnv, None, frames_per_batch=200, total_frames=2000,
+                                 num_collectors=2, sync=True)
+        for batch in collector:
+            assert batch.shape == (2, 100)       # [num_collectors, T]
+        collector.shutdown()
     """
 
     def __init__(self, create_env_fn: Callable | Sequence[Callable], policy: Any = None, *,

@@ -17,7 +17,16 @@ __all__ = ["RayEvalWorker", "first_episode_returns"]
 
 
 def first_episode_returns(rollout: TensorDictBase) -> torch.Tensor:
-    """Return of the first episode of every sub-env of a rollout ``[*B, T]``: ``[prod(B)]``."""
+    """Return of the first episode of every sub-env of a rollout ``[*B, T]``: ``[prod(B)]``
+    (the rewards up to and including each sub-env's first done).
+
+    Example:
+        >>> from steersman.envs import CartPoleEnv
+        >>> env = CartPoleEnv(batch_size=[2], seed=0)
+        >>> push_left = lambda td: td.set("action", torch.zeros(2, dtype=torch.long))
+        >>> first_episode_returns(env.rollout(50, push_left, break_when_any_done=False))
+        tensor([10.,  8.])
+    """
     reward = rollout.get(("next", "reward")).reshape(-1, rollout.shape[-1])
     done = rollout.get(("next", "done")).reshape(-1, rollout.shape[-1]).long()
     before_end = (done.cumsum(-1) - done) == 0  # steps up to and including the first done
@@ -53,11 +62,13 @@ class RayEvalWorker:
         remote_config: Ray actor options (default ``{"num_cpus": 0}``).
         ray_init_config: ``ray.init`` arguments if Ray is not running yet.
 
-    Example:
-        >>> worker = RayEvalWorker(lambda: CartPoleEnv(batch_size=[4]), policy)  # doctest: +SKIP
-        >>> worker.submit(policy.state_dict(), max_steps=500, seed=0)
-        >>> train_some_more()
-        >>> worker.result()   # tensor of 4 returns
+    Example (not run by the doctests: it starts Ray)::
+
+        worker = RayEvalWorker(lambda: CartPoleEnv(batch_size=[4]), policy)
+        worker.submit(policy.state_dict(), max_steps=500, seed=0)
+        ...                                      # train on meanwhile
+        returns = worker.result()                # [4]: one episode per sub-env
+        worker.shutdown()
     """
 
     def __init__(self, create_env_fn: Callable, policy: nn.Module | None = None, *,

@@ -134,16 +134,17 @@ class RayReplayBuffer:
     Shapes: as the local buffer (``sample(B)`` is ``[B, *item]``); the data crosses the
     object store (zero-copy reads of its tensors on the same node).
 
-    Example:
-        >>> import torch  # doctest: +SKIP
-        >>> from steersman import TensorDict
-        >>> from steersman.data import LazyTensorStorage
-        >>> from steersman.distributed import RayReplayBuffer
-        >>> rb = RayReplayBuffer(storage=LazyTensorStorage(1000), batch_size=32)
-        >>> rb.extend(TensorDict({"obs": torch.randn(100, 4)}, [100]))
-        >>> len(rb), rb.sample()["obs"].shape
-        (100, torch.Size([32, 4]))
-        >>> rb.shutdown()
+    Example (not run by the doctests: it starts Ray)::
+
+        import torch
+        from steersman import TensorDict
+        from steersman.data import LazyTensorStorage
+        from steersman.distributed import RayReplayBuffer
+
+        rb = RayReplayBuffer(storage=LazyTensorStorage(1000), batch_size=32)
+        rb.extend(TensorDict({"obs": torch.randn(100, 4)}, [100]))
+        len(rb), rb.sample()["obs"].shape        # (100, torch.Size([32, 4]))
+        rb.shutdown()
     """
 
     def __init__(self, *, replay_buffer_cls: type = TensorDictReplayBuffer, remote_config: dict | None = None,
