@@ -31,6 +31,7 @@ from .replay import BurnInTransform, RandomCropTensorDict, Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
 from .shapes import FlattenObservation, PermuteTransform
+from .signals import ExpandAs, SuccessReward
 from .stack import Stack
 from .timer import Timer
 from .traj_counter import TrajCounter
@@ -95,4 +96,6 @@ __all__ = [
     "gSDENoise",
     "VecNormV2",
     "ActionDiscretizer",
+    "ExpandAs",
+    "SuccessReward",
 ]

@@ -39,11 +39,12 @@ class TerminateTransform(Transform):
     specs are unchanged.
 
     Example:
-        >>> from steersman.envs import PendulumEnv, TerminateTransform, TransformedEnv
-        >>> env = TransformedEnv(PendulumEnv(seed=0), TerminateTransform(lambda td: td["observation"][..., 0] > 0.0))
-        >>> r = env.rollout(200)
-        >>> bool(r["next", "terminated"][-1]), bool((r["next", "observation"][-1, 0] > 0))
-        (True, True)
+        >>> from steersman.envs import PendulumEnv, StepCounter, TerminateTransform, TransformedEnv
+        >>> env = TransformedEnv(PendulumEnv(seed=0), StepCounter())
+        >>> env = env.append_transform(TerminateTransform(lambda td: td["step_count"] >= 5))
+        >>> r = env.rollout(100)
+        >>> r.batch_size, bool(r["next", "terminated"][-1])
+        (torch.Size([5]), True)
     """
 
     def __init__(self, stop: Callable[[TensorDictBase], Any], *, write_done: bool = True) -> None:
