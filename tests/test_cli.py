@@ -167,7 +167,7 @@ def test_bad_input_is_one_line(argv, needle, capsys, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-@pytest.mark.parametrize("command", ["eval", "resume", "export", "plot"])
+@pytest.mark.parametrize("command", ["eval", "resume", "export", "plot", "doctor"])
 def test_not_a_run_dir(command, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     assert main([command, str(tmp_path)]) == 2

@@ -548,7 +548,7 @@ def cmd_doctor(args: list[str]) -> int:
         if not Path(target).is_file():
             raise UsageError(f"steersman doctor: no script {target!r}")
         report = doctor.profile_script(target, [*rest[1:], *script_args], seconds)
-    elif target is not None and Path(target).is_dir():
+    elif target is not None and (Path(target).is_dir() or os.sep in target or "/" in target):
         from .recipes.launch import load_run_config
 
         algo, base = load_run_config(target, allow_import=allow_import)
