@@ -82,11 +82,13 @@ def _flat(state, prefix=""):
         yield prefix, state
 
 
-# The collector saves the state of single-agent native envs only (collectors/_env_state.py);
-# a multi-agent native env is reset on resume (with a warning), so the data stream differs.
-# Strict: this fails the day the collector saves MultiAgentNativeEnv state, to drop the mark.
-@pytest.mark.xfail(strict=True, reason="the collector does not save MultiAgentNativeEnv state yet")
-@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+# QMIX: the checkpoint at the stop equals the uninterrupted run's, and at the first resumed
+# batch so do the env state, the carried step, the parameters, epsilon and the RNG; yet the
+# collected data then differ (cause not found yet). Strict: the mark must go when it passes.
+QMIX_RESUME = pytest.mark.xfail(strict=True, reason="QMIX's resumed data stream differs (cause not found yet)")
+
+
+@pytest.mark.parametrize("algo", ["mappo", pytest.param("qmix", marks=QMIX_RESUME)])
 def test_stop_and_resume_is_bit_exact(algo, tmp_path, monkeypatch):
     """A run stopped (as by SIGTERM) after its second batch and resumed ends with the same
     checkpoint (networks, targets, optimizer, collector, RNG) as an uninterrupted one."""

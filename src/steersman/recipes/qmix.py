@@ -157,8 +157,7 @@ def train(cfg: QMIXConfig | None = None, run_dir: str | Path | None = None, *, r
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
     params = [p for p in loss_fn.parameters() if p.requires_grad]  # not the targets
     optimizer = torch.optim.Adam(params, lr=cfg.lr)
-    keep = [(G, "observation"), (G, "action"), ("next", G, "observation"), ("next", "reward"), ("next", "done"),
-            ("next", "terminated")]
+    keep = [(G, "observation"), (G, "action"), ("next", G, "observation"), ("next", "done"), ("next", "terminated")]
     if state_key(env) == "state":
         keep += ["state", ("next", "state")]
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
@@ -173,8 +172,9 @@ def train(cfg: QMIXConfig | None = None, run_dir: str | Path | None = None, *, r
     for batch in collector:
         frames += batch.numel()
         returns.update(batch)
-        batch.set(("next", "reward"), batch.get(("next", G, "reward")).mean(-2))  # the team reward [*B, 1]
-        rb.extend(batch.select(*keep).reshape(-1))
+        data = batch.select(*keep)  # (not written into the collector's batch)
+        data.set(("next", "reward"), batch.get(("next", G, "reward")).mean(-2))  # the team reward [*B, 1]
+        rb.extend(data.reshape(-1))
         explore.step(batch.numel())
 
         for _ in range(cfg.gradient_steps):
