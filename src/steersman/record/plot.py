@@ -20,7 +20,7 @@ import numpy as np
 from ._optional import import_optional
 from .loggers.csv import read_metrics_csv
 
-__all__ = ["plot_learning_curves"]
+__all__ = ["aggregate_returns", "plot_aggregate_curve", "plot_learning_curves"]
 
 _LABEL_KEYS = ("algo", "algorithm", "env.name", "env")
 
@@ -217,3 +217,87 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+# ---------------------------------------------------------------- aggregates over seeds (rliable's advice)
+def aggregate_returns(values: Any, *, n_boot: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Summary of one score per seed: ``mean``, its percentile-bootstrap 95% interval
+    (``ci_low``, ``ci_high``; ``n_boot`` resamples of the seeds, a fixed ``seed``) and the
+    interquartile mean ``iqm`` (the mean of the middle 50%: ``int(n / 4)`` scores cut at
+    each end, as ``scipy.stats.trim_mean(x, 0.25)``). NaN scores are left out.
+
+    Example:
+        >>> s = aggregate_returns([100.0, 200.0, 300.0, 10_000.0])
+        >>> s["mean"], s["iqm"]
+        (2650.0, 250.0)
+        >>> s["ci_low"] <= s["mean"] <= s["ci_high"]
+        True
+    """
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return {"mean": math.nan, "ci_low": math.nan, "ci_high": math.nan, "iqm": math.nan, "n": 0}
+    s = np.sort(x)
+    cut = int(0.25 * s.size)
+    means = np.random.default_rng(seed).choice(x, size=(n_boot, x.size), replace=True).mean(axis=1)
+    return {"mean": float(x.mean()), "ci_low": float(np.percentile(means, 2.5)),
+            "ci_high": float(np.percentile(means, 97.5)), "iqm": float(s[cut:s.size - cut].mean()), "n": int(x.size)}
+
+
+def plot_aggregate_curve(run_dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike | None = None, *,
+                         x: str = "step", y: str = "eval/return", title: str | None = None) -> Any:
+    """The aggregate learning curve of the seeds under ``run_dirs`` (as
+    :func:`plot_learning_curves` finds and groups them): per group, the mean over seeds
+    with its bootstrap 95% interval (band) and the interquartile mean (dashed), at the
+    ``x`` values every seed has. Lines carry ``gid`` ``"<label>:mean"``, ``"<label>:iqm"``
+    and ``"<label>:ci"``.
+
+    Example:
+        >>> import tempfile
+        >>> from steersman.record import CSVLogger
+        >>> root = tempfile.mkdtemp()
+        >>> for seed in range(4):
+        ...     with CSVLogger(f"seed_{seed}", root) as log:
+        ...         log.log_metrics({"eval/return": 10.0 * seed}, 100)
+        >>> fig = plot_aggregate_curve([root], f"{root}/curve.png")
+        >>> [ln.get_ydata().tolist() for ln in fig.axes[0].get_lines()]
+        [[15.0], [15.0]]
+    """
+    paths = [p for d in run_dirs for p in _metrics_paths(Path(d))]
+    labels = _default_labels([p.parent for p in paths])
+    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for path, label in zip(paths, labels):
+        series = _series(read_metrics_csv(path), x, y)
+        if series is None:
+            raise ValueError(f"{str(path)!r} has no values in column {y!r}")
+        groups.setdefault(label, []).append(series)
+    import_optional("matplotlib", extra=None, purpose="plot_aggregate_curve")
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (label, runs) in enumerate(groups.items()):
+        grid = runs[0][0]
+        for sx, _ in runs[1:]:
+            grid = np.intersect1d(grid, sx)
+        ys = np.stack([np.interp(grid, sx, sy) for sx, sy in runs])  # [seeds, len(grid)]
+        stats = [aggregate_returns(ys[:, j]) for j in range(grid.size)]
+        color = colormaps["tab10"](i % 10)
+        ax.plot(grid, [s["mean"] for s in stats], color=color, lw=1.8, gid=f"{label}:mean",
+                label=f"{label}: mean of {len(runs)} seeds")
+        ax.fill_between(grid, [s["ci_low"] for s in stats], [s["ci_high"] for s in stats], color=color,
+                        alpha=0.2, lw=0, gid=f"{label}:ci")
+        ax.plot(grid, [s["iqm"] for s in stats], color=color, lw=1.2, ls="--", gid=f"{label}:iqm",
+                label=f"{label}: IQM")
+    ax.set_xlabel("frames" if x == "step" else x)
+    ax.set_ylabel(f"{y} (band: bootstrap 95% CI of the mean)")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize="small", loc="best")
+    if out_path is not None:
+        out_path = Path(out_path)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out_path, dpi=120)
+    return fig
