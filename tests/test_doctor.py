@@ -119,6 +119,7 @@ def test_profile_counts_each_call_once_and_restores_everything(toggle: bool) -> 
     assert report.calls["optimizer"] == 14  # zero_grad + step
     assert all(report.phases[p] > 0 for p in ("env step", "policy forward", "loss backward", "optimizer"))
     assert abs(sum(report.phases.values()) - report.wall) < 1e-6  # exclusive times add up to the wall time
+    assert report.work == report.wall  # nothing compiled
     toggles = {k.split(" at ")[0]: n for k, n in report.toggles.items()}
     assert toggles == ({"Linear.eval()": 7, "Linear.train()": 7} if toggle else {})
     assert any("Linear.eval()" in problem for problem, _ in report.findings) is toggle
@@ -173,3 +174,37 @@ def test_doctor_bad_input_is_one_line(args, message, capsys, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pin_memory_by_hand_is_found_with_its_line() -> None:
+    def loop() -> None:
+        lin = nn.Linear(2, 2)
+        for _ in range(3):
+            lin(torch.zeros(1, 2))
+            try:
+                torch.zeros(4).pin_memory()  # a CPU-only torch may refuse: the call is still counted
+            except RuntimeError:
+                pass
+
+    report = profile_callable(loop, seconds=60)
+    ((where, n),) = report.pins.items()
+    assert n == 3 and where.endswith("test_doctor.py:" + str(loop.__code__.co_firstlineno + 5))
+    assert any("pin_memory() called by hand 3 times" in problem for problem, _ in report.findings)
+
+
+def test_findings_from_a_report() -> None:
+    from steersman.doctor import DoctorReport, _findings
+
+    report = DoctorReport("synthetic", wall=10.0)
+    report.phases.update({"env step": 3.0, "logging": 2.0, "compiling": 5.0})
+    report.calls["compiling"] = 2
+    report.threads = {"torch threads": 8, "interop threads": 8, "cores available": 2, "OMP_NUM_THREADS": None}
+    report.findings = _findings(report)
+    text = str(report)
+    assert "synthetic: 5.0 s profiled" in text  # compiling is not profiled work
+    assert "env step                    3.00 s   60.0%" in text and "(and 5.00 s compiling" in text
+    problems = [problem for problem, _ in report.findings]
+    assert problems[0] == "the largest phase is env step (60% of the time)"
+    assert "logging takes 40% of the time" in problems
+    assert any(p.startswith("torch.compile spent 5.0 s compiling") for p in problems)
+    assert any("8 threads on 2 available cores" in p for p in problems)

@@ -117,20 +117,29 @@ class DoctorReport:
     error: str | None = None
     findings: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def work(self) -> float:
+        """The profiled seconds without compiling (what the shares are of)."""
+        return sum(v for k, v in self.phases.items() if k != "compiling")
+
     def table(self) -> str:
-        """The phase table, largest first."""
-        total = sum(self.phases.values()) or 1.0
+        """The phase table, largest first (phases that took no time left out); compiling, a
+        one-off cost, on its own line below."""
+        total = self.work or 1.0
         lines = [f"{'phase':<24}{'time':>10}{'share':>8}{'calls':>10}"]
         for name, secs in sorted(self.phases.items(), key=lambda kv: -kv[1]):
-            if secs == 0.0:
+            if secs == 0.0 or name == "compiling":
                 continue
             calls = f"{self.calls[name]:,}" if name != "Python & other" else ""
             lines.append(f"{name:<24}{secs:>8.2f} s{100 * secs / total:>7.1f}%{calls:>10}")
+        if self.phases["compiling"]:
+            lines.append(f"(and {self.phases['compiling']:.2f} s compiling: torch.compile, "
+                         f"{self.calls['compiling']} frame(s), not in the shares)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         how = "stopped after the time limit" if self.stopped_early else "ran to the end"
-        head = (f"steersman doctor: {self.target}: {self.wall:.1f} s profiled ({how}; "
+        head = (f"steersman doctor: {self.target}: {self.work:.1f} s profiled ({how}; "
                 f"{self.startup:.1f} s of startup before the first timed call not counted)")
         out = [head, "", self.table(), ""]
         if self.error:
@@ -443,18 +452,18 @@ def _cores() -> int:
 
 def _findings(report: DoctorReport) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
-    total = sum(report.phases.values())
     work = {k: v for k, v in report.phases.items() if k != "compiling"}
-    if sum(work.values()) > 0:
+    total = report.work
+    if total > 0:
         top, secs = max(work.items(), key=lambda kv: kv[1])
         out.append((f"the largest phase is {top} ({100 * secs / total:.0f}% of the time)", PHASE_FIXES[top]))
-    if report.phases["compiling"] > 0:
-        out.append((f"torch.compile spent {report.phases['compiling']:.1f} s compiling "
-                    f"({report.calls['compiling']} frames; not counted against --seconds)", PHASE_FIXES["compiling"]))
         for phase in ("logging", "data movement"):
             share = report.phases[phase] / total
             if phase != top and share > 0.10:
                 out.append((f"{phase} takes {100 * share:.0f}% of the time", PHASE_FIXES[phase]))
+    if report.phases["compiling"] > 0:
+        out.append((f"torch.compile spent {report.phases['compiling']:.1f} s compiling "
+                    f"({report.calls['compiling']} frames; not counted against --seconds)", PHASE_FIXES["compiling"]))
     for where, n in report.toggles.most_common():
         if n >= 3:
             out.append((f"{where} is called {n} times inside the loop: each call walks every submodule, "
