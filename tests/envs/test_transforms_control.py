@@ -257,3 +257,28 @@ def test_action_discretizer_maps_intervals(categorical):
         TransformedEnv(PendulumEnv(), ActionDiscretizer(torch.tensor([3, 4])))
     with pytest.raises(ValueError, match="Bounded"):
         TransformedEnv(CartPoleEnv(), ActionDiscretizer(3))
+
+
+def test_random_truncation_spreads_then_full_horizon():
+    from steersman.envs import RandomTruncationTransform
+
+    env = TransformedEnv(PendulumEnv(batch_size=[16], seed=0), StepCounter())
+    env.append_transform(RandomTruncationTransform(5, 10))
+    torch.manual_seed(0)
+    r = env.rollout(40, break_when_any_done=False)
+    count = r["next", "step_count"].squeeze(-1)
+    ends = r["next", "truncated"].squeeze(-1)
+    # each sub-env's episode lengths: the first in [1, 10], all later ones exactly 10 (prob=0)
+    for i in range(16):
+        lengths = count[i][ends[i]].tolist()
+        assert 1 <= lengths[0] <= 10 and all(n == 10 for n in lengths[1:-1] + lengths[1:2])
+    firsts = {count[i][ends[i]][0].item() for i in range(16)}
+    assert len(firsts) > 3  # spread
+    assert torch.equal(r["next", "done"], r["next", "truncated"] | r["next", "terminated"])
+    env2 = TransformedEnv(PendulumEnv(batch_size=[16], seed=0), StepCounter())
+    env2.append_transform(RandomTruncationTransform(2, 4, prob=1.0))
+    assert env2.rollout(40, break_when_any_done=False)["next", "step_count"].max() <= 4
+    with pytest.raises(ValueError, match="min_horizon"):
+        RandomTruncationTransform(5, 3)
+    with pytest.raises(KeyError, match="StepCounter"):
+        TransformedEnv(PendulumEnv(), RandomTruncationTransform(2, 4))

@@ -35,6 +35,7 @@ from .signals import ExpandAs, SuccessReward
 from .stack import Stack
 from .timer import Timer
 from .traj_counter import TrajCounter
+from .truncation import RandomTruncationTransform
 from .unary import UnaryTransform
 
 __all__ = [
@@ -98,4 +99,5 @@ __all__ = [
     "ActionDiscretizer",
     "ExpandAs",
     "SuccessReward",
+    "RandomTruncationTransform",
 ]
