@@ -139,3 +139,63 @@ def test_unpack_refuses_paths_outside(tmp_path):
     with pytest.raises(Exception, match="escaped|outside"):
         unpack_memmap(evil, tmp_path / "out")
     assert not (tmp_path / "escaped").exists()
+
+
+def test_unpad_sequence_inverts_pad_sequence():
+    from steersman.tensordict import (
+        NonTensorData,
+        NonTensorDataBase,
+        TensorCollection,
+        pad_sequence,
+        unpad_sequence,
+    )
+
+    seqs = [TensorDict(x=torch.arange(n), y=torch.ones(n, 2), batch_size=[n]) for n in (2, 4, 1)]
+    padded = pad_sequence(seqs, return_mask=True)
+    rows = unpad_sequence(padded)
+    assert rows.batch_size == (3,) and "masks" not in rows.keys()
+    for row, seq in zip(rows.tensordicts, seqs):
+        assert row["x"].tolist() == seq["x"].tolist() and row["y"].shape == seq["y"].shape
+    explicit = unpad_sequence(padded.exclude("masks"), padded["masks"])
+    assert explicit.tensordicts[1]["x"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(KeyError, match="masks"):
+        unpad_sequence(padded.exclude("masks"))
+    assert isinstance(NonTensorData("a"), NonTensorDataBase) and not isinstance(TensorDict(), NonTensorDataBase)
+    assert isinstance(TensorDict(), TensorCollection)
+
+
+def test_collate_for_a_dataloader():
+    from torch.utils.data import DataLoader
+
+    from steersman.tensordict import collate
+
+    samples = [(TensorDict(obs=torch.full((2,), float(i))), i) for i in range(4)]
+    batches = list(DataLoader(samples, batch_size=2, collate_fn=collate))
+    td, labels = batches[1]
+    assert td.batch_size == (2,) and td["obs"][:, 0].tolist() == [2, 3] and labels.tolist() == [2, 3]
+    ragged = [TensorDict(tokens=torch.ones(n, dtype=torch.long)) for n in (1, 3)]
+    out = collate(ragged, pad_keys={"tokens": 0}, mask_key="mask")
+    assert out["tokens"].tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert out["mask", "tokens"].tolist() == [[True, False, False], [True, True, True]]
+    with pytest.raises(NotImplementedError, match="nested"):
+        collate(ragged, nested_keys=["tokens"])
+    assert collate("as is") == "as is"
+
+
+def test_as_tensordict_module():
+    from steersman.tensordict.nn import as_tensordict_module
+
+    @as_tensordict_module(in_keys="c", out_keys="d")
+    def add_one(c):
+        return c + 1
+
+    assert add_one(TensorDict(c=torch.zeros(())))["d"] == 1 and add_one(c=torch.zeros(2)).tolist() == [1, 1]
+
+    class K:
+        k = 3
+
+        @as_tensordict_module(in_keys=["c"], out_keys=["d"])
+        def scale(self, c):
+            return c * self.k
+
+    assert K().scale(TensorDict(c=torch.ones(())))["d"] == 3

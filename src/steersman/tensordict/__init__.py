@@ -21,8 +21,11 @@ from .files import LoadError
 from .functional import cat, maybe_dense_stack, pad, pad_sequence, stack, where
 from .helpers import (
     KEY_SEPARATOR,
+    NonTensorDataBase,
+    TensorCollection,
     assert_allclose_td,
     assert_close,
+    collate,
     default_is_leaf,
     dense_stack_tds,
     group_by,
@@ -34,6 +37,7 @@ from .helpers import (
     is_memmap_archive,
     pack_memmap,
     unpack_memmap,
+    unpad_sequence,
     unravel_key_to_tuple,
 )
 from .io import load, load_memmap, save
@@ -130,4 +134,8 @@ __all__ = [
     "pack_memmap",
     "unpack_memmap",
     "unravel_key_to_tuple",
+    "NonTensorDataBase",
+    "TensorCollection",
+    "collate",
+    "unpad_sequence",
 ]

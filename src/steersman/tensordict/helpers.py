@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,8 @@ from .base import TensorDictBase, _is_non_tensor, is_tensor_collection
 __all__ = [
     "KEY_SEPARATOR", "unravel_key_to_tuple", "is_bool", "is_floating", "is_integer", "is_inexact",
     "default_is_leaf", "is_leaf_nontensor", "group_by", "dense_stack_tds", "assert_close",
-    "assert_allclose_td", "pack_memmap", "unpack_memmap", "is_memmap_archive",
+    "assert_allclose_td", "pack_memmap", "unpack_memmap", "is_memmap_archive", "unpad_sequence",
+    "collate", "TensorCollection", "NonTensorDataBase",
 ]
 
 #: the separator ``flatten_keys`` uses by default
@@ -209,3 +211,120 @@ def unpack_memmap(archive_path: str | Path, prefix: str | Path) -> Path:
                 raise ValueError(f"unpack_memmap: {m.name!r} in {archive_path} is not a plain file")
         tar.extractall(prefix, filter="data")
     return prefix
+
+
+# ----------------------------------------------------------------------------- padding and batching
+def unpad_sequence(padded: TensorDictBase, mask: Any = None, *, pad_dim: int = 0) -> TensorDictBase:
+    """Splits a batch from ``pad_sequence(..., return_mask=True)`` back into its samples.
+
+    Row ``i`` keeps the positions ``mask[i]`` marks along its batch dim ``pad_dim``; the
+    rows are returned as a lazy stack of batch ``[len(padded), *batch[1:pad_dim + 1]]``
+    (the ragged dim and those after it become feature dims of each member). ``mask``: a bool tensor
+    ``[len(padded), max_len, ...]``, a TensorDict of masks (its first leaf is used), or
+    None to read (and drop) the ``"masks"`` entry of ``padded``.
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict, pad_sequence
+        >>> seqs = [TensorDict(x=torch.arange(n), batch_size=[n]) for n in (2, 3)]
+        >>> rows = unpad_sequence(pad_sequence(seqs, return_mask=True))
+        >>> [r["x"].tolist() for r in rows.tensordicts]
+        [[0, 1], [0, 1, 2]]
+    """
+    from .lazy import lazy_stack
+
+    if mask is None:
+        mask = padded.get("masks", None)
+        if mask is None:
+            raise KeyError("unpad_sequence: no mask given and no 'masks' entry in the padded batch")
+        padded = padded.exclude("masks")
+    if is_tensor_collection(mask):
+        leaves = [v for v in mask.values(include_nested=True, leaves_only=True)]
+        if not leaves:
+            raise ValueError("unpad_sequence: the mask TensorDict has no entries")
+        mask = leaves[0]
+    if mask.dtype is not torch.bool or mask.shape[0] != padded.batch_size[0]:
+        raise ValueError(f"unpad_sequence: the mask must be bool with {padded.batch_size[0]} rows, got "
+                         f"{mask.dtype} {list(mask.shape)}")
+    rows = []
+    for i in range(padded.batch_size[0]):
+        m = mask[i]
+        m = m.movedim(pad_dim, 0).reshape(m.shape[pad_dim], -1)[:, 0] if m.ndim > 1 else m
+        idx = m.nonzero().squeeze(-1)
+        row = padded[i][(slice(None),) * pad_dim + (idx,)]
+        row.batch_size = row.batch_size[:pad_dim]  # the ragged dim leaves the batch
+        rows.append(row)
+    return lazy_stack(rows, 0)
+
+
+def collate(batch: Any, *, pad_keys: Any = None, nested_keys: Any = None, mask_key: NestedKey | None = None) -> Any:
+    """A ``collate_fn`` for ``torch.utils.data.DataLoader`` over containers.
+
+    Containers are stacked (densely when they match, lazily otherwise), tensors with
+    ``torch.stack``, dicts and tuples entry by entry (a namedtuple keeps its type); other
+    values go to ``default_collate``. ``pad_keys={key: value}`` pads those entries of
+    the samples along their first dim to the longest (with ``value``); with
+    ``mask_key``, the valid positions of each padded key are written at
+    ``(mask_key, *key)``. ``nested_keys`` (nested tensors) is not supported here and
+    raises ``NotImplementedError``. Anything but a non-empty list is returned as is.
+    """
+    from .functional import maybe_dense_stack
+
+    if nested_keys:
+        raise NotImplementedError("collate(nested_keys=...): nested (jagged) tensors are not supported; "
+                                  "use pad_keys to pad the entries instead")
+    if not isinstance(batch, list) or not batch:
+        return batch
+    first = batch[0]
+    if is_tensor_collection(first):
+        if pad_keys:
+            batch, masks = _pad_entries(batch, pad_keys)
+            out = maybe_dense_stack(batch, 0)
+            if mask_key is not None:
+                for key, m in masks.items():
+                    out.set(unravel_key_to_tuple(mask_key) + unravel_key_to_tuple(key), m)
+            return out
+        return maybe_dense_stack(batch, 0)
+    if isinstance(first, Tensor):
+        return torch.stack(batch)
+    kw = dict(pad_keys=pad_keys, mask_key=mask_key)
+    if isinstance(first, dict):
+        return {k: collate([b[k] for b in batch], **kw) for k in first}
+    if isinstance(first, tuple):
+        items = [collate([b[i] for b in batch], **kw) for i in range(len(first))]
+        return type(first)(*items) if hasattr(type(first), "_fields") else tuple(items)
+    from torch.utils.data import default_collate
+
+    return default_collate(batch)
+
+
+def _pad_entries(batch: list, pad_keys: Any) -> tuple[list, dict]:
+    batch = [b.clone(False) for b in batch]
+    masks = {}
+    for key, value in dict(pad_keys).items():
+        key = unravel_key(key)
+        vals = [b.get(key) for b in batch]
+        longest = max(v.shape[0] for v in vals)
+        m = torch.zeros(len(vals), longest, dtype=torch.bool)
+        for i, (b, v) in enumerate(zip(batch, vals)):
+            m[i, : v.shape[0]] = True
+            if v.shape[0] < longest:
+                fill = torch.full((longest - v.shape[0], *v.shape[1:]), value, dtype=v.dtype, device=v.device)
+                b.set(key, torch.cat([v, fill]))
+        masks[key] = m
+    return batch, masks
+
+
+# ----------------------------------------------------------------------------- base-type names
+#: the base of every container here (TensorDict, lazy stacks, tensorclasses, non-tensor
+#: entries); tensordict's ``TensorCollection`` is that role
+TensorCollection = TensorDictBase
+
+
+class NonTensorDataBase(abc.ABC):  # noqa: B024 (a type for isinstance checks only)
+    """``isinstance(x, NonTensorDataBase)``: ``x`` is a non-tensor entry (a
+    ``NonTensorData``, ``MetaData`` or ``NonTensorStack``)."""
+
+    @classmethod
+    def __subclasshook__(cls, sub: type) -> bool:
+        return bool(getattr(sub, "_is_non_tensor", False)) or NotImplemented

@@ -11,7 +11,13 @@ from ..constructors import make_tensordict
 from ..module_params import ensemble_call, from_module, from_modules, shared_copy, to_module
 from ..params import TensorDictParams
 from . import optim
-from .common import TensorDictModule, TensorDictModuleBase, WrapModule, dispatch
+from .common import (
+    TensorDictModule,
+    TensorDictModuleBase,
+    WrapModule,
+    as_tensordict_module,
+    dispatch,
+)
 from .composite import AddStateIndependentNormalScale, CompositeDistribution, rand_one_hot
 from .cudagraphs import CudaGraphModule
 from .distributions import (
@@ -95,4 +101,5 @@ __all__ = [
     "TensorDictModuleWrapper",
     "make_tensordict",
     "add_custom_mapping",
+    "as_tensordict_module",
 ]

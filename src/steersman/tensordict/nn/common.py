@@ -806,3 +806,46 @@ def _as_td_module(module: Any, owner: str, index: int) -> TensorDictModuleBase |
         return WrapModule(module)
     raise TypeError(f"{owner}: module {index} is not callable ({type(module).__name__})")
 
+
+
+class as_tensordict_module:
+    """Decorator: turns a function (or a method) into a TensorDict module.
+
+    Called with a TensorDict, the function reads ``in_keys`` and writes ``out_keys``
+    (returning the TensorDict); called with tensors, it returns the outputs. On a
+    method, the instance is passed as ``self``.
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict
+        >>> @as_tensordict_module(in_keys="c", out_keys="d")
+        ... def add_one(c):
+        ...     return c + 1
+        >>> add_one(TensorDict(c=torch.zeros(())))["d"]
+        tensor(1.)
+        >>> add_one(c=torch.zeros(2))
+        tensor([1., 1.])
+    """
+
+    def __init__(self, *, in_keys: Any, out_keys: Any) -> None:
+        self.in_keys, self.out_keys = in_keys, out_keys
+
+    def __call__(self, fn: Callable) -> Any:
+        return _DecoratedModule(fn, self.in_keys, self.out_keys)
+
+
+class _DecoratedModule:
+    """The result of :class:`as_tensordict_module`: callable, and a descriptor on classes."""
+
+    def __init__(self, fn: Callable, in_keys: Any, out_keys: Any) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn, self._in_keys, self._out_keys = fn, in_keys, out_keys
+        self._module = TensorDictModule(fn, in_keys, out_keys)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return self
+        return TensorDictModule(functools.partial(self._fn, instance), self._in_keys, self._out_keys)
