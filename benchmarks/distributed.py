@@ -42,7 +42,10 @@ def fps(collector, frames: int) -> float:
 
 
 def torchrl_pendulum() -> None:
-    """TorchRL's RayCollector, unbatched native Pendulum, linear policy (the --pendulum setting)."""
+    """TorchRL's RayCollector, unbatched native Pendulum, linear policy (the --pendulum setting).
+
+    ``total_frames=-1`` (no end) makes TorchRL 0.14's RayCollector stop at once (its
+    iterator yields nothing), hence the large finite count."""
     import ray
     from tensordict.nn import TensorDictModule
     from torchrl.collectors.distributed import RayCollector as TorchRLRayCollector
@@ -50,9 +53,17 @@ def torchrl_pendulum() -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300 * 2**20, log_to_driver=False,
              _system_config={"worker_niceness": 0})
-    policy = TensorDictModule(nn.Linear(3, 1), ["observation"], ["action"])
+    class Linear3(nn.Module):  # TorchRL's Pendulum gives th, thdot: the same 3 features as steersman's observation
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(3, 1)
+
+        def forward(self, th, thdot):
+            return self.net(torch.stack([th.cos(), th.sin(), thdot], -1))
+
+    policy = TensorDictModule(Linear3(), ["th", "thdot"], ["action"])
     collector = TorchRLRayCollector([PendulumEnv] * PENDULUM["collectors"], policy,
-                                    frames_per_batch=PENDULUM["frames_per_batch"], total_frames=-1, sync=True,
+                                    frames_per_batch=PENDULUM["frames_per_batch"], total_frames=10**9, sync=True,
                                     remote_configs={"num_cpus": 1})
     try:
         print(f"TorchRL RayCollector, Pendulum, {PENDULUM['collectors']} collectors: "

@@ -282,10 +282,10 @@ class RayCollector:
         self._actors: list = []
         self._finalizer = weakref.finalize(self, _kill_actors, self._actors)
         try:
-            policy_ref = None
+            policy_ref = self._policy_ref = None  # kept while the actors live: Ray restarts them from it
             if policy is not None:
                 try:
-                    policy_ref = ray.put(policy)
+                    policy_ref = self._policy_ref = ray.put(policy)
                 except Exception as err:  # noqa: BLE001 - Ray raises several kinds
                     raise TypeError(f"RayCollector: the policy ({type(policy).__name__}) cannot be serialised to send "
                                     f"it to the actors ({type(err).__name__}: {str(err).splitlines()[0]}); build it "
@@ -562,6 +562,7 @@ class RayCollector:
             self._thread.join(timeout=30)
         self._pending = {}
         self._finalizer()
+        self._policy_ref = self._weights_ref = None
         if self._owns_ray:
             from ._ray import shutdown_ray
 
