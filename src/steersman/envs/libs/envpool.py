@@ -1,7 +1,7 @@
 """EnvPool: many envs stepped by C++ threads, as one batched steersman env.
 
-``pip install 'steersman[envpool]'`` (EnvPool publishes Linux x86-64 wheels; 1.2.5 has
-them for CPython 3.11-3.13). Imported lazily: importing this module does not import
+``pip install 'steersman[envpool]'`` (EnvPool publishes Linux x86-64 wheels; 1.2.5
+installs on CPython 3.11, the version tested here). Imported lazily: importing this module does not import
 envpool; building an env does (an ``ImportError`` naming the extra if it is missing).
 
 * :class:`MultiThreadedEnv` ``(num_workers, env_name, create_env_kwargs=None, ...)``:
