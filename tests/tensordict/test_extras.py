@@ -199,3 +199,32 @@ def test_as_tensordict_module():
             return c * self.k
 
     assert K().scale(TensorDict(c=torch.ones(())))["d"] == 3
+
+
+def test_tensordict_keywords_of_lazy_stack_dataclass_and_tensorclass():
+    import dataclasses
+
+    from steersman.tensordict import from_dataclass, tensorclass
+
+    members = [TensorDict(a=torch.zeros(2), batch_size=[2]) for _ in range(3)]
+    lz = LazyStackedTensorDict(*members, stack_dim_name="env", strict_shape=True)
+    assert lz.names == ["env", None]
+    with pytest.raises(ValueError, match="hook_in"):
+        LazyStackedTensorDict(*members, hook_in=lambda x: x)
+
+    @dataclasses.dataclass
+    class P:
+        x: torch.Tensor
+
+    @tensorclass(tensor_only=True, skip_post_init_on_rebuild=True)
+    class Q:
+        x: torch.Tensor
+
+    q = from_dataclass(P(torch.zeros(2)), dest_cls=Q, batch_size=[2], shadow=False, tensor_only=False)
+    assert type(q) is Q and q.batch_size == (2,)
+    with pytest.raises(NotImplementedError, match="inplace"):
+        from_dataclass(P, inplace=True)
+    with pytest.raises(TypeError, match="dest_cls"):
+        from_dataclass(P(torch.zeros(2)), dest_cls=P)
+    with pytest.raises(NotImplementedError, match="kw_only"):
+        tensorclass(kw_only=True)

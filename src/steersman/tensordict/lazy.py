@@ -134,7 +134,16 @@ class LazyStackedTensorDict(TensorDictBase):
         batch_size: Any = None,
         device: Any = None,
         names: Any = None,
+        stack_dim_name: str | None = None,
+        strict_shape: bool = False,
+        hook_out: Any = None,
+        hook_in: Any = None,
     ) -> None:
+        # strict_shape: members must always share their batch size here (True or False);
+        # hook_in/hook_out (deprecated in tensordict 0.15, no replacement) are refused
+        if hook_in is not None or hook_out is not None:
+            raise ValueError("LazyStackedTensorDict: hook_in/hook_out (tensordict's deprecated vmap hooks) "
+                             "are not supported")
         if len(tensordicts) == 1 and isinstance(tensordicts[0], (list, tuple)):
             tensordicts = tuple(tensordicts[0])
         members = list(tensordicts)
@@ -188,6 +197,8 @@ class LazyStackedTensorDict(TensorDictBase):
             )
         if names is not None:
             self.names = names
+        if stack_dim_name is not None:
+            self._stack_name = stack_dim_name
 
     @classmethod
     def _new_from(cls, members: Sequence, stack_dim: int, batch_size: Any = None,
