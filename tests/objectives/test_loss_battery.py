@@ -208,6 +208,10 @@ for _name in ("PPOLoss", "ClipPPOLoss", "KLPENPPOLoss"):
 for _name in ("SACLoss", "DiscreteSACLoss", "IQLLoss", "CQLLoss", "REDQLoss"):
     TORCHRL_PARAM_ATTRS[_name] = {"actor_network_params", "qvalue_network_params", "target_qvalue_network_params"}
 TORCHRL_PARAM_ATTRS["IQLLoss"] = TORCHRL_PARAM_ATTRS["IQLLoss"] | {"value_network_params"}
+for _name in ("MAPPOLoss", "IPPOLoss"):
+    TORCHRL_PARAM_ATTRS[_name] = TORCHRL_PARAM_ATTRS["A2CLoss"]
+TORCHRL_PARAM_ATTRS["QMixerLoss"] = {"local_value_network_params", "target_local_value_network_params",
+                                     "mixer_network_params", "target_mixer_network_params"}
 
 
 def _param_attrs(loss) -> list[tuple[str, object]]:
