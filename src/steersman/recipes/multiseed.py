@@ -315,12 +315,24 @@ def train_ppo(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
                                                        tree_from_leaves(state_keys, list(s), []))
         return _leaves_of(new_p, keys), _leaves_of(new_s, state_keys), torch.stack([l_obj, l_crit, grad_norm])
 
-    v_update = torch.vmap(update, in_dims=(0, 0, 0, 0, 0, 0))
-    if cfg.compile:
+    v_update = eager_update = torch.vmap(update)
+    if cfg.compile:  # one graph for every member's step; eager (one warning) if dynamo cannot trace it
         from steersman.objectives.functional_update import use_compile_cache
 
         use_compile_cache()
-        v_update = torch.compile(v_update, fullgraph=True, dynamic=False, backend=cfg.compile_backend)
+        compiled = torch.compile(eager_update, fullgraph=True, dynamic=False, backend=cfg.compile_backend)
+
+        def v_update(*args: Any) -> Any:
+            nonlocal compiled
+            if compiled is not None:
+                try:
+                    return compiled(*args)
+                except torch._dynamo.exc.TorchDynamoException as err:
+                    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    warnings.warn(f"compile=true: the vmapped PPO update cannot be compiled ({reason}); "
+                                  "running it eagerly", stacklevel=2)
+                    compiled = None
+            return eager_update(*args)
     v_act, v_greedy, v_values = torch.vmap(act), torch.vmap(greedy), torch.vmap(values)
 
     # ---- the run directory, and the state a checkpoint holds
