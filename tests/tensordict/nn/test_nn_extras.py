@@ -212,3 +212,36 @@ def test_probabilistic_num_samples_generator_log_prob_keys():
     tn = TruncatedNormal(torch.zeros(1000), torch.ones(1000), a=-0.25, b=0.5)
     s = tn.sample()
     assert s.min() >= -0.25 and s.max() <= 0.5
+
+
+def test_tensorclass_modules():
+    from steersman.tensordict import TensorClass
+    from steersman.tensordict.nn import TensorClassModuleBase, TensorClassModuleWrapper
+
+    class In(TensorClass):
+        x: torch.Tensor
+
+    class Out(TensorClass):
+        y: torch.Tensor
+
+    class Double(TensorClassModuleBase[In, Out]):
+        def forward(self, inp):
+            return Out(y=inp.x * 2, batch_size=inp.batch_size)
+
+    m = Double()
+    assert m.input_type is In and m.output_type is Out
+    assert m(In(x=torch.ones(3), batch_size=[3])).y.tolist() == [2, 2, 2]
+    td_m = m.as_td_module()
+    assert isinstance(td_m, TensorClassModuleWrapper) and td_m.in_keys == ["x"] and td_m.out_keys == ["y"]
+    inp = TensorDict(x=torch.ones(3), batch_size=[3])
+    out = TensorDictSequential(td_m, TensorDictModule(lambda y: y + 1, ["y"], ["z"]))(inp)
+    assert out["z"].tolist() == [3, 3, 3] and "y" not in inp.keys()
+
+    class Untyped(TensorClassModuleBase):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="tensorclass input and output"):
+        Untyped().as_td_module()
+    with pytest.raises(TypeError, match="two types"):
+        TensorClassModuleBase[In]

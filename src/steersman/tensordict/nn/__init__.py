@@ -46,6 +46,7 @@ from .switches import (
     set_skip_existing,
     skip_existing,
 )
+from .tensorclass_module import TensorClassModuleBase, TensorClassModuleWrapper
 from .utils import (
     NormalParamExtractor,
     add_custom_mapping,
@@ -102,4 +103,6 @@ __all__ = [
     "make_tensordict",
     "add_custom_mapping",
     "as_tensordict_module",
+    "TensorClassModuleBase",
+    "TensorClassModuleWrapper",
 ]
