@@ -1,6 +1,7 @@
 """L6: recipes — one readable training script per algorithm, built from the library's parts.
 
-Each recipe module (``ppo``, ``a2c``, ``dqn``, ``sac``, ``td3``, ``ddpg``, ``iql``) has one
+Each recipe module (``ppo``, ``a2c``, ``dqn``, ``sac``, ``td3``, ``ddpg``, ``iql``, and the
+multi-agent ``mappo``, ``ippo``, ``qmix``, ``vdn``, ``maddpg``, ``masac``) has one
 config dataclass (``PPOConfig``...) whose fields carry a one-line docstring, and:
 
 * ``train(cfg=None, run_dir=None, *, resume=False) -> dict``: trains, writing a run
@@ -14,7 +15,7 @@ and the Python API share (see :mod:`steersman.recipes.launch`).
 
 Example:
     >>> sorted(ALGOS)
-    ['a2c', 'ddpg', 'dqn', 'iql', 'ppo', 'sac', 'td3']
+    ['a2c', 'ddpg', 'dqn', 'ippo', 'iql', 'maddpg', 'mappo', 'masac', 'ppo', 'qmix', 'sac', 'td3', 'vdn']
     >>> get_recipe("ppo").PPOConfig().env.name
     'CartPole-v1'
 """
@@ -36,6 +37,12 @@ ALGOS: dict[str, tuple[str, str]] = {
     "td3": ("TD3Config", "Twin Delayed DDPG, off-policy, continuous (default: Pendulum-v1)"),
     "ddpg": ("DDPGConfig", "Deep Deterministic Policy Gradient, off-policy (default: Pendulum-v1)"),
     "iql": ("IQLConfig", "Implicit Q-Learning, offline from a replay-buffer file (default: Pendulum-v1)"),
+    "mappo": ("MAPPOConfig", "Multi-agent PPO, centralised critic (default: native navigation, 3 agents)"),
+    "ippo": ("IPPOConfig", "Independent PPO, per-agent critic (default: native navigation, 3 agents)"),
+    "qmix": ("QMIXConfig", "QMIX, monotonic value mixing, discrete actions (default: native navigation)"),
+    "vdn": ("VDNConfig", "Value Decomposition Networks, discrete actions (default: native navigation)"),
+    "maddpg": ("MADDPGConfig", "Multi-agent DDPG, centralised critic (default: native navigation)"),
+    "masac": ("MASACConfig", "Multi-agent SAC, centralised critic (default: native navigation)"),
 }
 
 

@@ -122,7 +122,17 @@ class CheckpointConfig:
 # ---------------------------------------------------------------- helpers
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The one-line docstrings of a dataclass's fields (the string under each field)."""
+    """The one-line docstrings of a dataclass's fields (the string under each field); a
+    subclass inherits its bases' and may override them."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(_own_field_docs(base))
+    docs.update(_own_field_docs(cls))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):  # pragma: no cover - no source (frozen apps)

@@ -35,7 +35,7 @@ from steersman.envs import (
 
 from .config import ConfigError
 
-__all__ = ["NATIVE_ENVS", "GYM_PREFIX", "TRANSITION_KEYS", "action_spec_unbatched", "check_env_id", "make_env",
+__all__ = ["NATIVE_ENVS", "GYM_PREFIX", "MARL_ALGOS", "is_marl_env_id", "TRANSITION_KEYS", "action_spec_unbatched", "check_env_id", "make_env",
            "make_render_env"]
 
 #: Built-in ids and their torch-native env classes (Gymnasium's dynamics and time limits).
@@ -65,6 +65,18 @@ def action_spec_unbatched(env: EnvBase) -> Any:
     return env.action_spec[(0,) * len(env.batch_size)] if len(env.batch_size) else env.action_spec
 
 
+#: the multi-agent recipes (their envs come from :func:`~steersman.recipes.marl_envs.make_marl_env`)
+MARL_ALGOS = ("mappo", "ippo", "qmix", "vdn", "maddpg", "masac")
+
+
+def is_marl_env_id(name: str) -> bool:
+    """Whether ``name`` is a multi-agent env id (see :mod:`~steersman.recipes.marl_envs`)."""
+    from .marl_envs import NATIVE_MARL_ENVS
+
+    return name in NATIVE_MARL_ENVS or any(
+        name.startswith(p) and len(name) > len(p) for p in ("vmas/", "pettingzoo/"))
+
+
 def check_env_id(name: str, *, allow_import: bool = True) -> None:
     """Raises a one-line :class:`~steersman.recipes.config.ConfigError` listing the valid ids if
     ``name`` is not one.
@@ -79,7 +91,7 @@ def check_env_id(name: str, *, allow_import: bool = True) -> None:
         ...
         steersman.recipes.config.ConfigError: env.name 'gym:evilmod:X-v0' would import the Python module 'evilmod' (Gymnasium's 'module:Env' ids); env ids read from a run folder may only name registered envs: pass --allow-import (Python: allow_import=True) if you trust the folder's code
     """
-    if name in NATIVE_ENVS:
+    if name in NATIVE_ENVS or is_marl_env_id(name):
         return
     if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
         module, sep, _ = name[len(GYM_PREFIX):].rpartition(":")
@@ -92,7 +104,8 @@ def check_env_id(name: str, *, allow_import: bool = True) -> None:
         return
     raise ConfigError(
         f"unknown env id {name!r}; built-in ids: {sorted(NATIVE_ENVS)}, or any Gymnasium id as "
-        f"'{GYM_PREFIX}<id>' (e.g. env.name={GYM_PREFIX}LunarLander-v3)"
+        f"'{GYM_PREFIX}<id>' (e.g. env.name={GYM_PREFIX}LunarLander-v3); multi-agent recipes: navigation, "
+        "predator_prey, vmas/<scenario>, pettingzoo/<task>"
     )
 
 
@@ -118,6 +131,9 @@ def make_env(
         render: Gymnasium envs only: create them with ``render_mode="rgb_array"``.
     """
     check_env_id(name)
+    if is_marl_env_id(name):
+        raise ConfigError(f"env.name={name} is a multi-agent env: train it with a multi-agent recipe "
+                          f"({', '.join(MARL_ALGOS)})")
     if num_envs < 1:
         raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
     if name in NATIVE_ENVS:

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import ALGOS, config_class, get_recipe
 from .config import ConfigError, config_from_dict, validate_config
-from .envs import check_env_id, make_env
+from .envs import MARL_ALGOS, check_env_id, make_env
 
 __all__ = ["RunResult", "check_config", "load_run_config", "make_config", "run_recipe"]
 
@@ -88,9 +88,17 @@ def check_config(algo: str, cfg: Any) -> None:
     and that the env and the policy can be built (a missing optional dependency, a
     discrete-action recipe on a continuous env...). One-line :class:`ConfigError`."""
     validate_config(cfg)
-    env = make_env(cfg.env.name, 1, seed=0, max_episode_steps=cfg.env.max_episode_steps)
+    recipe = get_recipe(algo)
+    if algo in MARL_ALGOS:
+        from .marl_envs import make_marl_env
+
+        categorical = getattr(recipe, "CATEGORICAL_ACTIONS", False) or getattr(cfg, "categorical_actions", False)
+        env = make_marl_env(cfg.env.name, 1, seed=0, n_agents=cfg.env.n_agents, max_steps=cfg.env.max_episode_steps,
+                            categorical_actions=categorical)
+    else:
+        env = make_env(cfg.env.name, 1, seed=0, max_episode_steps=cfg.env.max_episode_steps)
     try:
-        get_recipe(algo).make_policy(cfg, env)
+        recipe.make_policy(cfg, env)
     finally:
         env.close()
 

@@ -47,6 +47,9 @@ __all__ = ["QMIXConfig", "make_mixer", "make_policy", "train"]
 G = GROUP
 
 
+#: the recipe trains on discrete actions (integer indices): its env is built with ``categorical_actions=True``
+CATEGORICAL_ACTIONS = True
+
 @dataclass
 class QMIXConfig:
     """Configuration of the QMIX recipe (defaults: the native navigation task, 5 discrete moves)."""

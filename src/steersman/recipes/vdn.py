@@ -20,6 +20,9 @@ from .qmix import QMIXConfig, make_mixer, make_policy
 __all__ = ["VDNConfig", "make_mixer", "make_policy", "train"]
 
 
+#: the recipe trains on discrete actions (integer indices): its env is built with ``categorical_actions=True``
+CATEGORICAL_ACTIONS = True
+
 @dataclass
 class VDNConfig(QMIXConfig):
     """Configuration of the VDN recipe: QMIX's, with the sum as mixer."""
