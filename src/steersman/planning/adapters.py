@@ -66,7 +66,7 @@ def _discrete_actions(env: NativeEnv) -> int:
 
 def _check_env(env: Any) -> NativeEnv | BoardGameEnv:
     if not isinstance(env, (NativeEnv, BoardGameEnv)):
-        raise TypeError(f"recurrent_fn_from_env: env must be a native steersman env (NativeEnv), got "
+        raise TypeError(f"recurrent_fn_from_env: env must be a native steersman env (NativeEnv or a board game), got "
                         f"{type(env).__name__}; other envs cannot be stepped from an arbitrary state")
     if len(env.batch_size) != 1:
         raise ValueError(f"recurrent_fn_from_env: the env must have one batch dim [B], got "
