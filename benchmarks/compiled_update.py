@@ -1,4 +1,4 @@
-"""Per-update cost of PPO's minibatch update, four ways (one thread, CPU).
+"""Per-update cost of PPO's minibatch update, five ways (one thread, CPU).
 
 The PPO recipe's minibatch on CartPole: ``[B, 4]`` observations (B = 256, the recipe's
 minibatch, or 64), two [64, 64] tanh MLPs (a 2-logit categorical actor, a critic),
@@ -9,21 +9,26 @@ clipping at 0.5, Adam(lr 1e-3, eps 1e-5).
                  ``torch.optim.Adam``: the recipe with ``compile=false``;
   compile-loss   the same with the loss through ``torch.compile(fullgraph=True)``: the
                  recipe's ``compile=true`` before the functional update;
-  functional     :class:`steersman.objectives.functional_update.FunctionalUpdate`
+  functional-td  :class:`steersman.objectives.functional_update.FunctionalUpdate`
                  (torch.func gradients, clipping, functional Adam) compiled whole with
-                 ``fullgraph=True``: the recipe's ``compile=true`` now;
+                 ``fullgraph=True``, TensorDicts in and out of the graph;
+  functional     the same step through ``CompiledUpdate``: flat tensors at the graph's
+                 boundary, guards skipped after the first call: the recipes' ``compile=true``;
   floor          plain PyTorch: the two bare MLPs as a dict of tensors, the same clipped
                  loss written by hand, ``torch.func.grad``, clipping and Adam in one
                  ``fullgraph`` function. No TensorDict, no module.
 
 Each contestant runs in its own process, twice: first with an empty inductor cache
 (cold compile), then with the cache the first run left (warm compile). Reported: the
-first call's seconds (compile included) for both, and the steady per-update time (median
-of ``--repeats`` blocks of ``--updates`` calls, from the warm process).
+first call's seconds (compile included; wall and CPU, g++ included) for both, and the
+steady per-update time (median of ``--repeats`` blocks of ``--updates`` calls, from the
+warm process). ``--interleaved`` times the modes in one process in alternating blocks
+instead (no compile times): on a loaded machine the ratios then hold.
 
     python benchmarks/compiled_update.py                  # B=256
     python benchmarks/compiled_update.py --batch 64 --updates 100
     python benchmarks/compiled_update.py --json out.json
+    python benchmarks/compiled_update.py --interleaved --batch 64 --modes floor functional functional-td
 
 On a shared machine the times drift; compare the rows of one run.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,7 +48,7 @@ import time
 import torch
 from torch import nn
 
-MODES = ("eager", "compile-loss", "functional", "floor")
+MODES = ("eager", "compile-loss", "functional-td", "functional", "floor")
 OBS, N_ACT, HIDDEN = 4, 2, 64
 LR, EPS, MAX_NORM, CLIP = 1e-3, 1e-5, 0.5, 0.2
 
@@ -97,6 +103,20 @@ def _torch_optim_step(compile_loss: bool):
 
 
 def _functional_step():
+    """What the recipes run with compile=true: CompiledUpdate (flat tensors at the graph's boundary)."""
+    from steersman.objectives.functional_update import (
+        CompiledUpdate,
+        FunctionalUpdate,
+        OptimizerState,
+    )
+    from steersman.tensordict.nn.optim import Adam
+
+    update = FunctionalUpdate(_loss_module(), Adam(lr=torch.tensor(LR), eps=EPS), max_grad_norm=MAX_NORM)
+    return CompiledUpdate(update, OptimizerState(update.init()[1]))
+
+
+def _functional_td_step():
+    """FunctionalUpdate compiled as is: TensorDicts in and out of the graph."""
     from steersman.objectives.functional_update import FunctionalUpdate
     from steersman.tensordict.nn.optim import Adam
 
@@ -156,15 +176,22 @@ def _floor_step():
     return step
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (g++): the compile's cost
+    without the waiting a loaded machine adds to the wall clock."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def worker(mode: str, batch: int, updates: int, repeats: int) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     step = {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
-            "functional": _functional_step, "floor": _floor_step}[mode]()
+            "functional": _functional_step, "functional-td": _functional_td_step, "floor": _floor_step}[mode]()
     batches = _batches(batch)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     step(batches[0])
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, _cpu_s() - c0
     for mb in batches:  # warm-up
         step(mb)
     blocks = []
@@ -173,12 +200,36 @@ def worker(mode: str, batch: int, updates: int, repeats: int) -> dict:
         for i in range(updates):
             step(batches[i % len(batches)])
         blocks.append((time.perf_counter() - t0) / updates)
-    return {"first_call_s": first, "update_ms": 1e3 * statistics.median(blocks),
+    return {"first_call_s": first, "first_call_cpu_s": first_cpu, "update_ms": 1e3 * statistics.median(blocks),
             "update_ms_blocks": [1e3 * b for b in blocks]}
 
 
+def interleaved(modes: list[str], batch: int, updates: int, repeats: int) -> dict:
+    """All modes in this process, compiled first, then timed in alternating blocks: on a
+    loaded machine each mode sees the same load, so the ratios hold even when the times drift."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    makers = {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
+              "functional": _functional_step, "functional-td": _functional_td_step, "floor": _floor_step}
+    batches = _batches(batch)
+    steps = {}
+    for mode in modes:
+        steps[mode] = makers[mode]()
+        for mb in batches:
+            steps[mode](mb)
+    blocks: dict = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode, step in steps.items():
+            t0 = time.perf_counter()
+            for i in range(updates):
+                step(batches[i % len(batches)])
+            blocks[mode].append(1e3 * (time.perf_counter() - t0) / updates)
+    return {mode: {"update_ms": statistics.median(b), "update_ms_blocks": b} for mode, b in blocks.items()}
+
+
 def _run(mode: str, args: argparse.Namespace, cache: str) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS="1")
+    # compile_threads=1: g++ runs as a direct child, so its CPU time is counted
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
     cmd = [sys.executable, __file__, "--worker", mode, "--batch", str(args.batch), "--updates", str(args.updates),
            "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -194,8 +245,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks (the median is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="time all modes in one process in alternating blocks (no compile times)")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.interleaved:
+        res = interleaved(args.modes, args.batch, args.updates, args.repeats)
+        floor = res.get("floor", {}).get("update_ms")
+        for mode, r in res.items():
+            ratio = f"  x/floor {r['update_ms'] / floor:.2f}" if floor else ""
+            print(f"{mode:<14}{r['update_ms']:>8.3f} ms{ratio}  blocks {[round(b, 3) for b in r['update_ms_blocks']]}")
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.batch, args.updates, args.repeats)))
         return
@@ -209,7 +269,8 @@ def main() -> None:
     eager = results.get("eager", {}).get("warm", {}).get("update_ms")
     print(f"PPO minibatch update, B={args.batch}, two [64, 64] tanh MLPs, 1 thread "
           f"(median of {args.repeats} x {args.updates} updates)")
-    print(f"{'mode':<14}{'update ms':>10}{'eager/x':>9}{'x/floor':>9}{'cold first call s':>19}{'warm first call s':>19}")
+    print(f"{'mode':<14}{'update ms':>10}{'eager/x':>9}{'x/floor':>9}{'first call s, cold (cpu)':>26}"
+          f"{'warm (cpu)':>16}")
     for mode, r in results.items():
         if "error" in r["cold"] or "error" in r["warm"]:
             print(f"{mode:<14} n/a: {r['cold'].get('error') or r['warm'].get('error')}")
@@ -217,8 +278,10 @@ def main() -> None:
         ms = r["warm"]["update_ms"]
         ratio_eager = f"{eager / ms:.2f}" if eager else "-"
         ratio_floor = f"{ms / floor:.2f}" if floor else "-"
-        print(f"{mode:<14}{ms:>10.3f}{ratio_eager:>9}{ratio_floor:>9}{r['cold']['first_call_s']:>19.1f}"
-              f"{r['warm']['first_call_s']:>19.1f}")
+        cold, warm = r["cold"], r["warm"]
+        print(f"{mode:<14}{ms:>10.3f}{ratio_eager:>9}{ratio_floor:>9}"
+              f"{cold['first_call_s']:>17.1f} ({cold['first_call_cpu_s']:.1f}){warm['first_call_s']:>9.1f} "
+              f"({warm['first_call_cpu_s']:.1f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": args.batch, "torch": torch.__version__, "results": results}, f, indent=2)

@@ -2,11 +2,17 @@
 
 :class:`FunctionalUpdate` turns a loss module and a functional optimizer
 (:mod:`steersman.tensordict.nn.optim`) into
-``update(params, opt_state, batch) -> (params, opt_state, metrics)``: the loss through
-``torch.func.functional_call``, its gradients through ``torch.func.grad_and_value``,
+``update(params, opt_state, batch) -> (params, opt_state, metrics)``: the loss with the parameters swapped in
+(``TensorDict.to_module``), its gradients through ``torch.func.grad_and_value``,
 global-norm clipping and the optimizer step, all without in-place writes. Compiled, the
 whole step (forward, backward, clipping, Adam) is a single graph: no ``zero_grad``, no
 autograd engine, no per-parameter Python.
+
+:class:`CompiledUpdate` is what recipes use: it holds the parameters, the optimizer state
+and (optionally) the target networks as flat tuples of tensors, so that the compiled
+graph's inputs and outputs are plain tensors (no TensorDict is built or guarded outside
+the graph), gathers minibatches inside the graph, Polyak-averages the targets inside the
+graph, and falls back to eager with one warning when the step cannot be compiled.
 
 Example::
 
@@ -20,17 +26,21 @@ Example::
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from steersman.tensordict import TensorDict, TensorDictBase
+from steersman.tensordict.module_params import _params_cls
 from steersman.tensordict.nn import from_module
 from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
-__all__ = ["CompiledUpdate", "FunctionalOptimizer", "FunctionalUpdate", "OptimizerState"]
+__all__ = ["CompiledUpdate", "FunctionalOptimizer", "FunctionalUpdate", "OptimizerState", "use_compile_cache"]
 
 
 class FunctionalOptimizer(Protocol):
@@ -45,28 +55,47 @@ class FunctionalOptimizer(Protocol):
 class FunctionalUpdate:
     """``update(params, opt_state, batch) -> (params, opt_state, metrics)`` for ``loss_module``.
 
-    The minimized loss is the sum of the entries of ``loss_module(batch)`` whose names start
-    with ``"loss_"`` (TorchRL's convention). ``params`` holds the module's trainable
-    parameters (``requires_grad``) keyed as :func:`~steersman.tensordict.nn.from_module`
-    keys them; buffers (e.g. a clip range annealed in place) are read from the module.
-    ``metrics`` holds every entry of the loss's output (detached: the terms and any
-    diagnostics), ``"loss"`` (the sum) and, with clipping, ``"grad_norm"`` (before clipping).
+    The minimized loss is the sum of the entries of ``loss_module(batch)`` named ``"loss"``
+    or starting with ``"loss_"`` (TorchRL's convention). With ``method``, the loss is
+    ``loss_module.<method>(batch)`` instead, returning a TensorDict as above, a loss tensor,
+    or ``(loss, metadata)`` (TD3's ``value_loss``/``actor_loss``). ``params`` holds the
+    trainable parameters (``requires_grad``, or those under ``only``) keyed as
+    :func:`~steersman.tensordict.nn.from_module` keys them; buffers (e.g. a clip range
+    annealed in place) and the other parameters are read from the module. ``metrics``
+    holds the loss's entries (detached), ``"loss"`` (the sum) and, with clipping,
+    ``"grad_norm"`` (before clipping).
 
     Args:
         loss_module: the objective, called as ``loss_module(batch)``.
         optimizer: a functional optimizer.
         max_grad_norm: clip the global gradient norm to this (None: no clipping).
+        only: names (or name prefixes, e.g. ``"actor_network"``) of the parameters to
+            update; None: every parameter with ``requires_grad``.
+        method: the loss module's method to call (None: ``forward``).
     """
 
     def __init__(self, loss_module: nn.Module, optimizer: FunctionalOptimizer, *,
-                 max_grad_norm: float | None = None) -> None:
+                 max_grad_norm: float | None = None, only: str | Sequence[str] | None = None,
+                 method: str | None = None) -> None:
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}")
+        if method is not None and not callable(getattr(loss_module, method, None)):
+            raise ValueError(f"{type(loss_module).__name__} has no method {method!r}")
         self.loss_module, self.optimizer, self.max_grad_norm = loss_module, optimizer, max_grad_norm
-        self._names = [name for name, p in loss_module.named_parameters() if p.requires_grad]
+        self._call = loss_module if method is None else getattr(loss_module, method)
+        prefixes = (only,) if isinstance(only, str) else only
+        self._names = [name for name, p in loss_module.named_parameters() if p.requires_grad
+                       and (prefixes is None or any(name == q or name.startswith(q + ".") for q in prefixes))]
         if not self._names:
-            raise ValueError(f"{type(loss_module).__name__} has no trainable parameter to update")
+            what = "trainable parameter" if prefixes is None else f"trainable parameter under {list(prefixes)}"
+            raise ValueError(f"{type(loss_module).__name__} has no {what} to update")
         self._keys = [tuple(name.split(".")) for name in self._names]
+        _params_cls()  # resolves to_module's lazy global now: set during a trace, it would recompile
+
+    @property
+    def names(self) -> list[str]:
+        """The updated parameters' names (as ``named_parameters`` gives them)."""
+        return list(self._names)
 
     def params(self) -> TensorDict:
         """A copy of the module's trainable parameters (detached), as a nested TensorDict."""
@@ -86,29 +115,48 @@ class FunctionalUpdate:
             for name, key in zip(self._names, self._keys):
                 module[name].copy_(params.get(key))
 
-    def _loss(self, flat: dict[str, Tensor], batch: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
-        out = torch.func.functional_call(self.loss_module, flat, (batch,), strict=False)
+    def _loss(self, trained: dict[str, Tensor], others: dict[str, Tensor],
+              batch: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
+        # swapped in with to_module (torch.func.functional_call would miss the leaves of a
+        # TensorDictParams, e.g. stacked critics: it swaps the registry, not the TensorDict)
+        tensors = {**others, **trained}
+        swap = tree_from_leaves([tuple(k.split(".")) for k in tensors], list(tensors.values()), [])
+        with swap.to_module(self.loss_module):
+            out = self._call(batch)
+        if isinstance(out, Tensor):
+            return out, {}
+        if isinstance(out, tuple):
+            total, meta = out
+            return total, {k: v.detach() for k, v in meta.items()}
         entries = {k: out.get(k) for k in out.keys() if isinstance(k, str)}
         total = None
         for k, v in entries.items():
-            if k.startswith("loss_"):
+            if k == "loss" or k.startswith("loss_"):
                 total = v if total is None else total + v
         if total is None:
-            raise KeyError(f"{type(self.loss_module).__name__} returned no 'loss_*' entry, "
+            raise KeyError(f"{type(self.loss_module).__name__} returned no 'loss' or 'loss_*' entry, "
                            f"got {sorted(entries)}")
         return total, {k: v.detach() for k, v in entries.items()}
 
-    def __call__(self, params: TensorDictBase, opt_state: TensorDictBase,
-                 batch: TensorDictBase) -> tuple[TensorDict, TensorDict, TensorDict]:
-        """One step; pure (no input is modified)."""
+    def step(self, params: TensorDictBase, opt_state: TensorDictBase, batch: TensorDictBase,
+             others: dict[str, Tensor] | None = None) -> tuple[TensorDict, TensorDict, dict[str, Tensor]]:
+        """:meth:`__call__` with ``others`` (name -> tensor) overriding other module
+        tensors (the current values of parameters another update trains, targets);
+        metrics as a dict."""
         flat = {name: params.get(key) for name, key in zip(self._names, self._keys)}
-        grads, (total, terms) = torch.func.grad_and_value(self._loss, has_aux=True)(flat, batch)
+        grads, (total, terms) = torch.func.grad_and_value(self._loss, has_aux=True)(flat, others or {}, batch)
         grads_td = tree_from_leaves(self._keys, [grads[name] for name in self._names], params.batch_size)
-        metrics: dict[str, Any] = dict(terms)
+        metrics: dict[str, Tensor] = dict(terms)
         metrics["loss"] = total.detach()
         if self.max_grad_norm is not None:
             grads_td, metrics["grad_norm"] = clip_grad_norm(grads_td, self.max_grad_norm)
         new_params, new_state = self.optimizer.step(params, grads_td, opt_state)
+        return new_params, new_state, metrics
+
+    def __call__(self, params: TensorDictBase, opt_state: TensorDictBase,
+                 batch: TensorDictBase) -> tuple[TensorDict, TensorDict, TensorDict]:
+        """One step; pure (no input is modified)."""
+        new_params, new_state, metrics = self.step(params, opt_state, batch)
         return new_params, new_state, TensorDict(metrics, batch_size=[])
 
 
@@ -127,43 +175,169 @@ class OptimizerState:
         self.state = self.state.clone().load_state_dict(state_dict)
 
 
-class CompiledUpdate:
-    """A stateful front for recipes: holds the parameters and the optimizer state and runs
-    ``torch.compile(update, fullgraph=True)`` on each batch.
+def use_compile_cache() -> str:
+    """Points inductor's on-disk caches (compiled kernels, FX graphs, AOTAutograd) at
+    ``$XDG_CACHE_HOME/steersman/inductor`` (default ``~/.cache/steersman/inductor``) unless
+    ``TORCHINDUCTOR_CACHE_DIR`` is set, so that a warm cache survives reboots (torch's
+    default is under /tmp). Takes effect if nothing was compiled yet in this process;
+    returns the directory in use."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, "steersman", "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
-    The parameters start as a copy of the module's (read at construction, so after a
-    checkpoint is restored); :meth:`sync` writes them back to the module (before
-    collecting, evaluating or checkpointing). If dynamo cannot compile the step, one
-    warning says why and the same step runs eagerly from then on (the step is pure, so
-    the failed attempt changed nothing).
+
+class CompiledUpdate:
+    """A stateful front for recipes: holds the parameters, the optimizer state and the
+    target networks, and runs the step compiled as one graph (``fullgraph=True``,
+    ``dynamic=False``) on each batch.
+
+    At the graph's boundary everything is a flat tuple of tensors (the parameters, the
+    optimizer state's leaves, the batch's leaves), so a call costs little more than the
+    graph itself. The parameters start as the module's current values (read at
+    construction, so after a checkpoint is restored); :meth:`sync` writes them, the
+    targets and the optimizer state back (before collecting, evaluating or
+    checkpointing). If dynamo cannot compile the step, one warning says why and the same
+    step runs eagerly from then on (the step is pure, so the failed attempt changed
+    nothing).
+
+    Calls after the first of each signature (batch keys and shapes, index shape) skip
+    dynamo's guards (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``): at these
+    sizes they cost about as much as the graph. So the step's Python-level settings (the
+    loss module's attributes, ``tau``, the optimizer's float hyper-parameters) are read
+    once, at the first call; what changes between calls must be a tensor changed in place
+    (an annealed ``lr`` tensor, a clip-range buffer). With ``compile=True`` the on-disk
+    compile caches go to :func:`use_compile_cache`'s directory.
 
     Args:
         update: the pure step.
-        opt_state: the optimizer state's holder (tracked by the checkpoint); each step
-            replaces its ``state``.
-        compile: compile the step (False: run it eagerly).
+        opt_state: the optimizer state's holder (tracked by the checkpoint).
+        compile: compile the step (False: run the same flat step eagerly).
+        backend: ``torch.compile``'s backend (``"aot_eager"``: no code generation, the
+            eager kernels and random streams).
+        tau: Polyak-average every target network of the loss (``loss.target_pairs``)
+            towards its online network after each step, inside the graph:
+            ``target.lerp_(online, tau)`` as :class:`~steersman.objectives.SoftUpdate`.
+        shared: another CompiledUpdate of the same loss module whose current parameters
+            (and targets) this one reads and updates (TD3's critic and actor steps).
+
+    Example::
+
+        compiled = CompiledUpdate(FunctionalUpdate(loss_fn, Adam(lr=1e-3)), OptimizerState(state))
+        for _ in range(epochs):
+            for idx in torch.randperm(n).split(minibatch_size):
+                metrics = compiled(batch, idx)  # the minibatch batch[idx] is gathered in the graph
+        compiled.sync()
     """
 
-    def __init__(self, update: FunctionalUpdate, opt_state: OptimizerState, *, compile: bool = True) -> None:
-        self.update, self.opt_state = update, opt_state
-        self.params = update.params()
-        self._step = torch.compile(update, fullgraph=True) if compile else update
+    def __init__(self, update: FunctionalUpdate, opt_state: OptimizerState, *, compile: bool = True,
+                 backend: str | Callable = "inductor", tau: float | None = None,
+                 shared: CompiledUpdate | None = None) -> None:
+        if tau is not None and not 0.0 < tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {tau!r}")
+        self.update, self.opt_state, self.tau = update, opt_state, tau
+        module = update.loss_module
+        if shared is not None:
+            if shared.update.loss_module is not module:
+                raise ValueError("shared= must be a CompiledUpdate of the same loss module")
+            self._current = shared._current  # one dict: each update sees the other's steps
+        else:
+            tensors = dict(module.named_parameters())
+            self._current = {name: p.detach().clone() for name, p in tensors.items() if p.requires_grad}
+            buffers = dict(module.named_buffers())
+            for online, target in self._target_names(module):  # targets of trained parameters
+                src = tensors.get(target, buffers.get(target))
+                if online in self._current and src is not None and src.is_floating_point():
+                    self._current[target] = src.detach().clone()
+        self._trained = update.names
+        self._trained_set = set(self._trained)
+        self._targets = [(o, t) for o, t in self._target_names(module) if t in self._current] if tau else []
+        self._state_keys = list(opt_state.state.keys(include_nested=True, leaves_only=True))
+        self._state = tuple(opt_state.state.get(k) for k in self._state_keys)
+        self._batch_keys: tuple = ()
+        self._batch_dims = 0
+        self._seen: set = set()  # call signatures already compiled (their guards are skipped)
         self.compiled = compile
+        if compile:
+            use_compile_cache()
+        self._step = torch.compile(self._flat_step, fullgraph=True, dynamic=False, backend=backend) \
+            if compile else self._flat_step
 
-    def __call__(self, batch: TensorDictBase) -> TensorDict:
-        """One step on ``batch``; returns its metrics."""
+    @staticmethod
+    def _target_names(module: nn.Module) -> list[tuple[str, str]]:
+        """(online name, target name) of each target tensor of a loss (``target_<x>.<rest>``
+        mirrors ``<x>.<rest>`` for each ``<x>`` in ``loss.target_names``)."""
+        prefixes = [f"target_{x}." for x in getattr(module, "target_names", [])]
+        names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+        present = set(names)
+        return [(n[len("target_"):], n) for n in names
+                if n.startswith(tuple(prefixes)) and n[len("target_"):] in present] if prefixes else []
+
+    @property
+    def params(self) -> TensorDict:
+        """The current values of the trained parameters (a nested TensorDict)."""
+        return tree_from_leaves([tuple(n.split(".")) for n in self._trained],
+                                [self._current[n] for n in self._trained], [])
+
+    def _flat_step(self, trained: tuple, others: tuple, state: tuple, data: tuple, index: Tensor | None):
+        keys = self._batch_keys
+        if index is not None:
+            data = tuple(v[index] for v in data)
+        batch = tree_from_leaves(keys, list(data), data[0].shape[:self._batch_dims])
+        params = tree_from_leaves([tuple(n.split(".")) for n in self._trained], list(trained), [])
+        opt_state = tree_from_leaves(self._state_keys, list(state), [])
+        other_names = [n for n in self._current if n not in self._trained_set]
+        new_params, new_state, metrics = self.update.step(params, opt_state, batch, dict(zip(other_names, others)))
+        new_trained = tuple(new_params.get(tuple(n.split("."))) for n in self._trained)
+        current = dict(zip(other_names, others))
+        current.update(zip(self._trained, new_trained))
+        new_targets = tuple(torch.lerp(current[t], current[o], self.tau) for o, t in self._targets)
+        return new_trained, new_targets, tuple(new_state.get(k) for k in self._state_keys), metrics
+
+    def __call__(self, batch: TensorDictBase, index: Tensor | None = None) -> dict[str, Tensor]:
+        """One step on ``batch`` (or on ``batch[index]``, gathered inside the graph: the
+        whole batch's tensors stay the same inputs across minibatches); returns the
+        step's metrics (detached tensors)."""
+        keys = tuple(batch.keys(include_nested=True, leaves_only=True))
+        if keys != self._batch_keys:  # the first call (a new key set would recompile)
+            self._batch_keys, self._batch_dims = keys, batch.batch_dims
+        trained = tuple(self._current[n] for n in self._trained)
+        others = tuple(v for n, v in self._current.items() if n not in self._trained_set)
+        data = tuple(batch.get(k) for k in keys)
+        # dynamo's guards cost about as much as the graph at these sizes; once a call of this
+        # signature (keys, shapes) has compiled, the next ones skip them
+        signature = (keys, tuple(v.shape for v in data), None if index is None else index.shape)
+        fast = self.compiled and signature in self._seen
         try:
-            self.params, self.opt_state.state, metrics = self._step(self.params, self.opt_state.state, batch)
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if fast else nullcontext():
+                new_trained, new_targets, self._state, metrics = self._step(trained, others, self._state, data, index)
         except torch._dynamo.exc.TorchDynamoException as err:
             if not self.compiled:
                 raise
             reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
             warnings.warn(f"compile=true: the update of {type(self.update.loss_module).__name__} cannot be compiled "
                           f"({type(err).__name__}: {reason}); running it eagerly", stacklevel=2)
-            self._step, self.compiled = self.update, False
-            return self(batch)
+            self._step, self.compiled = self._flat_step, False
+            return self(batch, index)
+        self._current.update(zip(self._trained, new_trained))
+        self._current.update((t, v) for (_, t), v in zip(self._targets, new_targets))
+        self._seen.add(signature)
         return metrics
 
+    def pull(self) -> None:
+        """Reads the loss module's parameters and targets again (after something changed
+        them in place, e.g. a :class:`~steersman.objectives.HardUpdate` after :meth:`sync`)."""
+        module = self.update.loss_module
+        tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        for name in self._current:
+            self._current[name] = tensors[name].detach().clone()
+
     def sync(self) -> None:
-        """Writes the current parameters into the loss module's parameters (in place)."""
-        self.update.write_back(self.params)
+        """Writes the current parameters and targets into the loss module (in place) and
+        the optimizer state into ``opt_state`` (what checkpoints save)."""
+        module = self.update.loss_module
+        tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        with torch.no_grad():
+            for name, value in self._current.items():
+                tensors[name].copy_(value)
+        self.opt_state.state = tree_from_leaves(self._state_keys, list(self._state), [])

@@ -63,6 +63,8 @@ class A2CConfig:
     """Orthogonal init (gain sqrt 2; 0.01 for the policy head, 1 for the value head)."""
     compile: bool = False
     """torch.compile the whole update as one graph (eager, with a warning, if it cannot)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -105,7 +107,8 @@ def train(cfg: A2CConfig | None = None, run_dir: str | Path | None = None, *, re
     collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
     episodes = EpisodeReturns()
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes)
-    compiled = CompiledUpdate(functional, optimizer) if cfg.compile else None  # after track: restored params
+    # after track: it starts from the restored parameters
+    compiled = CompiledUpdate(functional, optimizer, backend=cfg.compile_backend) if cfg.compile else None
 
     frames = run.frames
     for batch in collector:

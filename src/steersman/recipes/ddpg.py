@@ -30,7 +30,8 @@ from steersman.data import LazyTensorStorage, TensorDictReplayBuffer
 from steersman.envs import EnvBase
 from steersman.modules import AdditiveGaussianModule
 from steersman.objectives import DDPGLoss, SoftUpdate
-from steersman.tensordict.nn import TensorDictSequential
+from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
+from steersman.tensordict.nn import TensorDictSequential, optim
 
 from . import td3
 from .config import CheckpointConfig, EnvConfig, EvalConfig, LoggerConfig, OptimConfig
@@ -69,6 +70,10 @@ class DDPGConfig:
     """Std of the Gaussian noise added to actions while collecting (in half action ranges)."""
     hidden_sizes: list[int] = field(default_factory=lambda: [400, 300])
     """Hidden layer widths of the actor and of the critic."""
+    compile: bool = False
+    """torch.compile each update as one graph (the functional update; eager, with a warning, if it cannot)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -102,14 +107,30 @@ def train(cfg: DDPGConfig | None = None, run_dir: str | Path | None = None, *, r
     loss_fn = DDPGLoss(actor, critic, loss_function="l2")
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
-    optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)  # the two terms reach disjoint parameters
+    if cfg.compile:  # a pure functional step (torch.func gradients, functional Adam, soft target update), compiled whole
+        functional = FunctionalUpdate(loss_fn, optim.Adam(lr=cfg.optim.lr))
+        optimizer: Any = OptimizerState(functional.optimizer.init(functional.params()))
+    else:  # the two terms reach disjoint parameters
+        optimizer = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
     updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
     run = Run("ddpg", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
     collector = SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch,
                                   total_frames=run.total_frames, init_random_frames=cfg.learning_starts)
     episodes = EpisodeReturns()
-    run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes, buffer=rb)
+    run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes, buffer=rb)
+    # after track: it starts from the restored parameters
+    compiled = CompiledUpdate(functional, optimizer, tau=cfg.tau, backend=cfg.compile_backend) if cfg.compile else None
+
+    def update(sample):
+        if compiled is not None:
+            return compiled(sample)  # the step and the soft target update
+        losses = loss_fn(sample)
+        optimizer.zero_grad(set_to_none=True)
+        (losses["loss_actor"] + losses["loss_value"]).backward()
+        optimizer.step()
+        target_updater.step()
+        return losses
 
     frames = run.frames
     metrics: dict[str, Any] = {}
@@ -120,11 +141,9 @@ def train(cfg: DDPGConfig | None = None, run_dir: str | Path | None = None, *, r
 
         if frames >= cfg.learning_starts:
             for _ in range(updates_per_batch):
-                losses = loss_fn(rb.sample())
-                optim.zero_grad(set_to_none=True)
-                (losses["loss_actor"] + losses["loss_value"]).backward()
-                optim.step()
-                target_updater.step()
+                losses = update(rb.sample())
+            if compiled is not None:
+                compiled.sync()  # the actor (collection, eval, checkpoints) gets the new parameters
             metrics = {"train/loss_actor": losses["loss_actor"], "train/loss_value": losses["loss_value"]}
 
         run.log(frames, {"train/return": episodes.last_mean, **metrics})

@@ -29,7 +29,8 @@ from steersman.data import Categorical, LazyTensorStorage, TensorDictReplayBuffe
 from steersman.envs import EnvBase
 from steersman.modules import MLP, EGreedyModule, QValueActor
 from steersman.objectives import DQNLoss, HardUpdate
-from steersman.tensordict.nn import TensorDictSequential
+from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
+from steersman.tensordict.nn import TensorDictSequential, optim
 
 from .config import (
     CheckpointConfig,
@@ -82,6 +83,10 @@ class DQNConfig:
     """Fraction of the run over which epsilon decays."""
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden layer widths of the Q-network."""
+    compile: bool = False
+    """torch.compile each update as one graph (the functional update; eager, with a warning, if it cannot)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -121,14 +126,31 @@ def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, re
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = HardUpdate(loss_fn, value_network_update_interval=cfg.target_update_interval)
     params = [p for p in loss_fn.parameters() if p.requires_grad]  # not the target network
-    optim = torch.optim.Adam(params, lr=cfg.optim.lr, fused=True)
+    if cfg.compile:  # a pure functional step (torch.func gradients, functional Adam), compiled whole
+        functional = FunctionalUpdate(loss_fn, optim.Adam(lr=cfg.optim.lr), max_grad_norm=cfg.optim.max_grad_norm)
+        optimizer: Any = OptimizerState(functional.optimizer.init(functional.params()))
+    else:
+        optimizer = torch.optim.Adam(params, lr=cfg.optim.lr, fused=True)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
     run = Run("dqn", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
     collector = SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch,
                                   total_frames=run.total_frames, init_random_frames=cfg.learning_starts)
     episodes = EpisodeReturns()
-    run.track(policy=qnet, loss=loss_fn, optim=optim, explore=explore, target_updater=target_updater,
+    run.track(policy=qnet, loss=loss_fn, optim=optimizer, explore=explore, target_updater=target_updater,
               collector=collector, episodes=episodes, buffer=rb)
+    # after track: it starts from the restored parameters
+    compiled = CompiledUpdate(functional, optimizer, backend=cfg.compile_backend) if cfg.compile else None
+
+    def update(sample):
+        if compiled is not None:
+            losses = compiled(sample)
+            return losses["loss"], losses["grad_norm"]
+        losses = loss_fn(sample)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        grad_norm = nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm, foreach=True)
+        optimizer.step()
+        return losses["loss"], grad_norm
 
     frames = run.frames
     metrics: dict[str, Any] = {}
@@ -140,13 +162,13 @@ def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, re
 
         if frames >= cfg.learning_starts:
             for _ in range(cfg.gradient_steps):
-                losses = loss_fn(rb.sample())
-                optim.zero_grad(set_to_none=True)
-                losses["loss"].backward()
-                grad_norm = nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm, foreach=True)
-                optim.step()
+                loss, grad_norm = update(rb.sample())
+            if compiled is not None:
+                compiled.sync()  # the Q-network (collection, eval, checkpoints) gets the new parameters
             target_updater.step()
-            metrics = {"train/loss": losses["loss"], "train/grad_norm": grad_norm}
+            if compiled is not None:
+                compiled.pull()  # and the compiled step the copied target
+            metrics = {"train/loss": loss, "train/grad_norm": grad_norm}
 
         run.log(frames, {"train/return": episodes.last_mean, "train/epsilon": explore.eps, **metrics})
         if run.eval_due(frames):

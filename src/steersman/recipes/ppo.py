@@ -106,6 +106,8 @@ class PPOConfig:
     """Objective."""
     compile: bool = False
     """torch.compile the whole minibatch update as one graph (eager, with a warning, if it cannot)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
     num_threads: int = 1
@@ -197,13 +199,14 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     episodes = EpisodeReturns()
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes)
 
-    compiled = CompiledUpdate(functional, optimizer) if cfg.compile else None  # after track: restored params
-    if compiled is None:
+    compiled = CompiledUpdate(functional, optimizer, backend=cfg.compile_backend) if cfg.compile else None
+    if compiled is None:  # (made after track: it starts from the restored parameters)
         lr = optimizer.param_groups[0]["lr"]  # the group's own tensor (a restored one on resume)
 
-    def update(mb):
-        if compiled is not None:
-            return compiled(mb)["grad_norm"]
+    def update(flat, idx):
+        if compiled is not None:  # flat[idx] is gathered inside the compiled graph
+            return compiled(flat, idx)["grad_norm"]
+        mb = flat[idx]
         losses = loss_fn(mb)
         total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
         optimizer.zero_grad(set_to_none=True)
@@ -227,11 +230,10 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
         flat = batch.select(*minibatch_keys).reshape(-1)  # only what the loss reads: cheaper indexing
         for _ in range(cfg.epochs):
             for idx in torch.randperm(frames_per_batch).split(cfg.minibatch_size):
-                minibatch = flat[idx]
-                grad_norm = update(minibatch)
+                grad_norm = update(flat, idx)
         if compiled is not None:
             compiled.sync()  # the modules (collection, eval, checkpoints, export) get the new parameters
-        losses = loss_fn.diagnose(minibatch)  # the last minibatch, after the epochs
+        losses = loss_fn.diagnose(flat[idx])  # the last minibatch, after the epochs
 
         run.log(frames, {"train/return": episodes.last_mean, "train/loss_objective": losses["loss_objective"],
                          "train/loss_critic": losses["loss_critic"], "train/entropy": losses["entropy"],

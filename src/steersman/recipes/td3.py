@@ -37,7 +37,8 @@ from steersman.data import Bounded, LazyTensorStorage, TensorDictReplayBuffer
 from steersman.envs import EnvBase
 from steersman.modules import MLP, Actor, AdditiveGaussianModule, ValueOperator
 from steersman.objectives import SoftUpdate, TD3Loss
-from steersman.tensordict.nn import TensorDictSequential
+from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
+from steersman.tensordict.nn import TensorDictSequential, optim
 
 from .config import (
     CheckpointConfig,
@@ -91,6 +92,10 @@ class TD3Config:
     """Clip of the target policy smoothing noise."""
     hidden_sizes: list[int] = field(default_factory=lambda: [400, 300])
     """Hidden layer widths of the actor and of the critics."""
+    compile: bool = False
+    """torch.compile each update as one graph (the functional update; eager, with a warning, if it cannot)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     preset: str = "auto"
     """Env-specific defaults: auto (MuJoCo settings for gym MuJoCo ids), mujoco (always) or none."""
     seed: int = 0
@@ -180,8 +185,16 @@ def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, re
                       loss_function="l2")
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
-    optim_actor = torch.optim.Adam(loss_fn.actor_network.parameters(), lr=cfg.optim.lr, fused=True)
-    optim_critic = torch.optim.Adam(loss_fn.qvalue_network_params.parameters(), lr=cfg.optim.lr, fused=True)
+    if cfg.compile:  # two pure functional steps (critic; actor + soft target update), each compiled whole
+        critic_step = FunctionalUpdate(loss_fn, optim.Adam(lr=cfg.optim.lr), only="qvalue_network_params",
+                                       method="value_loss")
+        actor_step = FunctionalUpdate(loss_fn, optim.Adam(lr=cfg.optim.lr), only="actor_network",
+                                      method="actor_loss")
+        optim_critic: Any = OptimizerState(critic_step.optimizer.init(critic_step.params()))
+        optim_actor: Any = OptimizerState(actor_step.optimizer.init(actor_step.params()))
+    else:
+        optim_actor = torch.optim.Adam(loss_fn.actor_network.parameters(), lr=cfg.optim.lr, fused=True)
+        optim_critic = torch.optim.Adam(loss_fn.qvalue_network_params.parameters(), lr=cfg.optim.lr, fused=True)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
     updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
     num_updates = torch.zeros((), dtype=torch.long)  # a tensor: checkpointed with the rest
@@ -191,6 +204,30 @@ def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, re
     episodes = EpisodeReturns()
     run.track(policy=actor, loss=loss_fn, optim_actor=optim_actor, optim_critic=optim_critic,
               num_updates=num_updates, collector=collector, episodes=episodes, buffer=rb)
+    compiled_critic = compiled_actor = None  # (made after track: they start from the restored parameters)
+    if cfg.compile:
+        compiled_critic = CompiledUpdate(critic_step, optim_critic, backend=cfg.compile_backend)
+        compiled_actor = CompiledUpdate(actor_step, optim_actor, tau=cfg.tau, shared=compiled_critic,
+                                        backend=cfg.compile_backend)
+
+    def critic_update(sample):
+        if compiled_critic is not None:
+            return compiled_critic(sample)["loss"]
+        loss_qvalue, _ = loss_fn.value_loss(sample)
+        optim_critic.zero_grad(set_to_none=True)
+        loss_qvalue.backward()
+        optim_critic.step()
+        return loss_qvalue
+
+    def actor_update(sample):  # and the soft update of the targets
+        if compiled_actor is not None:
+            return compiled_actor(sample)["loss"]
+        loss_actor, _ = loss_fn.actor_loss(sample)
+        optim_actor.zero_grad(set_to_none=True)
+        loss_actor.backward()
+        optim_actor.step()
+        target_updater.step()
+        return loss_actor
 
     frames = run.frames
     metrics: dict[str, Any] = {}
@@ -203,17 +240,12 @@ def train(cfg: TD3Config | None = None, run_dir: str | Path | None = None, *, re
             for _ in range(updates_per_batch):
                 num_updates += 1
                 sample = rb.sample()
-                loss_qvalue, _ = loss_fn.value_loss(sample)
-                optim_critic.zero_grad(set_to_none=True)
-                loss_qvalue.backward()
-                optim_critic.step()
+                loss_qvalue = critic_update(sample)
                 if num_updates % cfg.policy_delay == 0:  # delayed actor and target updates
-                    loss_actor, _ = loss_fn.actor_loss(sample)
-                    optim_actor.zero_grad(set_to_none=True)
-                    loss_actor.backward()
-                    optim_actor.step()
-                    target_updater.step()
-                    metrics["train/loss_actor"] = loss_actor
+                    metrics["train/loss_actor"] = actor_update(sample)
+            if compiled_critic is not None:
+                compiled_critic.sync()  # the actor (collection, eval, checkpoints) gets the new parameters
+                compiled_actor.sync()  # (both write the shared tensors; each its optimizer state)
             metrics["train/loss_qvalue"] = loss_qvalue
 
         run.log(frames, {"train/return": episodes.last_mean, **metrics})

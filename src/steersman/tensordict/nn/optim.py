@@ -126,19 +126,23 @@ class Adam:
                 g = -g
             if self.weight_decay != 0:
                 if self.decoupled:
-                    p = p * decay
+                    p = p * (decay if p.dim() else decay.to(p.dtype))  # see below (0-dim)
                 else:
                     g = g.add(p, alpha=self.weight_decay)
             m = torch.lerp(state.get(("exp_avg", *_tup(key))), g, 1 - beta1)
             v = state.get(("exp_avg_sq", *_tup(key))).mul(beta2).addcmul(g, g, value=1 - beta2)
+            # a 0-dim parameter (SAC's log_alpha) would be promoted by the float64 scalars:
+            # cast them to its dtype, as torch.optim's Python scalars are
+            bc2, nss = (bias_correction2_sqrt, neg_step_size) if p.dim() else \
+                (bias_correction2_sqrt.to(p.dtype), neg_step_size.to(p.dtype))
             if self.amsgrad:
                 vmax = torch.maximum(state.get(("max_exp_avg_sq", *_tup(key))), v)
                 new_vmax.append(vmax)
-                denom = vmax.sqrt() / bias_correction2_sqrt + self.eps
+                denom = vmax.sqrt() / bc2 + self.eps
             else:
-                denom = v.sqrt() / bias_correction2_sqrt + self.eps
+                denom = v.sqrt() / bc2 + self.eps
             # addcdiv(p, m, denom, value=s) is p + s * m / denom, in that order
-            new_p.append(p + neg_step_size * m / denom)
+            new_p.append(p + nss * m / denom)
             new_m.append(m)
             new_v.append(v)
         bs = params.batch_size
@@ -205,7 +209,8 @@ class SGD:
                 buf = torch.where(first, g, old.mul(self.momentum).add(g, alpha=1 - self.dampening))
                 new_buf.append(buf)
                 g = g.add(buf, alpha=self.momentum) if self.nesterov else buf
-            new_p.append(p.add(g, alpha=-self.lr) if lr_is_float else p - self.lr * g)
+            new_p.append(p.add(g, alpha=-self.lr) if lr_is_float
+                         else p - (self.lr if p.dim() else self.lr.to(p.dtype)) * g)  # a 0-dim p keeps its dtype
         out: dict = {"step": state["step"] + 1}
         if self.momentum != 0:
             out["momentum_buffer"] = tree_from_leaves(keys, new_buf, params.batch_size)
@@ -247,7 +252,8 @@ class RMSprop:
                 g = g.add(p, alpha=self.weight_decay)
             sq = state.get(("square_avg", *_tup(key))).mul(self.alpha).addcmul(g, g, value=1 - self.alpha)
             new_sq.append(sq)
-            new_p.append(p + neg_lr * g / (sq.sqrt() + self.eps))  # addcdiv's order
+            lr_p = neg_lr.to(p.dtype) if isinstance(neg_lr, Tensor) and not p.dim() else neg_lr  # see Adam
+            new_p.append(p + lr_p * g / (sq.sqrt() + self.eps))  # addcdiv's order
         bs = params.batch_size
         return tree_from_leaves(keys, new_p, bs), TensorDict({"step": state["step"] + 1,
                                                               "square_avg": tree_from_leaves(keys, new_sq, bs)},
