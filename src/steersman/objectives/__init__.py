@@ -17,22 +17,33 @@ from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
 from .redq import REDQLoss
 from .sac import DiscreteSACLoss, SACLoss
 from .td3 import TD3Loss
+from .two_hot import symexp, symlog, two_hot_cross_entropy, two_hot_decode, two_hot_encode
 from .utils import (
+    AUTO_LOSS_MASK_KEYS,
     HardUpdate,
+    KLAdaptiveLR,
     SoftUpdate,
     TargetNetUpdater,
     ValueEstimators,
     default_value_kwargs,
     distance_loss,
+    group_optimizers,
+    hold_out_net,
+    hold_out_params,
+    next_state_value,
     reduce_loss,
 )
 from .value import (
     GAE,
     MultiAgentGAE,
+    TD0Estimate,
     TD0Estimator,
+    TD1Estimate,
     TD1Estimator,
+    TDLambdaEstimate,
     TDLambdaEstimator,
     ValueEstimatorBase,
+    VTrace,
 )
 
 __all__ = [
@@ -71,4 +82,19 @@ __all__ = [
     "QMixerLoss",
     "agent_batch",
     "MultiAgentGAE",
+    "AUTO_LOSS_MASK_KEYS",
+    "KLAdaptiveLR",
+    "group_optimizers",
+    "hold_out_net",
+    "hold_out_params",
+    "next_state_value",
+    "symlog",
+    "symexp",
+    "two_hot_encode",
+    "two_hot_decode",
+    "two_hot_cross_entropy",
+    "VTrace",
+    "TD0Estimate",
+    "TD1Estimate",
+    "TDLambdaEstimate",
 ]

@@ -25,7 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -168,3 +170,181 @@ def reduce_loss(loss: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     if reduction == "none":
         return loss
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+# ------------------------------------------------------------------ TorchRL's small helpers
+#: The batch keys TorchRL's losses read as a validity mask when the data carries one (the
+#: collector's ``("collector", "mask")`` and the ``"shifted_valid"`` of shifted estimators).
+AUTO_LOSS_MASK_KEYS: tuple[Any, ...] = (("collector", "mask"), "shifted_valid")
+
+
+@contextlib.contextmanager
+def hold_out_net(network: nn.Module) -> Iterator[None]:
+    """Inside the ``with`` block, ``network``'s parameters have ``requires_grad=False`` (its
+    outputs carry no gradient to them); each flag is restored on exit, even after an error.
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> with hold_out_net(net):
+        ...     net(torch.ones(1, 2)).requires_grad
+        False
+        >>> net.weight.requires_grad
+        True
+    """
+    params = list(network.parameters())
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def hold_out_params(params: Iterable[torch.Tensor] | Any) -> Iterator[Any]:
+    """Yields ``params`` detached: a tuple of detached tensors for an iterable of tensors,
+    ``params.detach()`` for a TensorDict (same storage, no gradient).
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> with hold_out_params(net.parameters()) as (w, b):
+        ...     (w.requires_grad, w.data_ptr() == net.weight.data_ptr())
+        (False, True)
+    """
+    if hasattr(params, "detach") and not isinstance(params, torch.Tensor):
+        yield params.detach()
+    else:
+        yield tuple(p.detach() for p in params)
+
+
+@torch.no_grad()
+def next_state_value(
+    tensordict: Any,
+    operator: nn.Module | None = None,
+    next_val_key: Any = "state_action_value",
+    gamma: float = 0.99,
+    pred_next_val: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The bootstrapped target ``r + gamma ** n * (1 - terminated) * V(s')``, without gradient: ``[*B]``.
+
+    ``r`` is ``("next", "reward")``; ``n`` is ``"steps_to_next_obs"`` when the batch has it
+    (n-step returns) and 1 otherwise. ``V(s')`` is ``pred_next_val`` (``[*B]`` or
+    ``[*B, 1]``), or ``operator``'s ``next_val_key`` output on ``tensordict["next"]``
+    (``kwargs`` are passed to the call). Episodes end at ``("next", "terminated")``, or
+    ``("next", "done")`` when the batch has no ``terminated`` entry: TorchRL reads only
+    ``done`` and so cuts the bootstrap at truncations too (documented as a bug fix here).
+
+    Example:
+        >>> from steersman.tensordict import TensorDict
+        >>> td = TensorDict({"next": {"reward": torch.ones(3, 1),
+        ...     "done": torch.tensor([[False], [True], [True]]),
+        ...     "terminated": torch.tensor([[False], [True], [False]])}}, [3])
+        >>> next_state_value(td, gamma=0.5, pred_next_val=torch.tensor([2.0, 2.0, 4.0]))
+        tensor([2., 1., 3.])
+    """
+    reward = tensordict.get(("next", "reward"), None)
+    if reward is None:
+        raise KeyError("next_state_value needs ('next', 'reward') in the batch")
+    reward = reward.reshape(tensordict.batch_size)
+    end = tensordict.get(("next", "terminated"), None)
+    if end is None:
+        end = tensordict.get(("next", "done"), None)
+    if end is None:
+        raise KeyError("next_state_value needs ('next', 'terminated') or ('next', 'done') in the batch")
+    if pred_next_val is None:
+        if operator is None:
+            raise ValueError("next_state_value needs an operator or pred_next_val")
+        next_td = tensordict.get("next").copy()
+        pred_next_val = operator(next_td, **kwargs).get(next_val_key)
+    value = pred_next_val.detach()
+    if value.shape != reward.shape:
+        if value.shape[-1:] == (1,) and value.shape[:-1] == reward.shape:
+            value = value.squeeze(-1)
+        else:
+            raise ValueError(
+                f"next_state_value: the next value has shape {list(value.shape)}, expected the batch "
+                f"shape {list(reward.shape)} (or with a trailing 1)"
+            )
+    steps = tensordict.get("steps_to_next_obs", None)
+    discount = gamma if steps is None else gamma ** steps.reshape(reward.shape).to(reward.dtype)
+    return reward + discount * (~end.reshape(reward.shape)).to(reward.dtype) * value
+
+
+def group_optimizers(*optimizers: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """One optimizer holding the parameter groups of all ``optimizers`` (which must be of one
+    type); each group keeps its own hyper-parameters (lr...). Used to step an actor's and a
+    critic's optimizers with one call.
+
+    Example:
+        >>> a = torch.optim.Adam(nn.Linear(1, 1).parameters(), lr=0.1)
+        >>> b = torch.optim.Adam(nn.Linear(1, 1).parameters(), lr=0.2)
+        >>> [g["lr"] for g in group_optimizers(a, b).param_groups]
+        [0.1, 0.2]
+    """
+    if not optimizers:
+        raise ValueError("group_optimizers needs at least one optimizer")
+    cls = type(optimizers[0])
+    kinds = sorted({type(o).__name__ for o in optimizers})
+    if len(kinds) > 1:
+        raise ValueError(f"group_optimizers: the optimizers must all be of one type, got {kinds}")
+    groups = [dict(g) for o in optimizers for g in o.param_groups]
+    grouped = cls([groups[0]])
+    for group in groups[1:]:
+        grouped.add_param_group(group)
+    for o in optimizers:  # keep the running state (Adam moments...) of each parameter
+        grouped.state.update(o.state)
+    return grouped
+
+
+class KLAdaptiveLR:
+    """Scales an optimizer's learning rate to keep the policy's KL per update near ``target_kl``.
+
+    After each update, :meth:`step` is given the measured KL (e.g. ``ClipPPOLoss``'s
+    ``kl_approx``): above ``2 * target_kl`` every group's lr is divided by ``factor``;
+    positive and below ``target_kl / 2`` it is multiplied by ``factor``; otherwise (and at
+    exactly 0: a policy that did not move) it is kept. The lr stays in ``[min_lr, max_lr]``.
+    The schedule of rsl_rl's PPO (Rudin et al., 2021).
+
+    Example:
+        >>> opt = torch.optim.Adam([nn.Parameter(torch.zeros(1))], lr=1e-3)
+        >>> scheduler = KLAdaptiveLR(opt, target_kl=0.01, factor=2.0)
+        >>> scheduler.step(kl=0.05)
+        >>> opt.param_groups[0]["lr"]
+        0.0005
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, target_kl: float, *, factor: float = 1.5,
+        min_lr: float = 1e-5, max_lr: float = 1e-2,
+    ) -> None:
+        if not factor > 1.0:
+            raise ValueError(f"KLAdaptiveLR: factor must be > 1, got {factor}")
+        if not target_kl > 0.0:
+            raise ValueError(f"KLAdaptiveLR: target_kl must be > 0, got {target_kl}")
+        if not 0.0 <= min_lr <= max_lr:
+            raise ValueError(f"KLAdaptiveLR: need 0 <= min_lr <= max_lr, got min_lr={min_lr}, max_lr={max_lr}")
+        self.optimizer = optimizer
+        self.target_kl, self.factor = float(target_kl), float(factor)
+        self.min_lr, self.max_lr = float(min_lr), float(max_lr)
+
+    def step(self, kl: float | torch.Tensor) -> None:
+        """Rescales every parameter group's lr from the KL of the last update."""
+        kl = float(kl)
+        if kl > 2.0 * self.target_kl:
+            scale = 1.0 / self.factor
+        elif 0.0 < kl < 0.5 * self.target_kl:
+            scale = self.factor
+        else:
+            return
+        for group in self.optimizer.param_groups:
+            group["lr"] = min(max(group["lr"] * scale, self.min_lr), self.max_lr)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"target_kl": self.target_kl, "factor": self.factor, "min_lr": self.min_lr, "max_lr": self.max_lr}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        for k in ("target_kl", "factor", "min_lr", "max_lr"):
+            setattr(self, k, float(state[k]))

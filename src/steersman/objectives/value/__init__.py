@@ -7,10 +7,14 @@ The classes read a batch and write ``advantage``/``value_target``; the functions
 from . import functional
 from .advantages import (
     GAE,
+    TD0Estimate,
     TD0Estimator,
+    TD1Estimate,
     TD1Estimator,
+    TDLambdaEstimate,
     TDLambdaEstimator,
     ValueEstimatorBase,
+    VTrace,
     normalize_advantage,
 )
 from .functional import (
@@ -27,6 +31,7 @@ from .functional import (
     vec_td1_return_estimate,
     vec_td_lambda_advantage_estimate,
     vec_td_lambda_return_estimate,
+    vtrace_advantage_estimate,
 )
 from .multiagent import MultiAgentGAE
 
@@ -52,4 +57,9 @@ __all__ = [
     "vec_generalized_advantage_estimate",
     "reverse_discounted_scan",
     "MultiAgentGAE",
+    "VTrace",
+    "TD0Estimate",
+    "TD1Estimate",
+    "TDLambdaEstimate",
+    "vtrace_advantage_estimate",
 ]

@@ -482,3 +482,123 @@ class GAE(ValueEstimatorBase):
             else:
                 self._check_value(next_value, reward, "next_value")
             return self._estimate(td, reward, value, next_value)[1]
+
+
+class VTrace(ValueEstimatorBase):
+    """V-trace off-policy targets (IMPALA, Espeholt et al. 2018) over ``[*B, T]`` batches.
+
+    With the behaviour policy's ``log μ(aₜ|sₜ)`` read at ``"action_log_prob"`` and the
+    current policy's ``log π(aₜ|sₜ)`` from ``actor_network``, the clipped importance weights
+    ``ρₜ = min(ρ̄, π/μ)`` and ``cₜ = min(c̄, π/μ)`` give::
+
+        δₜ      = ρₜ (rₜ + γ (1 - terminatedₜ) V(sₜ₊₁) - V(sₜ))
+        vₜ - V(sₜ) = δₜ + γ (1 - doneₜ) cₜ (vₜ₊₁ - V(sₜ₊₁))       (0 after the last step)
+        Aₜ      = ρₜ (rₜ + γ (1 - terminatedₜ) v̂ₜ₊₁ - V(sₜ))
+
+    where ``v̂ₜ₊₁`` is ``vₜ₊₁`` inside an episode and ``V(sₜ₊₁)`` after a truncation or at
+    the end of the batch. Writes ``value_target = v`` and ``advantage = A`` (standardized
+    when ``average_adv``); both detached unless ``differentiable``.
+
+    Args:
+        gamma: discount; actor_network: a probabilistic actor (``get_dist``);
+        value_network: the critic (or ``None``: values read from the batch);
+        rho_thresh, c_thresh: ``ρ̄`` and ``c̄`` (default 1.0);
+        average_adv: standardize the advantage; others: see :class:`ValueEstimatorBase`.
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict
+        >>> from steersman.tensordict.nn import TensorDictModule, ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential
+        >>> from steersman.tensordict.nn import OneHotCategorical
+        >>> actor = ProbabilisticTensorDictSequential(
+        ...     TensorDictModule(torch.nn.Linear(3, 2), ["obs"], ["logits"]),
+        ...     ProbabilisticTensorDictModule(["logits"], ["action"], OneHotCategorical))
+        >>> done = torch.zeros(1, 4, 1, dtype=torch.bool)
+        >>> td = TensorDict({"obs": torch.randn(1, 4, 3), "action": torch.eye(2)[[0, 1, 0, 1]][None],
+        ...     "action_log_prob": torch.full((1, 4), -0.7), "state_value": torch.zeros(1, 4, 1),
+        ...     "next": {"state_value": torch.zeros(1, 4, 1), "reward": torch.ones(1, 4, 1),
+        ...              "done": done, "terminated": done}}, [1, 4])
+        >>> td = VTrace(gamma=0.9, actor_network=actor, value_network=None)(td)
+        >>> td["value_target"].shape, td["advantage"].shape
+        (torch.Size([1, 4, 1]), torch.Size([1, 4, 1]))
+    """
+
+    @dataclass
+    class _AcceptedKeys(ValueEstimatorBase._AcceptedKeys):
+        """Batch keys; adds the behaviour policy's log-probability and the action."""
+
+        sample_log_prob: NestedKey = "action_log_prob"
+        action: NestedKey = "action"
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        actor_network: nn.Module,
+        value_network: nn.Module | None,
+        rho_thresh: float | Tensor = 1.0,
+        c_thresh: float | Tensor = 1.0,
+        average_adv: bool = False,
+        differentiable: bool = False,
+        skip_existing: bool | None = None,
+        shifted: bool = False,
+        time_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
+            skip_existing=skip_existing, vectorized=False, time_dim=time_dim,
+        )
+        rho, c = float(rho_thresh), float(c_thresh)
+        if not (rho > 0 and c > 0):
+            raise ValueError(f"VTrace: rho_thresh and c_thresh must be > 0, got {rho_thresh} and {c_thresh}")
+        self.actor_network = actor_network
+        self.rho_thresh, self.c_thresh = rho, c
+        self.average_adv = bool(average_adv)
+
+    def _log_ratio(self, td: TensorDictBase, reward: Tensor) -> Tensor:
+        """``log π(a|s) - log μ(a|s)``, shaped like the reward."""
+        from ...tensordict.nn import ExplorationType, set_exploration_type
+
+        behaviour = self._fetch(td, self.tensor_keys.sample_log_prob, "sample_log_prob")
+        action = self._fetch(td, self.tensor_keys.action, "action")
+        with set_exploration_type(ExplorationType.RANDOM):
+            log_prob = self.actor_network.get_dist(td.copy()).log_prob(action)
+        log_ratio = log_prob.reshape(behaviour.shape) - behaviour
+        return log_ratio.reshape(reward.shape)
+
+    def _estimate(self, td: TensorDictBase, reward: Tensor, value: Tensor, next_value: Tensor) -> tuple[Tensor, Tensor]:
+        done, terminated = self._done_terminated(td, reward)
+        ratio = self._log_ratio(td, reward).exp()
+        advantage, target = F.vtrace_advantage_estimate(
+            self.gamma, ratio.clamp(max=self.rho_thresh), ratio.clamp(max=self.c_thresh),
+            value, next_value, reward, done, terminated, time_dim=self._tensor_time_dim(td),
+        )
+        if self.average_adv:
+            advantage = normalize_advantage(advantage)
+        return advantage, target
+
+    def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
+        raise NotImplementedError  # V-trace needs V(s) too: see value_estimate
+
+    def value_estimate(
+        self,
+        td: TensorDictBase,
+        *,
+        next_value: Tensor | None = None,
+        target_params: TensorDictBase | None = None,
+        params: TensorDictBase | None = None,
+    ) -> Tensor:
+        """The V-trace target ``v``, shaped like the reward."""
+        with self._grad_context():
+            reward = self._reward(td)
+            value = self._value(td, reward, params)
+            if next_value is None:
+                next_value = self._next_value(td, reward, target_params if target_params is not None else params)
+            return self._estimate(td, reward, value, next_value)[1]
+
+
+#: TorchRL's old names of the TD estimators (``torchrl.objectives.value.TD0Estimate``...): the
+#: same classes, with the same signatures.
+TD0Estimate = TD0Estimator
+TD1Estimate = TD1Estimator
+TDLambdaEstimate = TDLambdaEstimator

@@ -389,3 +389,41 @@ def vec_generalized_advantage_estimate(
     delta, c = _gae_terms("vec_generalized_advantage_estimate", gamma, lmbda, state_value, next_state_value, reward, done, terminated)
     advantage = reverse_discounted_scan(delta, c, time_dim)
     return advantage, advantage + state_value
+
+
+# ------------------------------------------------------------------------------ V-trace
+def vtrace_advantage_estimate(
+    gamma: Scalar,
+    rho: Tensor,
+    c: Tensor,
+    state_value: Tensor,
+    next_state_value: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    terminated: Tensor | None = None,
+    *,
+    time_dim: int = -2,
+) -> tuple[Tensor, Tensor]:
+    """V-trace (Espeholt et al., 2018) with clipped importance weights ``rho``, ``c``.
+    Returns ``(advantage, value_target)``, shapes ``[*B, T, F]``.
+
+    ``vₜ - V(sₜ) = ρₜ δₜ + γ (1 - doneₜ) cₜ (vₜ₊₁ - V(sₜ₊₁))`` with
+    ``δₜ = rₜ + γ (1 - terminatedₜ) V(sₜ₊₁) - V(sₜ)`` (a log-depth scan), and the
+    policy-gradient advantage ``ρₜ (rₜ + γ (1 - terminatedₜ) v̂ₜ₊₁ - V(sₜ))`` where
+    ``v̂ₜ₊₁ = vₜ₊₁`` inside an episode and ``V(sₜ₊₁)`` after ``done`` or the last step.
+    """
+    if terminated is None:
+        terminated = done
+    _check_shapes(
+        "vtrace_advantage_estimate", rho=rho, c=c, state_value=state_value, next_state_value=next_state_value,
+        reward=reward, done=done, terminated=terminated,
+    )
+    alive = gamma * (1 - _float(terminated, reward))
+    delta = rho * (reward + alive * next_state_value - state_value)
+    target = state_value + reverse_discounted_scan(delta, gamma * (1 - _float(done, reward)) * c, time_dim)
+    dim = time_dim % target.ndim
+    T = target.shape[dim]
+    shifted = torch.cat([target.narrow(dim, 1, T - 1), next_state_value.narrow(dim, T - 1, 1)], dim)
+    next_target = torch.where(_last_step_done(done, time_dim), next_state_value, shifted)
+    advantage = rho * (reward + alive * next_target - state_value)
+    return advantage, target
