@@ -39,6 +39,7 @@ from ._utils import (
     normalize_index,
     unravel_key,
 )
+from .switches import PRINT_OPTIONS as _PRINT_OPTIONS
 from .switches import STATE as _SWITCHES
 
 __all__ = ["TensorDictBase", "is_tensor_collection", "HANDLED_FUNCTIONS"]
@@ -1571,8 +1572,7 @@ class TensorDictBase:
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:
-        from .switches import PRINT_OPTIONS as opts
-
+        opts = _PRINT_OPTIONS
         head = type(self).__name__
         if opts["compact"]:
             return _compact_repr(self, head, opts)
@@ -2042,8 +2042,7 @@ def _tensor_desc(v: Tensor, opts: dict) -> str:
 
 
 def _fields_repr(td: TensorDictBase, indent: int) -> str:
-    from .switches import PRINT_OPTIONS as opts
-
+    opts = _PRINT_OPTIONS
     pad = " " * indent
     lines = []
     for key in _sorted_keys(td, opts):

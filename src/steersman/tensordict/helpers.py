@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ._utils import NO_DEFAULT, NestedKey, unravel_key
 from .base import TensorDictBase, _is_non_tensor, is_tensor_collection
+from .switches import set_lazy_legacy
 
 __all__ = [
     "KEY_SEPARATOR", "unravel_key_to_tuple", "is_bool", "is_floating", "is_integer", "is_inexact",
@@ -104,8 +105,6 @@ def dense_stack_tds(td_list: Sequence[TensorDictBase] | TensorDictBase, dim: int
         td_list = list(td_list.tensordicts) if hasattr(td_list, "tensordicts") else list(td_list.unbind(dim))
     if dim is None:
         dim = 0
-    from .switches import set_lazy_legacy
-
     with set_lazy_legacy(False):
         out = torch.stack(list(td_list), dim)
     if getattr(type(out), "_is_lazy", False):
