@@ -6,17 +6,21 @@ or :class:`HardUpdate`.
 """
 
 from .a2c import A2CLoss
+from .bc import BCLoss
 from .common import LossModule, total_loss
 from .cql import CQLLoss
 from .ddpg import DDPGLoss
+from .discrete_cql import DiscreteCQLLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
 from .functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from .iql import IQLLoss
 from .multiagent import IPPOLoss, MAPPOLoss, QMixerLoss, agent_batch
 from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
 from .redq import REDQLoss
+from .reinforce import ReinforceLoss
 from .sac import DiscreteSACLoss, SACLoss
 from .td3 import TD3Loss
+from .td3_bc import TD3BCLoss
 from .two_hot import symexp, symlog, two_hot_cross_entropy, two_hot_decode, two_hot_encode
 from .utils import (
     AUTO_LOSS_MASK_KEYS,
@@ -97,4 +101,8 @@ __all__ = [
     "TD0Estimate",
     "TD1Estimate",
     "TDLambdaEstimate",
+    "BCLoss",
+    "DiscreteCQLLoss",
+    "ReinforceLoss",
+    "TD3BCLoss",
 ]

@@ -1,0 +1,44 @@
+"""Loss-battery cases (see ``_cases.py``) for the TorchRL-parity losses: REINFORCE,
+behaviour cloning, TD3+BC and discrete CQL (networks and batches from the other cases)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from steersman.data import Bounded
+from steersman.objectives import BCLoss, DiscreteCQLLoss, ReinforceLoss, TD3BCLoss
+from steersman.tensordict.nn import TensorDictModule
+from tests.objectives import cases_onpolicy as onp
+from tests.objectives import cases_value_based as vb
+from tests.objectives._cases import LossCase, input_layer
+
+
+def deterministic_actor() -> TensorDictModule:
+    """``observation [*B, OBS] -> action [*B, ACT]`` (no distribution: BC by distance)."""
+    net = nn.Sequential(input_layer(onp.OBS, onp.HIDDEN), nn.Tanh(), nn.Linear(onp.HIDDEN, onp.ACT))
+    return TensorDictModule(net, ["observation"], ["action"])
+
+
+def demonstrations(loss, shape):
+    return onp.transitions(shape, torch.rand(*shape, onp.ACT) * 1.8 - 0.9)
+
+
+def td3_bc() -> TD3BCLoss:
+    return TD3BCLoss(vb.actor(), vb.critic(), action_spec=Bounded(-1.0, 1.0, shape=(vb.ACT,)), alpha=2.5)
+
+
+REINFORCE_GRADS = {"loss_actor": {"actor_network."}, "loss_value": {"critic_network."}}
+
+CASES = [
+    LossCase("ReinforceLoss-gae", lambda: ReinforceLoss(onp.discrete_actor(), onp.critic()), onp.discrete_batch,
+             REINFORCE_GRADS),
+    LossCase("ReinforceLoss-delay-value", lambda: ReinforceLoss(onp.actor(), onp.critic(), delay_value=True),
+             onp.continuous_batch, REINFORCE_GRADS),
+    LossCase("BCLoss-nll", lambda: BCLoss(onp.actor()), demonstrations, {"loss_bc": {"actor_network."}}),
+    LossCase("BCLoss-l2", lambda: BCLoss(deterministic_actor()), demonstrations, {"loss_bc": {"actor_network."}}),
+    LossCase("TD3BCLoss", td3_bc, vb.continuous_batch,
+             {"loss_actor": {"actor_network."}, "loss_qvalue": {"qvalue_network_params."}}),
+    LossCase("DiscreteCQLLoss", lambda: DiscreteCQLLoss(vb.q_network(), action_space="categorical"), vb.discrete_batch,
+             {"loss_qvalue": {"value_network."}, "loss_cql": {"value_network."}}),
+]
