@@ -1,0 +1,166 @@
+"""ReinforceLoss, BCLoss, TD3BCLoss and DiscreteCQLLoss against plain-torch references
+(values and gradients); the battery (cases_parity.py) covers the shared contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from steersman.objectives import BCLoss, DiscreteCQLLoss, ReinforceLoss, TD3BCLoss
+from steersman.tensordict import TensorDict
+from steersman.tensordict.nn import (
+    OneHotCategorical,
+    ProbabilisticTensorDictModule,
+    ProbabilisticTensorDictSequential,
+    TensorDictModule,
+)
+
+B, OBS, N, ACT = 6, 3, 4, 2
+
+
+def _grads(params):
+    return [p.grad.clone() for p in params]
+
+
+def _categorical_actor(net):
+    return ProbabilisticTensorDictSequential(
+        TensorDictModule(net, ["observation"], ["logits"]),
+        ProbabilisticTensorDictModule(["logits"], ["action"], OneHotCategorical),
+    )
+
+
+def test_reinforce_matches_the_score_function_and_critic_regression():
+    torch.manual_seed(0)
+    pi_net, v_net = nn.Linear(OBS, N), nn.Linear(OBS, 1)
+    loss = ReinforceLoss(_categorical_actor(pi_net), TensorDictModule(v_net, ["observation"], ["state_value"]))
+    obs, a = torch.randn(B, OBS), torch.randint(N, (B,))
+    adv, target = torch.randn(B, 1), torch.randn(B, 1)
+    td = TensorDict({"observation": obs, "action": F.one_hot(a, N), "advantage": adv, "value_target": target}, [B])
+    out = loss(td)
+    (out["loss_actor"] + out["loss_value"]).backward()
+    got = _grads([*pi_net.parameters(), *v_net.parameters()])
+    for p in [*pi_net.parameters(), *v_net.parameters()]:
+        p.grad = None
+    ref_actor = -(pi_net(obs).log_softmax(-1).gather(-1, a[:, None])[:, 0] * adv[:, 0]).mean()
+    ref_value = F.smooth_l1_loss(v_net(obs), target)
+    torch.testing.assert_close(out["loss_actor"], ref_actor)
+    torch.testing.assert_close(out["loss_value"], ref_value)
+    (ref_actor + ref_value).backward()
+    for g, p in zip(got, [*pi_net.parameters(), *v_net.parameters()]):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_reinforce_without_critic_and_delay_value_needs_one():
+    actor = _categorical_actor(nn.Linear(OBS, N))
+    td = TensorDict({"observation": torch.randn(B, OBS), "action": F.one_hot(torch.randint(N, (B,)), N),
+                     "advantage": torch.randn(B, 1)}, [B])
+    assert set(ReinforceLoss(actor)(td).keys()) == {"loss_actor"}
+    with pytest.raises(ValueError, match="delay_value"):
+        ReinforceLoss(actor, delay_value=True)
+
+
+@pytest.mark.parametrize("kind", ["nll", "l2", "l1", "cross_entropy", "callable"])
+def test_bc_loss_matches_its_distance(kind):
+    torch.manual_seed(1)
+    net = nn.Linear(OBS, N)
+    obs = torch.randn(B, OBS)
+    if kind == "nll":
+        a = torch.randint(N, (B,))
+        loss, action = BCLoss(_categorical_actor(net)), F.one_hot(a, N)
+        ref = lambda: -net(obs).log_softmax(-1).gather(-1, a[:, None]).mean()  # noqa: E731
+    elif kind == "cross_entropy":
+        a = torch.randint(N, (B,))
+        loss, action = BCLoss(TensorDictModule(net, ["observation"], ["action"]), loss_function="cross_entropy"), a
+        ref = lambda: F.cross_entropy(net(obs), a)  # noqa: E731
+    else:
+        action = torch.randn(B, N)
+        fn = {"l2": "l2", "l1": "l1", "callable": lambda p, t: (p - t).abs().max(-1).values}[kind]
+        loss = BCLoss(TensorDictModule(net, ["observation"], ["action"]), loss_function=fn)
+        ref = {"l2": lambda: F.mse_loss(net(obs), action), "l1": lambda: F.l1_loss(net(obs), action),
+               "callable": lambda: (net(obs) - action).abs().max(-1).values.mean()}[kind]
+    out = loss(TensorDict({"observation": obs, "action": action}, [B]))["loss_bc"]
+    out.backward()
+    got = _grads(net.parameters())
+    net.zero_grad(set_to_none=True)
+    expected = ref()
+    expected.backward()
+    torch.testing.assert_close(out, expected)
+    for g, p in zip(got, net.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    with pytest.raises(ValueError, match="loss_function"):
+        BCLoss(net, loss_function="huber")
+
+
+class _Q(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(OBS + ACT, 1)
+
+    def forward(self, observation, action):
+        return self.net(torch.cat([observation, action], -1))
+
+
+def _transitions(action):
+    return TensorDict({
+        "observation": torch.randn(B, OBS), "action": action,
+        "next": {"observation": torch.randn(B, OBS), "reward": torch.randn(B, 1),
+                 "done": torch.tensor([[False], [True], [True], [False], [False], [False]]),
+                 "terminated": torch.tensor([[False], [True], [False], [False], [False], [False]])},
+    }, [B])
+
+
+def test_td3_bc_actor_term_matches_the_paper():
+    torch.manual_seed(2)
+    mu, q = nn.Linear(OBS, ACT), _Q()
+    ref_q = nn.Linear(OBS + ACT, 1).requires_grad_(False)
+    ref_q.load_state_dict(q.net.state_dict())  # the first critic of the ensemble holds these weights
+    loss = TD3BCLoss(TensorDictModule(mu, ["observation"], ["action"]),
+                     TensorDictModule(q, ["observation", "action"], ["state_action_value"]), bounds=(-1.0, 1.0), alpha=2.5)
+    td = _transitions(torch.rand(B, ACT) * 2 - 1)
+    out = loss(td)
+    out["loss_actor"].backward()
+    got = _grads(mu.parameters())
+    mu.zero_grad(set_to_none=True)
+    pi = mu(td["observation"])
+    q_pi = ref_q(torch.cat([td["observation"], pi], -1))[:, 0]
+    lmbd = 2.5 / q_pi.abs().mean().detach()
+    bc = (pi - td["action"]).pow(2).mean(-1)
+    expected = (-lmbd * q_pi + bc).mean()
+    expected.backward()
+    torch.testing.assert_close(out["loss_actor"], expected)
+    torch.testing.assert_close(out["lmbd"], lmbd)
+    torch.testing.assert_close(out["bc_loss"], bc.mean().detach())
+    for g, p in zip(got, mu.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    with pytest.raises(ValueError, match="alpha"):
+        TD3BCLoss(TensorDictModule(mu, ["observation"], ["action"]),
+                  TensorDictModule(q, ["observation", "action"], ["state_action_value"]), bounds=(-1.0, 1.0), alpha=0)
+
+
+def test_discrete_cql_matches_dqn_regression_plus_conservative_term():
+    torch.manual_seed(3)
+    net = nn.Linear(OBS, N)
+    target_net = nn.Linear(OBS, N).requires_grad_(False)
+    target_net.load_state_dict(net.state_dict())  # the target starts equal to the online network
+    loss = DiscreteCQLLoss(TensorDictModule(net, ["observation"], ["action_value"]), action_space="categorical")
+    loss.make_value_estimator(gamma=0.9)
+    a = torch.randint(N, (B,))
+    td = _transitions(a)
+    out = loss(td)
+    (out["loss_qvalue"] + out["loss_cql"]).backward()
+    got = _grads(net.parameters())
+    net.zero_grad(set_to_none=True)
+    q = net(td["observation"])
+    q_a = q.gather(-1, a[:, None])[:, 0]
+    alive = 1.0 - td["next", "terminated"][:, 0].float()
+    y = td["next", "reward"][:, 0] + 0.9 * alive * target_net(td["next", "observation"]).max(-1).values
+    ref_q = 0.5 * (q_a - y).pow(2).mean()
+    ref_cql = (torch.logsumexp(q, -1) - q_a).mean()
+    torch.testing.assert_close(out["loss_qvalue"], ref_q)
+    torch.testing.assert_close(out["loss_cql"], ref_cql)
+    (ref_q + ref_cql).backward()
+    for g, p in zip(got, net.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    torch.testing.assert_close(td["td_error"][:, 0], (q_a - y).detach().pow(2))
