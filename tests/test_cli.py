@@ -147,7 +147,8 @@ def test_bad_input_end_to_end():
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["train", "ppoo"], "unknown algorithm 'ppoo'; valid: a2c, ddpg, dqn, iql, ppo, sac, td3"),
+        (["train", "ppoo"], "unknown algorithm 'ppoo'; valid: a2c, alphazero, ddpg, dqn, ippo, iql, maddpg, mappo, "
+                               "masac, ppo, qmix, sac, td3, vdn"),
         (["train", "algo=ppo,xyz"], "unknown algorithm 'xyz'; valid: a2c"),
         (["train", "ppo", "foo=1"], "unknown config key 'foo' for ppo; valid keys: algo, checkpoint"),
         (["train", "sac", "env.name=CartPol-v1"], "unknown env id 'CartPol-v1'; built-in ids: ['Acrobot-v1'"),

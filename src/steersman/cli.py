@@ -58,6 +58,10 @@ ENV_GROUP = {  # Hydra `env=<option>` shortcuts
     "mountaincar": "MountainCar-v0",
     "mountaincar_continuous": "MountainCarContinuous-v0",
     "gridworld": "GridWorld-v0",
+    "tictactoe": "tictactoe",
+    "connect4": "connect4",
+    "navigation": "navigation",
+    "predator_prey": "predator_prey",
 }
 LOGGER_GROUP = {
     "default": ["csv", "tensorboard"],

@@ -26,16 +26,18 @@ import torch
 from steersman.envs import (
     AcrobotEnv,
     CartPoleEnv,
+    ConnectFourEnv,
     EnvBase,
     GridWorldEnv,
     MountainCarContinuousEnv,
     MountainCarEnv,
     PendulumEnv,
+    TicTacToeEnv,
 )
 
 from .config import ConfigError
 
-__all__ = ["NATIVE_ENVS", "GYM_PREFIX", "MARL_ALGOS", "is_marl_env_id", "TRANSITION_KEYS", "action_spec_unbatched", "check_env_id", "make_env",
+__all__ = ["NATIVE_ENVS", "BOARD_GAMES", "GYM_PREFIX", "MARL_ALGOS", "is_marl_env_id", "TRANSITION_KEYS", "action_spec_unbatched", "check_env_id", "make_env",
            "make_render_env"]
 
 #: Built-in ids and their torch-native env classes (Gymnasium's dynamics and time limits).
@@ -47,6 +49,8 @@ NATIVE_ENVS: dict[str, type[EnvBase]] = {
     "MountainCarContinuous-v0": MountainCarContinuousEnv,
     "Pendulum-v1": PendulumEnv,
 }
+#: Two-player board games (action masks, ``current_player``; the AlphaZero recipe plays them).
+BOARD_GAMES: dict[str, type[EnvBase]] = {"tictactoe": TicTacToeEnv, "connect4": ConnectFourEnv}
 GYM_PREFIX = "gym:"
 #: What off-policy recipes keep of a transition in their replay buffers (``batch.select(*TRANSITION_KEYS)``):
 #: random-action batches and policy batches then have the same entries.
@@ -91,7 +95,7 @@ def check_env_id(name: str, *, allow_import: bool = True) -> None:
         ...
         steersman.recipes.config.ConfigError: env.name 'gym:evilmod:X-v0' would import the Python module 'evilmod' (Gymnasium's 'module:Env' ids); env ids read from a run folder may only name registered envs: pass --allow-import (Python: allow_import=True) if you trust the folder's code
     """
-    if name in NATIVE_ENVS or is_marl_env_id(name):
+    if name in NATIVE_ENVS or name in BOARD_GAMES or is_marl_env_id(name):
         return
     if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
         module, sep, _ = name[len(GYM_PREFIX):].rpartition(":")
@@ -103,7 +107,7 @@ def check_env_id(name: str, *, allow_import: bool = True) -> None:
             )
         return
     raise ConfigError(
-        f"unknown env id {name!r}; built-in ids: {sorted(NATIVE_ENVS)}, or any Gymnasium id as "
+        f"unknown env id {name!r}; built-in ids: {sorted(NATIVE_ENVS) + sorted(BOARD_GAMES)}, or any Gymnasium id as "
         f"'{GYM_PREFIX}<id>' (e.g. env.name={GYM_PREFIX}LunarLander-v3); multi-agent recipes: navigation, "
         "predator_prey, vmas/<scenario>, pettingzoo/<task>"
     )
@@ -136,6 +140,8 @@ def make_env(
                           f"({', '.join(MARL_ALGOS)})")
     if num_envs < 1:
         raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
+    if name in BOARD_GAMES:  # fixed rules: no time limit, nothing to compile
+        return BOARD_GAMES[name](batch_size=[num_envs], device=device, seed=seed)
     if name in NATIVE_ENVS:
         kwargs: dict[str, Any] = {"seed": seed, "compile": compile}
         if max_episode_steps is not None:

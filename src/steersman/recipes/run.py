@@ -63,7 +63,7 @@ from .checkpoint import (
     save_checkpoint,
     seed_everything,
 )
-from .config import config_to_dict, diff_configs, validate_config
+from .config import ConfigError, config_to_dict, diff_configs, validate_config
 
 __all__ = ["Run", "RunDirError", "RunFinished", "RUN_FILE", "RESUMABLE_KEYS", "default_run_dir", "read_run_config",
            "run_meta", "setup"]
@@ -110,9 +110,11 @@ def setup(cfg: Any) -> tuple[Any, Any]:
     """The start of every recipe: checks ``cfg`` (one-line ConfigError), seeds torch, numpy
     and random, sets torch's CPU threads, and builds the training env (``env.num_envs``
     sub-envs, seed ``cfg.seed``) and the evaluation env (``eval.episodes`` sub-envs)."""
-    from .envs import make_env
+    from .envs import BOARD_GAMES, make_env
 
     validate_config(cfg)
+    if cfg.env.name in BOARD_GAMES:
+        raise ConfigError(f"env.name={cfg.env.name} is a two-player board game: train it with alphazero")
     seed_everything(cfg.seed)
     if cfg.num_threads > 0:  # small networks: one thread avoids thread-pool overhead
         torch.set_num_threads(cfg.num_threads)
