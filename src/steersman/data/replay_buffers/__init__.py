@@ -5,6 +5,8 @@ prioritized variants follow TorchRL's names and semantics.
 """
 
 from ._checkpoint import CheckpointError
+from .list_storages import CompressedListStorage, LazyStackStorage
+from .offline import prefill_replay_buffer
 from .replay_buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -23,7 +25,13 @@ from .samplers import (
 )
 from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
-from .writers import RoundRobinWriter, TensorDictMaxValueWriter, TensorDictRoundRobinWriter, Writer
+from .writers import (
+    ImmutableDatasetWriter,
+    RoundRobinWriter,
+    TensorDictMaxValueWriter,
+    TensorDictRoundRobinWriter,
+    Writer,
+)
 
 __all__ = [
     "ReplayBuffer",
@@ -52,4 +60,8 @@ __all__ = [
     "PriorityTree",
     "CheckpointError",
     "stack_anything",
+    "LazyStackStorage",
+    "CompressedListStorage",
+    "ImmutableDatasetWriter",
+    "prefill_replay_buffer",
 ]

@@ -75,8 +75,8 @@ def stack_anything(items: list) -> Any:
         >>> stack_anything(["a", 1])
         ['a', 1]
     """
-    if not items:
-        return items
+    if not isinstance(items, list) or not items:
+        return items  # e.g. a LazyStackStorage's read, already stacked
     first = items[0]
     if isinstance(first, Tensor) and all(isinstance(x, Tensor) for x in items):
         try:
@@ -311,8 +311,8 @@ class ReplayBuffer:
         """Removes every item (allocated memory is kept) and resets the sampler and writer."""
         with self._lock:
             self._clear_prefetch()
+            self._writer._empty()  # first: a read-only writer refuses before anything changes
             self._storage._empty()
-            self._writer._empty()
             self._sampler._empty()
 
     # ---------------------------------------------------------------- reads

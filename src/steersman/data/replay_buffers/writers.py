@@ -24,7 +24,8 @@ from steersman.tensordict import NestedKey, TensorDict, TensorDictBase, is_tenso
 from ._checkpoint import CheckpointError, get_field, prepared, read_component, write_component
 from .storages import Storage, TensorStorage
 
-__all__ = ["Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter", "TensorDictMaxValueWriter"]
+__all__ = ["Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter", "TensorDictMaxValueWriter",
+           "ImmutableDatasetWriter"]
 
 
 def _n_items(data: Any) -> int:
@@ -345,3 +346,35 @@ class TensorDictMaxValueWriter(Writer):
         base, ranks = prepared
         super()._commit_load(base)
         self._ranks = ranks
+
+
+class ImmutableDatasetWriter(Writer):
+    """A writer that refuses every write: for read-only (offline) datasets.
+
+    ``add``, ``extend`` and ``empty`` raise a ``RuntimeError`` and leave the buffer as it
+    was; sampling and reading work as usual.
+
+    Example:
+        >>> import torch
+        >>> from steersman.data import ImmutableDatasetWriter, LazyTensorStorage, ReplayBuffer
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(4), torch.arange(4.0))
+        >>> rb = ReplayBuffer(storage=storage, writer=ImmutableDatasetWriter(), batch_size=2)
+        >>> rb.sample().shape
+        torch.Size([2])
+        >>> rb.add(torch.zeros(()))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: This dataset doesn't allow writing (ImmutableDatasetWriter).
+    """
+
+    WRITING_ERR = "This dataset doesn't allow writing (ImmutableDatasetWriter)."
+
+    def add(self, data: Any) -> Any:
+        raise RuntimeError(self.WRITING_ERR)
+
+    def extend(self, data: Any) -> Tensor:
+        raise RuntimeError(self.WRITING_ERR)
+
+    def _empty(self) -> None:
+        raise RuntimeError(self.WRITING_ERR)

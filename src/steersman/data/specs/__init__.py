@@ -5,6 +5,7 @@ TorchRL names (``BoundedTensorSpec``, ``CompositeSpec`` ...) are plain aliases.
 """
 
 from .base import CategoricalBox, ContinuousBox, TensorSpec
+from .choice import Choice
 from .composite import Composite
 from .continuous import (
     Bounded,
@@ -43,6 +44,7 @@ __all__ = [
     "MultiOneHot",
     "Binary",
     "NonTensor",
+    "Choice",
     "Composite",
     "ContinuousBox",
     "CategoricalBox",
