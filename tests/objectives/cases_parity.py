@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from steersman.data import Bounded
-from steersman.objectives import BCLoss, DiscreteCQLLoss, ReinforceLoss, TD3BCLoss
+from steersman.objectives import BCLoss, DiscreteCQLLoss, GAILLoss, ReinforceLoss, TD3BCLoss
 from steersman.tensordict.nn import TensorDictModule
 from tests.objectives import cases_onpolicy as onp
 from tests.objectives import cases_value_based as vb
@@ -28,6 +28,28 @@ def td3_bc() -> TD3BCLoss:
     return TD3BCLoss(vb.actor(), vb.critic(), action_spec=Bounded(-1.0, 1.0, shape=(vb.ACT,)), alpha=2.5)
 
 
+class Discriminator(nn.Module):
+    """``D(s, a)``: ``[*B, OBS], [*B, ACT] -> [*B, 1]`` in ``(0, 1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(input_layer(onp.OBS + onp.ACT, onp.HIDDEN), nn.Tanh(), nn.Linear(onp.HIDDEN, 1))
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([observation, action], -1)).sigmoid()
+
+
+def gail(**kwargs) -> GAILLoss:
+    return GAILLoss(TensorDictModule(Discriminator(), ["observation", "action"], ["d_logits"]), **kwargs)
+
+
+def expert_and_collected(loss, shape):
+    td = demonstrations(loss, shape)
+    td["collector_observation"] = torch.randn(*shape, onp.OBS) + 1.0
+    td["collector_action"] = torch.rand(*shape, onp.ACT)
+    return td
+
+
 REINFORCE_GRADS = {"loss_actor": {"actor_network."}, "loss_value": {"critic_network."}}
 
 CASES = [
@@ -41,4 +63,7 @@ CASES = [
              {"loss_actor": {"actor_network."}, "loss_qvalue": {"qvalue_network_params."}}),
     LossCase("DiscreteCQLLoss", lambda: DiscreteCQLLoss(vb.q_network(), action_space="categorical"), vb.discrete_batch,
              {"loss_qvalue": {"value_network."}, "loss_cql": {"value_network."}}),
+    LossCase("GAILLoss", gail, expert_and_collected, {"loss": {"discriminator_network."}}, required_key="expert_action"),
+    LossCase("GAILLoss-grad-penalty", lambda: gail(use_grad_penalty=True, gp_lambda=5.0), expert_and_collected,
+             {"loss": {"discriminator_network."}}, required_key="collector_observation"),
 ]

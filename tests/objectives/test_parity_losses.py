@@ -164,3 +164,38 @@ def test_discrete_cql_matches_dqn_regression_plus_conservative_term():
     for g, p in zip(got, net.parameters()):
         torch.testing.assert_close(g, p.grad)
     torch.testing.assert_close(td["td_error"][:, 0], (q_a - y).detach().pow(2))
+
+
+@pytest.mark.parametrize("use_gp", [False, True])
+def test_gail_is_the_discriminators_cross_entropy_plus_gradient_penalty(use_gp):
+    torch.manual_seed(4)
+    lin = nn.Linear(OBS + ACT, 1)
+
+    class D(nn.Module):
+        def forward(self, observation, action):
+            return lin(torch.cat([observation, action], -1)).sigmoid()
+
+    from steersman.objectives import GAILLoss
+
+    loss = GAILLoss(TensorDictModule(D(), ["observation", "action"], ["d_logits"]), use_grad_penalty=use_gp, gp_lambda=3.0)
+    obs_e, act_e, obs_c, act_c = torch.randn(B, OBS), torch.randn(B, ACT), torch.randn(B, OBS), torch.randn(B, ACT)
+    td = TensorDict({"observation": obs_e, "action": act_e, "collector_observation": obs_c, "collector_action": act_c}, [B])
+    torch.manual_seed(5)
+    out = loss(td)
+    out["loss"].backward()
+    got = _grads(lin.parameters())
+    lin.zero_grad(set_to_none=True)
+    d_e, d_c = lin(torch.cat([obs_e, act_e], -1)).sigmoid(), lin(torch.cat([obs_c, act_c], -1)).sigmoid()
+    expected = -(torch.log(d_e) + torch.log(1 - d_c)).mean()
+    if use_gp:
+        torch.manual_seed(5)
+        u_o, u_a = torch.rand(B, OBS), torch.rand(B, ACT)
+        x = torch.cat([u_o * obs_c + (1 - u_o) * obs_e, u_a * act_c + (1 - u_a) * act_e], -1).requires_grad_(True)
+        (g,) = torch.autograd.grad(lin(x).sigmoid().sum(), x, create_graph=True)
+        gp = 3.0 * (g.norm(dim=-1) - 1).pow(2).mean()
+        torch.testing.assert_close(out["gp_loss"], gp.detach())
+        expected = expected + gp
+    expected.backward()
+    torch.testing.assert_close(out["loss"], expected)
+    for g, p in zip(got, lin.parameters()):
+        torch.testing.assert_close(g, p.grad)

@@ -13,6 +13,7 @@ from .ddpg import DDPGLoss
 from .discrete_cql import DiscreteCQLLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
 from .functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
+from .gail import GAILLoss
 from .iql import IQLLoss
 from .multiagent import IPPOLoss, MAPPOLoss, QMixerLoss, agent_batch
 from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
@@ -105,4 +106,5 @@ __all__ = [
     "DiscreteCQLLoss",
     "ReinforceLoss",
     "TD3BCLoss",
+    "GAILLoss",
 ]
