@@ -102,8 +102,10 @@ def members_of(cfg: Any) -> list[tuple[int, dict[str, float]]]:
     non-sweepable field, or a sweep value that is not a non-empty list of numbers.
 
     Example:
-        >>> from types import SimpleNamespace
-        >>> members_of(SimpleNamespace(seed=0, seeds=2, sweep={"optim": {"lr": [1e-3, 3e-4]}}))
+        >>> from steersman.recipes.ppo import PPOConfig
+        >>> cfg = PPOConfig(seed=0)
+        >>> cfg.seeds, cfg.sweep = 2, {"optim": {"lr": [1e-3, 3e-4]}}
+        >>> members_of(cfg)
         [(0, {'optim.lr': 0.001}), (1, {'optim.lr': 0.001}), (0, {'optim.lr': 0.0003}), (1, {'optim.lr': 0.0003})]
     """
     seeds = cfg.seeds

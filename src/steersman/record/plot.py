@@ -246,8 +246,9 @@ def aggregate_returns(values: Any, *, n_boot: int = 2000, seed: int = 0) -> dict
 
 def plot_aggregate_curve(run_dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike | None = None, *,
                          x: str = "step", y: str = "eval/return", title: str | None = None) -> Any:
-    """The aggregate learning curve of the seeds under ``run_dirs`` (as
-    :func:`plot_learning_curves` finds and groups them): per group, the mean over seeds
+    """The aggregate learning curve of the seeds under ``run_dirs`` (found as
+    :func:`plot_learning_curves` finds them; grouped by their configs, seed left out, or
+    all in one group when some run has no ``config.yaml``): per group, the mean over seeds
     with its bootstrap 95% interval (band) and the interquartile mean (dashed), at the
     ``x`` values every seed has. Lines carry ``gid`` ``"<label>:mean"``, ``"<label>:iqm"``
     and ``"<label>:ci"``.
@@ -264,7 +265,9 @@ def plot_aggregate_curve(run_dirs: Sequence[str | os.PathLike], out_path: str | 
         [[15.0], [15.0]]
     """
     paths = [p for d in run_dirs for p in _metrics_paths(Path(d))]
-    labels = _default_labels([p.parent for p in paths])
+    dirs = [p.parent for p in paths]
+    with_configs = all((d / "config.yaml").is_file() for d in dirs)  # without: all runs are seeds of one group
+    labels = _default_labels(dirs) if with_configs else ["runs"] * len(dirs)
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for path, label in zip(paths, labels):
         series = _series(read_metrics_csv(path), x, y)
