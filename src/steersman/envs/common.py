@@ -539,7 +539,10 @@ class EnvBase:
         action_keys = self.action_keys
         reward_keys = self.reward_keys
         done_keys = self.done_keys
-        done_only = [k for k in done_keys if (k if type(k) is str else k[-1]) == "done"] or done_keys
+        # a root "done" decides resets when there is one (a group's done may end one agent only:
+        # multi-agent envs whose agents die mid-episode); otherwise every "done" entry does
+        done_only = (["done"] if "done" in done_keys
+                     else [k for k in done_keys if (k if type(k) is str else k[-1]) == "done"] or done_keys)
         # an empty Composite of the reward spec (no leaves) is a reward entry too: step_mdp
         # must not carry it to the root (the reset output has no such entry)
         empty_rewards = [k for k, s in self._full_reward_spec.items(include_nested=True)

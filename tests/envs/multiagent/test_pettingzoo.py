@@ -288,10 +288,8 @@ def test_to_pettingzoo_refuses_batched_and_single_agent_envs():
         to_pettingzoo(CartPoleEnv())
 
 
-@pytest.mark.xfail(strict=True, reason="EnvBase._hot_plan resets from every 'done' key, a group's too: a "
-                   "TransformedEnv resets the episode when one agent dies. Fix (envs/common.py, _hot_plan): "
-                   "prefer the root 'done' when the env has one; see the envs report of issue 15")
 def test_transformed_env_does_not_reset_when_one_agent_dies():
+    """Resets follow the root "done" when the env has one (not a group's: one agent may die)."""
     pz = ScriptedParallelEnv(n=3, leave={"a_1": 2}, final=6)
     env = TransformedEnv(PettingZooWrapper(pz, use_mask=True, done_on_any=False), StepCounter())
     ro = env.rollout(8, break_when_any_done=False)

@@ -82,3 +82,16 @@ def test_group_maps_and_bad_input():
     assert torch.equal(before, torch.stack(raw.get_from_scenario(True, False, False, False)[0], 1))
     with pytest.raises(TypeError, match="vmas Environment"):
         VmasWrapper(object())
+
+
+def test_observation_norm_after_init_stats_on_unbounded_observations():
+    """VMAS observations are Unbounded: the transformed spec's shape probe must work when
+    the normalisation mixes in real loc/scale tensors (it used to fail on the meta device)."""
+    from steersman.envs import ObservationNorm, TransformedEnv
+
+    env = TransformedEnv(VmasEnv("navigation", num_envs=4, seed=0, n_agents=2),
+                         ObservationNorm(in_keys=[("agents", "observation")], standard_normal=True))
+    env.transform.init_stats(num_iter=3, reduce_dim=(0, 1, 2), cat_dim=0)
+    spec = env.observation_spec["agents", "observation"]
+    obs = env.rollout(3)["agents", "observation"]
+    assert spec.shape == obs.shape[:1] + obs.shape[2:] and torch.isfinite(obs).all()

@@ -185,12 +185,6 @@ class PettingZooWrapper(EnvBase):
         """The wrapped PettingZoo env."""
         return self._env
 
-    def _hot_plan(self) -> dict:
-        # the root flags aggregate the agents': only they end (and auto-reset) an episode
-        plan = super()._hot_plan()
-        plan["reset_from"] = ["done"]
-        return plan
-
     # ------------------------------------------------------------------ specs
     def _space(self, kind: str, agent: str) -> Any:
         fn = getattr(self._env, f"{kind}_space")

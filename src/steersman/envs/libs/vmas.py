@@ -130,11 +130,6 @@ class VmasWrapper(EnvBase):
     def scenario(self) -> Any:
         return self._env.scenario
 
-    def _hot_plan(self) -> dict:
-        plan = super()._hot_plan()
-        plan["reset_from"] = ["done"]  # the root flags (the group's are the same)
-        return plan
-
     # ------------------------------------------------------------------ specs
     def _make_specs(self) -> None:
         env, bs, dev = self._env, self._batch_size, self._device

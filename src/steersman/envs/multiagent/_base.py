@@ -233,12 +233,6 @@ class MultiAgentNativeEnv(EnvBase):
             shape=bs, device=dev,
         )
 
-    def _hot_plan(self) -> dict:
-        # the root flags aggregate the group's: only they end (and auto-reset) an episode
-        plan = super()._hot_plan()
-        plan["reset_from"] = ["done"]
-        return plan
-
     # ------------------------------------------------------------------ RNG and state
     def _set_seed(self, seed: int | None) -> None:
         if seed is None:

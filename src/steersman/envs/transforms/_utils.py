@@ -126,9 +126,11 @@ def map_bounded(spec: TensorSpec, fn: Callable[[Tensor], Tensor], dtype: torch.d
             low, high = low.to(dtype), high.to(dtype)
         if not dtype.is_floating_point or not bool(low.isnan().any() | high.isnan().any()):
             return Bounded(low, high, shape=low.shape, device=dev, dtype=dtype)
-    probe = torch.zeros(spec.shape, dtype=spec.dtype if spec.dtype is not None else torch.float32,
-                        device="meta")
-    shape = fn(probe).shape
+    probe_dtype = spec.dtype if spec.dtype is not None else torch.float32
+    try:  # a shape-only probe costs no memory...
+        shape = fn(torch.zeros(spec.shape, dtype=probe_dtype, device="meta")).shape
+    except RuntimeError:  # ...unless fn mixes in real tensors (ObservationNorm's loc/scale after init_stats)
+        shape = fn(torch.zeros(spec.shape, dtype=probe_dtype, device=dev)).shape
     return Unbounded(shape=shape, device=dev, dtype=dtype)
 
 
