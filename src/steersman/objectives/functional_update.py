@@ -311,8 +311,11 @@ class CompiledUpdate:
         try:
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if fast else nullcontext():
                 new_trained, new_targets, self._state, metrics = self._step(trained, others, self._state, data, index)
-        except torch._dynamo.exc.TorchDynamoException as err:
-            if not self.compiled:
+        except RuntimeError as err:
+            if fast and "skip_guard_eval_unsafe" in str(err):  # something a guard checks changed:
+                self._seen.discard(signature)  # run this call with the guards (it recompiles)
+                return self(batch, index)
+            if not self.compiled or not isinstance(err, torch._dynamo.exc.TorchDynamoException):
                 raise
             reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
             warnings.warn(f"compile=true: the update of {type(self.update.loss_module).__name__} cannot be compiled "
