@@ -21,6 +21,8 @@ torch.set_num_threads(1)
 OPTIONAL_DOCTESTS = {
     "gymnasium": ("gym", ("steersman.envs.libs.gym", "steersman.envs.libs.gym_export",
                           "steersman.record.video", "steersman.recipes.envs")),
+    "envpool": ("envpool", ("steersman.envs.libs.envpool",)),
+    "dm_control": ("dm_control", ("steersman.envs.libs.dm_control",)),
 }
 
 

@@ -172,7 +172,7 @@ def test_make_config_forms():
     cfg = steersman.make_config("ppo", env="Pendulum-v1", **{"optim.lr": 3e-4}, loss={"gamma": 0.9}, seed="3")
     assert (cfg.env.name, cfg.optim.lr, cfg.loss.gamma, cfg.seed) == ("Pendulum-v1", 3e-4, 0.9, 3)
     assert cfg.optim.max_grad_norm == 0.5  # untouched fields keep their defaults
-    with pytest.raises(ConfigError, match="unknown algorithm 'ppp'; valid: a2c, ddpg"):
+    with pytest.raises(ConfigError, match="unknown algorithm 'ppp'; valid: a2c, alphazero, ddpg"):
         steersman.train("ppp")
 
 

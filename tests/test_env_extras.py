@@ -278,3 +278,24 @@ def test_envpool_continuous_onehot_and_errors(monkeypatch) -> None:
     _hidden(monkeypatch, "envpool")
     with pytest.raises(ImportError, match=r"pip install 'steersman\[envpool\]'"):
         MultiThreadedEnv(2, "CartPole-v1")
+
+
+def test_plain_ale_ids_and_recipe_errors_on_pixels() -> None:
+    """``ALE/Pong-v5`` works without the ``ale_py:`` prefix (ale-py is imported on first
+    use); the recipes refuse image observations in one line instead of a dtype traceback,
+    and cast integer vector observations (Atari RAM) to float32."""
+    pytest.importorskip("ale_py", reason="pip install 'steersman[atari]'")
+    from steersman.envs import GymEnv
+    from steersman.recipes.config import ConfigError
+    from steersman.recipes.envs import _gym_env
+
+    env = GymEnv("ALE/Pong-v5")
+    assert env.observation_spec["observation"].shape == (210, 160, 3)
+    env.close()
+    with pytest.raises(ConfigError, match=r"observations are images \[210, 160, 3\] \(torch.uint8\); the recipes'"):
+        _gym_env("gym:ALE/Pong-v5", "ALE/Pong-v5", 0, {"num_envs": 2, "categorical_action_encoding": True})
+    ram = _gym_env("gym:ALE/Pong-v5", "ALE/Pong-v5", 0,
+                   {"num_envs": 2, "categorical_action_encoding": True, "obs_type": "ram"})
+    obs = ram.reset()["observation"]
+    assert obs.shape == (2, 128) and obs.dtype == torch.float32 and obs.max() > 1
+    ram.close()

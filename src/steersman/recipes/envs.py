@@ -171,6 +171,17 @@ def _gym_env(name: str, gym_id: str, seed: int | None, kwargs: dict[str, Any]) -
         raise ConfigError(f"env.name={name}: {detail}") from None
     if seed is not None:
         env.set_seed(seed)
+    obs = env.observation_spec["observation"] if "observation" in env.observation_spec.keys() else None
+    per_env = obs.shape[len(env.batch_size):] if obs is not None else ()
+    if obs is not None and len(per_env) >= 2:
+        env.close()
+        raise ConfigError(f"env.name={name}: observations are images {list(per_env)} ({obs.dtype}); the recipes' "
+                          "networks are MLPs over vector observations (no pixel-based recipe yet)")
+    if obs is not None and len(per_env) == 1 and not obs.dtype.is_floating_point:
+        # integer vectors (Atari RAM, byte-valued sensors) feed float networks
+        from steersman.envs.transforms import DTypeCastTransform, TransformedEnv
+
+        env = TransformedEnv(env, DTypeCastTransform(obs.dtype, torch.float32, in_keys=["observation"]))
     if any(spec.dtype == torch.float64 for spec in env.observation_spec.values(True, True)):
         # MuJoCo and other Gymnasium envs observe float64; the recipes' networks are float32
         from steersman.envs.transforms import DoubleToFloat, TransformedEnv

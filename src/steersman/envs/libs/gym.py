@@ -1261,6 +1261,19 @@ def _missing_dependency(env_name: str, err: Exception) -> GymDependencyError:
     )
 
 
+def _register_ale(gym: Any, env_name: str) -> None:
+    """``ALE/...`` ids are registered by importing ``ale_py`` (Gymnasium 1.x no longer does it
+    itself): do it on first use, or say which extra is missing."""
+    if not env_name.startswith("ALE/") or env_name in gym.registry:
+        return
+    try:
+        import ale_py
+    except ImportError as err:
+        raise GymDependencyError(f"GymEnv({env_name!r}): Atari envs need ale-py: pip install 'steersman[atari]'"
+                                 ) from err
+    gym.register_envs(ale_py)
+
+
 class GymEnv(GymWrapper):
     """A Gymnasium env created by id (``gymnasium.make``), or ``num_envs`` of them as one
     batched env (``gymnasium.make_vec``).
@@ -1332,6 +1345,7 @@ class GymEnv(GymWrapper):
             raise ValueError(f"GymEnv: frame_skip must be >= 1, got {frame_skip}")
         self.env_name = env_name
         self.num_envs = int(num_envs)
+        _register_ale(gym, env_name)
         try:
             if self.num_envs > 0:
                 wrappers = None
