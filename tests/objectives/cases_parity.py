@@ -7,7 +7,14 @@ import torch
 from torch import nn
 
 from steersman.data import Bounded
-from steersman.objectives import BCLoss, DiscreteCQLLoss, GAILLoss, ReinforceLoss, TD3BCLoss
+from steersman.objectives import (
+    BCLoss,
+    DiscreteCQLLoss,
+    GAILLoss,
+    ReinforceLoss,
+    RNDLoss,
+    TD3BCLoss,
+)
 from steersman.tensordict.nn import TensorDictModule
 from tests.objectives import cases_onpolicy as onp
 from tests.objectives import cases_value_based as vb
@@ -50,6 +57,13 @@ def expert_and_collected(loss, shape):
     return td
 
 
+def rnd(update_fraction: float) -> RNDLoss:
+    def net() -> nn.Module:
+        return nn.Sequential(input_layer(onp.OBS, onp.HIDDEN), nn.Tanh(), nn.Linear(onp.HIDDEN, 5))
+
+    return RNDLoss(net(), net(), update_fraction=update_fraction)
+
+
 REINFORCE_GRADS = {"loss_actor": {"actor_network."}, "loss_value": {"critic_network."}}
 
 CASES = [
@@ -66,4 +80,8 @@ CASES = [
     LossCase("GAILLoss", gail, expert_and_collected, {"loss": {"discriminator_network."}}, required_key="expert_action"),
     LossCase("GAILLoss-grad-penalty", lambda: gail(use_grad_penalty=True, gp_lambda=5.0), expert_and_collected,
              {"loss": {"discriminator_network."}}, required_key="collector_observation"),
+    LossCase("RNDLoss", lambda: rnd(1.0), demonstrations, {"loss_predictor": {"predictor_network."}},
+             required_key="observation"),
+    LossCase("RNDLoss-fraction", lambda: rnd(0.5), demonstrations, {"loss_predictor": {"predictor_network."}},
+             required_key="observation"),
 ]

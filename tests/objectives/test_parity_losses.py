@@ -199,3 +199,37 @@ def test_gail_is_the_discriminators_cross_entropy_plus_gradient_penalty(use_gp):
     torch.testing.assert_close(out["loss"], expected)
     for g, p in zip(got, lin.parameters()):
         torch.testing.assert_close(g, p.grad)
+
+
+class _Scale:
+    """Running statistics stand-in: ``normalize(x) = (x - 1) / 2``."""
+
+    def normalize(self, x):
+        return (x - 1.0) / 2.0
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_rnd_is_the_predictors_error_on_a_random_fraction(fraction):
+    from steersman.objectives import RNDLoss
+
+    torch.manual_seed(6)
+    pred, target = nn.Linear(OBS, 5), nn.Linear(OBS, 5)
+    loss = RNDLoss(pred, target, obs_rms=_Scale(), obs_clip=0.5, update_fraction=fraction)
+    obs = torch.randn(16, OBS) * 3
+    torch.manual_seed(7)
+    out = loss(TensorDict({"next": {"observation": obs}}, [16]))["loss_predictor"]
+    out.backward()
+    got = _grads(pred.parameters())
+    pred.zero_grad(set_to_none=True)
+    x = ((obs - 1.0) / 2.0).clamp(-0.5, 0.5)
+    err = (pred(x) - target(x).detach()).pow(2).mean(-1)
+    torch.manual_seed(7)
+    mask = torch.rand(16) < fraction if fraction < 1 else torch.ones(16, dtype=torch.bool)
+    expected = err[mask].mean()
+    expected.backward()
+    torch.testing.assert_close(out, expected)
+    for g, p in zip(got, pred.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    assert all(p.grad is None and not p.requires_grad for p in target.parameters())
+    with pytest.raises(ValueError, match="update_fraction"):
+        RNDLoss(pred, target, update_fraction=0.0)

@@ -19,6 +19,7 @@ from .multiagent import IPPOLoss, MAPPOLoss, QMixerLoss, agent_batch
 from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
 from .redq import REDQLoss
 from .reinforce import ReinforceLoss
+from .rnd import RNDLoss
 from .sac import DiscreteSACLoss, SACLoss
 from .td3 import TD3Loss
 from .td3_bc import TD3BCLoss
@@ -107,4 +108,5 @@ __all__ = [
     "ReinforceLoss",
     "TD3BCLoss",
     "GAILLoss",
+    "RNDLoss",
 ]
