@@ -45,6 +45,7 @@ from .dueling import DuelingCnnDQNet, DuelingMlpDQNet
 from .exploration import AdditiveGaussianModule, EGreedyModule, OrnsteinUhlenbeckProcessModule
 from .mlp import MLP
 from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
+from .noisy import NoisyLazyLinear, NoisyLinear, reset_noise
 from .qvalue import (
     DistributionalQValueActor,
     DistributionalQValueModule,
@@ -54,6 +55,17 @@ from .qvalue import (
 from .random_policy import RandomPolicy
 from .rnn import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
 from .value_norm import PercentileValueNorm, PopArtValueNorm, RunningValueNorm, ValueNorm
+from .value_transforms import (
+    ComposeValueTransform,
+    IdentityValueTransform,
+    SignedHyperbolicValueTransform,
+    SymLogValueTransform,
+    ValueTransform,
+    signed_hyperbolic,
+    signed_parabolic,
+    symexp,
+    symlog,
+)
 
 __all__ = [
     # networks
@@ -113,4 +125,17 @@ __all__ = [
     "PopArtValueNorm",
     "RunningValueNorm",
     "PercentileValueNorm",
+    # noisy layers and value transforms
+    "NoisyLinear",
+    "NoisyLazyLinear",
+    "reset_noise",
+    "ValueTransform",
+    "IdentityValueTransform",
+    "SymLogValueTransform",
+    "SignedHyperbolicValueTransform",
+    "ComposeValueTransform",
+    "symlog",
+    "symexp",
+    "signed_hyperbolic",
+    "signed_parabolic",
 ]
