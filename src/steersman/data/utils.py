@@ -14,10 +14,10 @@ __all__ = ["DEVICE_TYPING", "create_infinite_iterator"]
 DEVICE_TYPING = torch.device | str | int
 
 
-def create_infinite_iterator(iterable: Iterable) -> Iterator[Any]:
-    """Yields the items of ``iterable`` over and over, restarting it when it ends.
+def create_infinite_iterator(iterator: Iterable) -> Iterator[Any]:
+    """Yields the items of ``iterator`` over and over, restarting it when it ends.
 
-    ``iterable`` must be re-iterable (a list, a ``DataLoader``, a replay buffer with a
+    ``iterator`` must be re-iterable (a list, a ``DataLoader``, a replay buffer with a
     ``batch_size``...); a one-shot iterator would be exhausted after the first pass, so an
     empty pass raises ``ValueError`` instead of looping forever.
 
@@ -28,7 +28,7 @@ def create_infinite_iterator(iterable: Iterable) -> Iterator[Any]:
     """
     while True:
         empty = True
-        for item in iterable:
+        for item in iterator:
             empty = False
             yield item
         if empty:

@@ -88,6 +88,14 @@ def stack_anything(items: list) -> Any:
     return items
 
 
+def _refuse_unsupported(**options: Any) -> None:
+    """Raises ``NotImplementedError`` naming the first TorchRL-only option that is not ``None``."""
+    for name, value in options.items():
+        if value is not None:
+            raise NotImplementedError(f"ReplayBuffer({name}=...) is a TorchRL feature steersman does not provide "
+                                      f"(got {value!r}); leave it None")
+
+
 class _Inverse:
     """Wraps a transform that should run on writes (``extend``/``add``) only."""
 
@@ -157,6 +165,22 @@ class ReplayBuffer:
         transform: a callable (or list of callables) applied to each sampled batch; a
             transform with an ``inv`` method also sees every written batch through ``inv``.
         batch_size: default batch size of :meth:`sample` and of iteration.
+        transform_factory: a callable returning the transform (called once, here); not
+            together with ``transform``.
+        generator: a CPU ``torch.Generator`` the sampler draws from (instead of torch's
+            global generator, which is then left untouched): seeding it makes the sampled
+            indices reproducible whatever else uses the global RNG. Not used by transforms.
+        compilable, delayed_init: accepted for TorchRL compatibility; no effect (storages
+            already allocate on the first write, and nothing here stops ``torch.compile``).
+        shared: ``True`` (share with other processes through multiprocessing) is refused:
+            pass the buffer's :class:`LazyMemmapStorage` folder instead.
+        dim_extend: only ``None``/``0`` (extend along the first dim); with ``ndim=2``
+            storages, pass ``[B, T]`` rows and they are written along dim 0.
+        checkpointer, consume_after_n_samples, sample_unit, service_backend,
+        service_backend_options, transport, transport_options: TorchRL features not
+            provided here (storage checkpointers, consuming sampling, sample units, remote
+            buffers); only their default ``None`` is accepted, anything else raises a
+            ``NotImplementedError`` that names the option.
 
     Shapes: with a tensor storage of items ``[*item]``, ``sample(B)`` returns ``[B, *item]``
     (slice samplers: ``[num_slices * slice_len, *item]``).
@@ -176,7 +200,29 @@ class ReplayBuffer:
 
     def __init__(self, *, storage: Storage | None = None, sampler: Sampler | None = None,
                  writer: Writer | None = None, collate_fn: Any = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Any = None, batch_size: int | None = None) -> None:
+                 prefetch: int | None = None, transform: Any = None, batch_size: int | None = None,
+                 transform_factory: Any = None, generator: torch.Generator | None = None, compilable: bool = False,
+                 delayed_init: bool = False, shared: bool = False, dim_extend: int | None = None,
+                 checkpointer: Any = None, consume_after_n_samples: int | None = None, sample_unit: Any = None,
+                 service_backend: Any = None, service_backend_options: Any = None, transport: Any = None,
+                 transport_options: Any = None) -> None:
+        _refuse_unsupported(checkpointer=checkpointer, consume_after_n_samples=consume_after_n_samples,
+                            sample_unit=sample_unit, service_backend=service_backend,
+                            service_backend_options=service_backend_options, transport=transport,
+                            transport_options=transport_options)
+        if shared:
+            raise NotImplementedError("ReplayBuffer(shared=True): buffers are not shared through multiprocessing "
+                                      "here; share a LazyMemmapStorage's folder (loads/dumps) instead")
+        if dim_extend not in (None, 0):
+            raise ValueError(f"ReplayBuffer(dim_extend={dim_extend!r}): only dim 0 is supported; move the "
+                             "extended dim first (e.g. data.transpose(0, dim)) before extend")
+        if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
+            raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
+        if transform_factory is not None:
+            if transform is not None:
+                raise ValueError("pass either transform or transform_factory, not both")
+            transform = transform_factory()
+        self._generator = generator
         self._storage = storage if storage is not None else ListStorage(1000)
         if not isinstance(self._storage, Storage):
             raise TypeError(f"storage must be a Storage, got {type(self._storage).__name__}")
@@ -331,7 +377,10 @@ class ReplayBuffer:
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
         with self._lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
+            if self._generator is None:
+                index, info = self._sampler.sample(self._storage, batch_size)
+            else:
+                index, info = self._sample_with_generator(batch_size)
             data = self._storage._get_fast(index)
         info["index"] = index
         if self._collate_fn is not None:
@@ -341,6 +390,14 @@ class ReplayBuffer:
         if self._transform.transforms:
             data = self._transform(data)
         return data, info
+
+    def _sample_with_generator(self, batch_size: int) -> tuple[Tensor, dict]:
+        """The sampler's draw taken from ``self._generator``; torch's global RNG is restored."""
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._generator.get_state())
+            out = self._sampler.sample(self._storage, batch_size)
+            self._generator.set_state(torch.get_rng_state())
+        return out
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """A batch of stored items (and, with ``return_info``, a dict with ``"index"`` and the
@@ -642,8 +699,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Args:
         alpha, beta, eps, dtype: see :class:`PrioritizedSampler`.
-        storage, collate_fn, pin_memory, prefetch, transform, batch_size: as
-            :class:`ReplayBuffer`.
+        storage, collate_fn, pin_memory, prefetch, transform, batch_size, generator,
+            compilable, delayed_init, shared, dim_extend, sample_unit, transport,
+            transport_options: as :class:`ReplayBuffer`.
+        sampler: a ready :class:`PrioritizedSampler` to use instead of building one.
+        sampler_device: ``None`` or a CPU device (priority trees live on the CPU).
+        sync: only ``True`` (priorities updated on write) is provided.
 
     Example:
         >>> import torch
@@ -658,11 +719,31 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8, dtype: torch.dtype = torch.float64,
                  storage: Storage | None = None, collate_fn: Any = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Any = None, batch_size: int | None = None) -> None:
+                 prefetch: int | None = None, transform: Any = None, batch_size: int | None = None,
+                 sampler: PrioritizedSampler | None = None, sampler_device: Any = None, sync: bool = True,
+                 generator: torch.Generator | None = None, compilable: bool = False, delayed_init: bool = False,
+                 shared: bool = False, dim_extend: int | None = None, sample_unit: Any = None,
+                 transport: Any = None, transport_options: Any = None) -> None:
         storage = storage if storage is not None else ListStorage(1000)
-        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
+        _check_prioritized_options(sampler, sampler_device, sync)
+        sampler = sampler or PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
         super().__init__(storage=storage, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory,
-                         prefetch=prefetch, transform=transform, batch_size=batch_size)
+                         prefetch=prefetch, transform=transform, batch_size=batch_size, generator=generator,
+                         compilable=compilable, delayed_init=delayed_init, shared=shared, dim_extend=dim_extend,
+                         sample_unit=sample_unit, transport=transport, transport_options=transport_options)
+
+
+def _check_prioritized_options(sampler: Any, sampler_device: Any, sync: bool) -> None:
+    """``sampler`` must be a PrioritizedSampler; trees live on the CPU; ``sync=False`` is refused."""
+    if sampler is not None and not isinstance(sampler, PrioritizedSampler):
+        raise TypeError(f"sampler must be a PrioritizedSampler, got {type(sampler).__name__}")
+    if sampler is not None and sampler_device is not None:
+        raise ValueError("pass either sampler or sampler_device, not both")
+    if sampler_device is not None and torch.device(sampler_device).type != "cpu":
+        raise ValueError(f"sampler_device={sampler_device!r}: priority trees live on the CPU here")
+    if not sync:
+        raise NotImplementedError("sync=False (writer processes with a catching-up learner sampler) is not "
+                                  "provided; priorities are always updated on write")
 
 
 class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
@@ -675,8 +756,10 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
     Args:
         alpha, beta, eps, dtype, reduction: see :class:`PrioritizedSampler`.
         priority_key: default ``"td_error"``.
-        storage, collate_fn, pin_memory, prefetch, transform, batch_size, writer: as
+        storage, collate_fn, pin_memory, prefetch, transform, batch_size, writer, generator,
+            compilable, shared, dim_extend, sample_unit, transport, transport_options: as
             :class:`ReplayBuffer`.
+        sampler_device, sync: as :class:`PrioritizedReplayBuffer`.
 
     Example:
         >>> import torch
@@ -695,11 +778,17 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
                  dtype: torch.dtype = torch.float64, storage: Storage | None = None, collate_fn: Any = None,
                  pin_memory: bool = False, prefetch: int | None = None, transform: Any = None,
                  reduction: str = "max", batch_size: int | None = None, writer: Writer | None = None,
-                 max_priority_within_buffer: bool = False) -> None:
+                 max_priority_within_buffer: bool = False, sampler_device: Any = None, sync: bool = True,
+                 generator: torch.Generator | None = None, compilable: bool = False, shared: bool = False,
+                 dim_extend: int | None = None, sample_unit: Any = None, transport: Any = None,
+                 transport_options: Any = None) -> None:
         storage = storage if storage is not None else ListStorage(1000)
+        _check_prioritized_options(None, sampler_device, sync)
         sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype, reduction,
                                      max_priority_within_buffer)
         super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, collate_fn=collate_fn,
                          pin_memory=pin_memory, prefetch=prefetch, transform=transform, batch_size=batch_size,
-                         writer=writer)
+                         writer=writer, generator=generator, compilable=compilable, shared=shared,
+                         dim_extend=dim_extend, sample_unit=sample_unit, transport=transport,
+                         transport_options=transport_options)
 

@@ -257,6 +257,7 @@ class PrioritizedSampler(Sampler):
             ``"median"`` or ``"sum"``.
         max_priority_within_buffer: new items get the largest priority currently *stored*
             (True) or the largest priority ever set (False, default). Before any update it is 1.
+        device: ``None`` or a CPU device (the trees live on the CPU); others are refused.
 
     ``update_priority`` raises ``ValueError`` for a negative, NaN or infinite priority and
     ``IndexError`` for an index out of range, changing nothing.
@@ -277,7 +278,9 @@ class PrioritizedSampler(Sampler):
 
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8,
                  dtype: torch.dtype = torch.float64, reduction: str = "max",
-                 max_priority_within_buffer: bool = False) -> None:
+                 max_priority_within_buffer: bool = False, device: Any = None) -> None:
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"PrioritizedSampler(device={device!r}): the priority trees live on the CPU here")
         if isinstance(max_capacity, bool) or not isinstance(max_capacity, int) or max_capacity < 1:
             raise ValueError(f"max_capacity must be a positive integer, got {max_capacity!r}")
         for name, v in (("alpha", alpha), ("beta", beta), ("eps", eps)):
@@ -537,6 +540,8 @@ class SliceSampler(Sampler):
         truncated_key: where ``info`` marks the last step of every slice (also sets the
             matching ``"done"`` to ``stored done | truncated`` and passes ``"terminated"``
             through); ``None`` disables it.
+        compile, use_gpu: accepted for TorchRL compatibility; no effect (the episode
+            boundaries are found with plain tensor ops on the storage's device).
         strict_length: if False, episodes shorter than ``slice_len`` yield shorter slices
             and the batch is a flat concatenation of fewer than ``batch_size`` steps.
 
@@ -568,7 +573,8 @@ class SliceSampler(Sampler):
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
                  end_key: NestedKey | None = None, traj_key: NestedKey | None = None,
                  ends: Tensor | None = None, trajectories: Tensor | None = None, cache_values: bool = False,
-                 truncated_key: NestedKey | None = ("next", "truncated"), strict_length: bool = True) -> None:
+                 truncated_key: NestedKey | None = ("next", "truncated"), strict_length: bool = True,
+                 compile: bool | dict = False, use_gpu: bool | Any = False) -> None:
         if (num_slices is None) == (slice_len is None):
             raise ValueError("give exactly one of num_slices and slice_len")
         for name, v in (("num_slices", num_slices), ("slice_len", slice_len)):
@@ -749,7 +755,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None, drop_last: bool = False,
                  end_key: NestedKey | None = None, traj_key: NestedKey | None = None, ends: Tensor | None = None,
                  trajectories: Tensor | None = None, truncated_key: NestedKey | None = ("next", "truncated"),
-                 strict_length: bool = True, shuffle: bool = True, cache_values: bool = False) -> None:
+                 strict_length: bool = True, shuffle: bool = True, cache_values: bool = False,
+                 compile: bool | dict = False, use_gpu: bool | Any = False) -> None:
         super().__init__(num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key, ends=ends,
                          trajectories=trajectories, cache_values=cache_values, truncated_key=truncated_key,
                          strict_length=strict_length)
@@ -820,7 +827,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
                  num_slices: int | None = None, slice_len: int | None = None, end_key: NestedKey | None = None,
                  traj_key: NestedKey | None = None, ends: Tensor | None = None, trajectories: Tensor | None = None,
                  cache_values: bool = False, truncated_key: NestedKey | None = ("next", "truncated"),
-                 strict_length: bool = True, max_priority_within_buffer: bool = False) -> None:
+                 strict_length: bool = True, max_priority_within_buffer: bool = False,
+                 compile: bool | dict = False) -> None:
         SliceSampler.__init__(self, num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key,
                               ends=ends, trajectories=trajectories, cache_values=cache_values,
                               truncated_key=truncated_key, strict_length=strict_length)

@@ -155,11 +155,16 @@ class Storage:
     """Base class of storages: a fixed capacity and the filled length.
 
     Subclasses implement :meth:`set` / :meth:`get`; writers call the private fast paths.
+    ``compilable`` is accepted for TorchRL compatibility (no effect); ``checkpointer`` only
+    as ``None`` (``dumps``/``loads`` always use steersman's format).
     """
 
     ndim = 1
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(self, max_size: int, checkpointer: Any = None, compilable: bool = False) -> None:
+        if checkpointer is not None:
+            raise NotImplementedError("Storage(checkpointer=...): storage checkpointers are not provided; "
+                                      "dumps/loads write steersman's own format")
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
         self.max_size = max_size
@@ -249,6 +254,11 @@ class ListStorage(Storage):
     Args:
         max_size: capacity (number of items).
 
+    Keyword Args:
+        device: ``None`` (default) keeps items where they are; otherwise tensors and
+            TensorDicts are moved there when written (other objects are kept as they are).
+        compilable: accepted for TorchRL compatibility; no effect.
+
     Sampling returns a list of items, which :class:`ReplayBuffer`'s default ``collate_fn``
     stacks when they are all tensors or all TensorDicts.
 
@@ -259,9 +269,10 @@ class ListStorage(Storage):
         (3, 'b', [{'c': 1}, 'a'])
     """
 
-    def __init__(self, max_size: int = 1000) -> None:
+    def __init__(self, max_size: int = 1000, *, device: Any = None, compilable: bool = False) -> None:
         super().__init__(max_size)
         self._storage: list[Any] = []
+        self.device = None if device is None else torch.device(device)
 
     def set(self, cursor: Any, data: Any) -> None:
         if isinstance(cursor, int):
@@ -293,6 +304,8 @@ class ListStorage(Storage):
             self._last_cursor = int(cursor[-1])
 
     def _set_one(self, cursor: int, item: Any) -> None:
+        if self.device is not None and (isinstance(item, Tensor) or is_tensor_collection(item)):
+            item = item.to(self.device)
         if not 0 <= cursor < self.max_size:
             raise IndexError(f"index {cursor} is out of range for a storage of max_size {self.max_size}")
         if cursor == len(self._storage):
@@ -555,6 +568,7 @@ class TensorStorage(Storage):
             for ``ndim=2``).
         device: where sampled data lands.
         ndim: storage dims (``1``, or ``2`` for ``[rows, T]`` items).
+        compilable: accepted for TorchRL compatibility; no effect.
 
     Example:
         >>> import torch
@@ -567,7 +581,8 @@ class TensorStorage(Storage):
 
     _lazy = False
 
-    def __init__(self, storage: Any = None, max_size: int | None = None, *, device: Any = "cpu", ndim: int = 1) -> None:
+    def __init__(self, storage: Any = None, max_size: int | None = None, *, device: Any = "cpu", ndim: int = 1,
+                 compilable: bool = False) -> None:
         if ndim not in (1, 2):
             raise ValueError(f"ndim must be 1 or 2, got {ndim!r}")
         spec = None
@@ -995,6 +1010,9 @@ class LazyTensorStorage(TensorStorage):
         max_size: capacity (elements).
         device: where the storage (and so sampled data) lives.
         ndim: ``1``, or ``2`` to keep ``[rows, T]`` items (see the module docstring).
+        compilable, consolidated, shared_init, cleanup_memmap: accepted for TorchRL
+            compatibility; no effect (the storage is one in-memory TensorDict, allocated by
+            the process that writes first; nothing is memory-mapped to clean up).
 
     The first write fixes the structure: every key (nested keys included), its dtype and
     its per-item shape. Later batches must match it (a mismatch raises before anything is
@@ -1012,7 +1030,8 @@ class LazyTensorStorage(TensorStorage):
 
     _lazy = True
 
-    def __init__(self, max_size: int, *, device: Any = "cpu", ndim: int = 1) -> None:
+    def __init__(self, max_size: int, *, device: Any = "cpu", ndim: int = 1, compilable: bool = False,
+                 consolidated: bool = False, shared_init: bool = False, cleanup_memmap: bool = True) -> None:
         super().__init__(None, max_size, device=device, ndim=ndim)
 
 
@@ -1026,6 +1045,11 @@ class LazyMemmapStorage(TensorStorage):
         device: where sampled data is moved (the storage itself is on CPU, in the files).
         existsok: if False, an existing file in ``scratch_dir`` raises ``FileExistsError``.
         ndim: ``1``, or ``2`` for ``[rows, T]`` items.
+        auto_cleanup: delete ``scratch_dir`` when the storage is garbage collected.
+            Default ``None``: only a temporary folder the storage made itself is deleted;
+            ``True`` deletes a given ``scratch_dir`` too; ``False`` keeps even the
+            temporary one.
+        compilable, shared_init: accepted for TorchRL compatibility; no effect.
 
     The files are created sparse at their full size (``max_size * item bytes``); pages are
     backed by the files, not by process memory, so a storage larger than RAM works. Each
@@ -1044,9 +1068,11 @@ class LazyMemmapStorage(TensorStorage):
     _lazy = True
 
     def __init__(self, max_size: int, *, scratch_dir: Any = None, device: Any = "cpu", existsok: bool = False,
-                 ndim: int = 1) -> None:
+                 ndim: int = 1, auto_cleanup: bool | None = None, compilable: bool = False,
+                 shared_init: bool = False) -> None:
         super().__init__(None, max_size, device=device, ndim=ndim)
         self.existsok = existsok
+        self.auto_cleanup = auto_cleanup
         self._own_dir = scratch_dir is None
         self.scratch_dir = scratch_dir
         self._finalizer = None
@@ -1054,9 +1080,11 @@ class LazyMemmapStorage(TensorStorage):
     def _scratch(self) -> Path:
         if self.scratch_dir is None:
             self.scratch_dir = tempfile.mkdtemp(prefix="steersman_rb_")
-            self._finalizer = weakref.finalize(self, shutil.rmtree, self.scratch_dir, True)
         path = Path(self.scratch_dir)
         path.mkdir(parents=True, exist_ok=True)
+        cleanup = self._own_dir if self.auto_cleanup is None else self.auto_cleanup
+        if cleanup and self._finalizer is None:
+            self._finalizer = weakref.finalize(self, shutil.rmtree, str(path), True)
         return path
 
     def _allocate(self, data: Any, nb: int, rows: int) -> Any:

@@ -52,9 +52,12 @@ def _with_index(data: Any) -> Any:
 
 
 class Writer:
-    """Base class: a cursor and a write count over a registered storage."""
+    """Base class: a cursor and a write count over a registered storage.
 
-    def __init__(self) -> None:
+    ``compilable`` is accepted for TorchRL compatibility and has no effect.
+    """
+
+    def __init__(self, compilable: bool = False) -> None:
         self._storage: Storage | None = None
         self._cursor = 0
         self._write_count = 0
@@ -113,6 +116,10 @@ class Writer:
 class RoundRobinWriter(Writer):
     """Writes at a cursor that wraps around the storage (oldest items overwritten first).
 
+    Args:
+        compilable: accepted for TorchRL compatibility; no effect.
+        track_generations: only ``False``; per-slot generation counters are not provided.
+
     Example:
         >>> import torch
         >>> from steersman.data.replay_buffers import LazyTensorStorage
@@ -121,6 +128,12 @@ class RoundRobinWriter(Writer):
         >>> w.extend(torch.arange(3)).tolist(), w.extend(torch.arange(3)).tolist()
         ([0, 1, 2], [3, 0, 1])
     """
+
+    def __init__(self, compilable: bool = False, track_generations: bool = False) -> None:
+        if track_generations:
+            raise NotImplementedError("RoundRobinWriter(track_generations=True): per-slot generation counters "
+                                      "are not provided; compare write_count with len(rb) instead")
+        super().__init__()
 
     def _mark(self, data: Any, index: Any) -> Any:
         return data
