@@ -4,6 +4,7 @@ board symmetries, bad configs. (No learning test yet: see benchmarks/README.md, 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -80,13 +81,15 @@ def _flat(obj, prefix=""):
         yield prefix, obj
 
 
-def test_resume_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("explore", [{}, {"random_opening_moves": 3, "temperature_moves": 2, "value_mix": 0.5}])
+def test_resume_is_bit_exact(tmp_path, explore):
     """A run stopped at 64 moves (with an evaluation there) and resumed to 128 ends with the
     same networks, optimizer moments, self-play games, replay buffer and RNG states as a run
-    of 128 moves in one go (evaluation draws from its own generators)."""
-    train(tiny(total_frames=128, **{"checkpoint.interval": 32}), tmp_path / "ref")
-    train(tiny(total_frames=64, **{"checkpoint.interval": 32}), tmp_path / "cut")
-    train(tiny(total_frames=128, **{"checkpoint.interval": 32}), tmp_path / "cut", resume=True)
+    of 128 moves in one go (evaluation draws from its own generators), with and without
+    the self-play exploration options."""
+    train(tiny(total_frames=128, **{"checkpoint.interval": 32}, **explore), tmp_path / "ref")
+    train(tiny(total_frames=64, **{"checkpoint.interval": 32}, **explore), tmp_path / "cut")
+    train(tiny(total_frames=128, **{"checkpoint.interval": 32}, **explore), tmp_path / "cut", resume=True)
     a, b = load_checkpoint(tmp_path / "ref" / "checkpoints"), load_checkpoint(tmp_path / "cut" / "checkpoints")
     assert a.meta["frames"] == b.meta["frames"] == 128
     fa, fb = dict(_flat(a.state)), dict(_flat(b.state))
@@ -118,6 +121,32 @@ def test_selfplay_labels_positions_with_the_outcome_for_the_player_to_move():
     assert sp.length.tolist() == [4, 0]  # board 0 restarted after its game and played on
 
 
+def test_selfplay_skips_opening_moves_and_mixes_the_search_value():
+    """Moves with ``store`` false are played but not stored; the value target is
+    ``(1 - value_mix) * outcome + value_mix * search value``; a new game draws its opening."""
+    torch.manual_seed(0)
+    env = TicTacToeEnv(batch_size=[1])
+    sp = SelfPlay(env, random_opening_moves=2, value_mix=0.25)
+    assert 0 <= int(sp.opening) <= 2
+    moves = [0, 3, 1, 4, 2]  # the first player takes the top row
+    search = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
+    weights = torch.full((1, 9), 1 / 9)
+    finished = None
+    for i, a in enumerate(moves):
+        assert int(sp.plies()) == i
+        finished = sp.step(torch.tensor([a]), weights, search[i:i + 1], torch.tensor([i >= 2]))
+    assert finished.shape[0] == 3  # moves 2, 3, 4; the first two were the opening
+    outcome = torch.tensor([1.0, -1.0, 1.0])
+    torch.testing.assert_close(finished["value"], 0.75 * outcome + 0.25 * search[2:])
+    assert finished["observation"][0].sum() == 2  # stored from the third position on
+    assert int(sp.plies()) == 0 and int(sp.length) == 0
+    seen = set()
+    for _ in range(40):  # each new game draws 0, 1 or 2 opening moves
+        sp.opening = sp._draw_openings(1)
+        seen.add(int(sp.opening))
+    assert seen == {0, 1, 2}
+
+
 @pytest.mark.parametrize("game", ["tictactoe", "connect4"])
 def test_symmetries_move_the_policy_with_the_board(game):
     """A position whose policy is one-hot at the cell (or column) of its only piece keeps
@@ -145,8 +174,10 @@ def test_symmetries_move_the_policy_with_the_board(game):
     ({"env.name": "chess"}, "unknown game env.name='chess'; valid: tictactoe, connect4"),
     ({"num_simulations": 0}, "num_simulations must be an integer >= 1, got 0"),
     ({"frames_per_batch": 30}, "frames_per_batch (30) must be a multiple of env.num_envs (8)"),
+    ({"random_opening_moves": -1}, "random_opening_moves must be an integer >= 0, got -1"),
+    ({"value_mix": 1.5}, "value_mix must be in [0, 1], got 1.5"),
 ])
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         train(tiny(**overrides), tmp_path / "run")
     assert not (tmp_path / "run").exists()

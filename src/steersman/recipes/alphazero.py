@@ -97,6 +97,14 @@ class AlphaZeroConfig:
     """Actions sampled at the root (Gumbel top-k) and halved by Sequential Halving."""
     gumbel_scale: float = 1.0
     """Scale of the root Gumbel noise in self-play (exploration); evaluation uses 0."""
+    random_opening_moves: int = 0
+    """Self-play: each game starts with 0..random_opening_moves (uniform) random legal moves,
+    not stored (exploration: positions the search's own play rarely reaches)."""
+    temperature_moves: int = 0
+    """Self-play: over the first temperature_moves plies the move is sampled from the
+    improved policy instead of the search's choice (stored as usual)."""
+    value_mix: float = 0.0
+    """Value target: (1 - value_mix) * game outcome + value_mix * the search's root value."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
     """Hidden layer widths of the shared torso of the policy/value network."""
     lr: float = 1e-3
@@ -139,6 +147,11 @@ def _check(cfg: AlphaZeroConfig) -> None:
         value = getattr(cfg, key)
         if value < 1:
             raise ConfigError(f"{key} must be an integer >= 1, got {value!r}")
+    for key in ("random_opening_moves", "temperature_moves"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{key} must be an integer >= 0, got {getattr(cfg, key)!r}")
+    if not 0.0 <= cfg.value_mix <= 1.0:
+        raise ConfigError(f"value_mix must be in [0, 1], got {cfg.value_mix!r}")
     if cfg.env.name not in GAMES:
         raise ConfigError(f"alphazero: unknown game env.name={cfg.env.name!r}; valid: {', '.join(GAMES)}")
 
@@ -192,10 +205,11 @@ def make_policy(cfg: AlphaZeroConfig, env: BoardGameEnv) -> TensorDictModule:
 # ---------------------------------------------------------------- search and self-play
 def search_actions(env: BoardGameEnv, net: PolicyValueNet, action_mask: torch.Tensor, num_simulations: int,
                    max_num_considered_actions: int, gumbel_scale: float,
-                   rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(action [B], improved policy [B, A])`` of a Gumbel MuZero search from every board of
-    ``env`` (the env's rules as the model). Finished boards (no legal move) get a dummy
-    search whose result is to be ignored."""
+                   rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(action [B], improved policy [B, A], root value [B])`` of a Gumbel MuZero search
+    from every board of ``env`` (the env's rules as the model; the value is for the player
+    to move). Finished boards (no legal move) get a dummy search whose result is to be
+    ignored."""
     with torch.no_grad():
         root = root_from_env(env, net)
         invalid = ~action_mask & action_mask.any(-1, keepdim=True)
@@ -203,32 +217,55 @@ def search_actions(env: BoardGameEnv, net: PolicyValueNet, action_mask: torch.Te
                                    invalid_actions=invalid, max_depth=env.rows * env.cols,
                                    max_num_considered_actions=max_num_considered_actions,
                                    gumbel_scale=gumbel_scale)
-    return out.action, out.action_weights
+    return out.action, out.action_weights, out.search_tree.summary().value
 
 
 class SelfPlay:
     """``B`` games played side by side. Each position waits (observation, improved policy,
-    player to move) until its game ends; :meth:`step` returns the positions of the games
-    that just ended with their outcome for the player to move (+1, 0, -1) and starts new
-    games on those boards. ``state_dict`` holds the boards and the waiting positions."""
+    player to move, search value) until its game ends; :meth:`step` returns the positions
+    of the games that just ended with their value target (the outcome for the player to
+    move, +1, 0, -1, mixed with the search's root value by ``value_mix``) and starts new
+    games on those boards. With ``random_opening_moves`` each game begins with a uniform
+    0..random_opening_moves random moves (drawn from torch's global generator), which are
+    played but not stored. ``state_dict`` holds the boards and the waiting positions."""
 
-    def __init__(self, env: BoardGameEnv) -> None:
+    def __init__(self, env: BoardGameEnv, random_opening_moves: int = 0, value_mix: float = 0.0) -> None:
         self.env = env
+        self.random_opening_moves, self.value_mix = random_opening_moves, value_mix
         b, moves = env.batch_size[0], env.rows * env.cols
         self.obs = torch.zeros(b, moves, 2, env.rows, env.cols)
         self.policy = torch.zeros(b, moves, env.num_actions)
         self.player = torch.zeros(b, moves, dtype=torch.int64)
+        self.search_value = torch.zeros(b, moves)
         self.length = torch.zeros(b, dtype=torch.int64)
+        self.opening = self._draw_openings(b)
         self.td = env.reset()
+
+    def _draw_openings(self, n: int) -> torch.Tensor:
+        if self.random_opening_moves == 0:
+            return torch.zeros(n, dtype=torch.int64)
+        return torch.randint(0, self.random_opening_moves + 1, (n,))
+
+    def plies(self) -> torch.Tensor:
+        """Pieces on every board ``[B]``."""
+        return (self.env.get_state()["board"] != 0).sum(-1)
+
+    def opening_move(self) -> torch.Tensor:
+        """``[B]`` bool: the board's next move is part of its random opening."""
+        return self.plies() < self.opening
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         st = self.env.get_state()
         return {"board": st["board"], "current_player": st["current_player"], "over": st["over"],
                 "obs": self.obs.clone(), "policy": self.policy.clone(), "player": self.player.clone(),
-                "length": self.length.clone()}
+                "search_value": self.search_value.clone(), "length": self.length.clone(),
+                "opening": self.opening.clone()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for key in ("obs", "policy", "player", "length"):
+        for key in ("obs", "policy", "player", "search_value", "length", "opening"):
+            if key not in state:
+                raise KeyError(f"self-play state: missing entry {key!r}")
+        for key in ("obs", "policy", "player", "search_value", "length", "opening"):
             mine = getattr(self, key)
             if state[key].shape != mine.shape:
                 raise ValueError(f"self-play entry {key!r}: expected shape {list(mine.shape)}, got "
@@ -239,22 +276,33 @@ class SelfPlay:
         self.td = self.env.reset(TensorDict({"_reset": torch.zeros(self.env.batch_size, dtype=torch.bool)},
                                             self.env.batch_size))
 
-    def step(self, action: torch.Tensor, policy: torch.Tensor) -> TensorDictBase:
+    def step(self, action: torch.Tensor, policy: torch.Tensor, search_value: torch.Tensor | None = None,
+             store: torch.Tensor | None = None) -> TensorDictBase:
+        """Plays ``action`` ``[B]`` on every board; the positions before the move are stored
+        with ``policy`` ``[B, A]`` and ``search_value`` ``[B]`` where ``store`` ``[B]``
+        (default: everywhere)."""
         env, rows = self.env, torch.arange(self.env.batch_size[0])
         st = env.get_state()
+        if search_value is None:
+            search_value = torch.zeros(rows.shape)
         self.obs[rows, self.length] = board_observation(env, st["board"], st["current_player"])
         self.policy[rows, self.length] = policy
         self.player[rows, self.length] = st["current_player"]
-        self.length += 1
+        self.search_value[rows, self.length] = search_value
+        self.length += 1 if store is None else store.long()
         nxt = env.step(self.td.set("action", action))["next"]
         ended = nxt["terminated"].squeeze(-1)
         winner = torch.where(nxt["reward"].squeeze(-1) > 0, st["current_player"], -1)  # -1: a draw
         sign = torch.where(self.player == winner.unsqueeze(-1), 1.0, -1.0)
         value = torch.where(winner.unsqueeze(-1) < 0, 0.0, sign)
+        if self.value_mix:
+            value = (1 - self.value_mix) * value + self.value_mix * self.search_value
         keep = ended.unsqueeze(-1) & (torch.arange(self.obs.shape[1]) < self.length.unsqueeze(-1))
         finished = TensorDict({"observation": self.obs[keep], "policy": self.policy[keep], "value": value[keep]},
                               batch_size=[int(keep.sum())])
         self.length = torch.where(ended, 0, self.length)
+        if self.random_opening_moves and bool(ended.any()):
+            self.opening = torch.where(ended, self._draw_openings(len(ended)), self.opening)
         self.td = env.reset(TensorDict({"_reset": ended}, env.batch_size)) if bool(ended.any()) else nxt
         return finished
 
@@ -355,16 +403,25 @@ def train(cfg: AlphaZeroConfig | None = None, run_dir: str | Path | None = None,
     optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
     run = Run("alphazero", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
-    selfplay = SelfPlay(env)
+    selfplay = SelfPlay(env, cfg.random_opening_moves, cfg.value_mix)
     run.track(policy=policy, optim=optimizer, selfplay=selfplay, buffer=buffer)
 
     frames = run.frames
     moves_per_batch = cfg.frames_per_batch // cfg.env.num_envs
     while frames < run.total_frames:
         for _ in range(moves_per_batch):
-            action, improved = search_actions(env, net, selfplay.td["action_mask"], cfg.num_simulations,
-                                              cfg.max_num_considered_actions, cfg.gumbel_scale, None)
-            finished = selfplay.step(action, improved)
+            mask = selfplay.td["action_mask"]
+            action, improved, root_value = search_actions(env, net, mask, cfg.num_simulations,
+                                                          cfg.max_num_considered_actions, cfg.gumbel_scale, None)
+            if cfg.temperature_moves:  # sample the first moves from the improved policy
+                sampled = torch.multinomial(improved, 1).squeeze(-1)
+                action = torch.where(selfplay.plies() < cfg.temperature_moves, sampled, action)
+            store = None
+            if cfg.random_opening_moves:  # the opening's random moves are played, not stored
+                opening = selfplay.opening_move()
+                random_move = torch.rand(mask.shape).masked_fill(~mask, -1.0).argmax(-1)
+                action, store = torch.where(opening, random_move, action), ~opening
+            finished = selfplay.step(action, improved, root_value, store)
             if finished.numel():
                 buffer.extend(symmetries(finished, cfg.env.name == "connect4") if cfg.augment else finished)
         frames += cfg.frames_per_batch
