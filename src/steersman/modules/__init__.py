@@ -29,7 +29,8 @@ from .actors import (
     SafeSequential,
     ValueOperator,
 )
-from .conv import ConvNet, SquashDims
+from .conv import ConvNet, SquashDims, Squeeze2dLayer, SqueezeLayer
+from .ddpg import DdpgCnnActor, DdpgCnnQNet, DdpgMlpActor, DdpgMlpQNet
 from .distributions import (
     Delta,
     IndependentNormal,
@@ -43,6 +44,11 @@ from .distributions import (
 )
 from .dueling import DuelingCnnDQNet, DuelingMlpDQNet
 from .exploration import AdditiveGaussianModule, EGreedyModule, OrnsteinUhlenbeckProcessModule
+from .exploration_wrappers import (
+    AdditiveGaussianWrapper,
+    EGreedyWrapper,
+    OrnsteinUhlenbeckProcessWrapper,
+)
 from .mlp import MLP
 from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
 from .noisy import NoisyLazyLinear, NoisyLinear, reset_noise
@@ -138,4 +144,14 @@ __all__ = [
     "symexp",
     "signed_hyperbolic",
     "signed_parabolic",
+    # DDPG networks, squeeze layers, TorchRL's older exploration wrappers
+    "DdpgMlpActor",
+    "DdpgMlpQNet",
+    "DdpgCnnActor",
+    "DdpgCnnQNet",
+    "SqueezeLayer",
+    "Squeeze2dLayer",
+    "EGreedyWrapper",
+    "AdditiveGaussianWrapper",
+    "OrnsteinUhlenbeckProcessWrapper",
 ]

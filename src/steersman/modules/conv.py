@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .mlp import per_layer_kwargs
 
-__all__ = ["ConvNet", "SquashDims"]
+__all__ = ["ConvNet", "SquashDims", "SqueezeLayer", "Squeeze2dLayer"]
 
 
 class SquashDims(nn.Module):
@@ -153,3 +153,40 @@ class ConvNet(nn.Sequential):
         if len(batch) > 1:
             x = x.unflatten(0, batch)
         return x
+
+
+class SqueezeLayer(nn.Module):
+    """Removes the singleton dims ``dims`` one after the other (default: the last one).
+
+    Example:
+        >>> import torch
+        >>> SqueezeLayer()(torch.zeros(4, 1)).shape
+        torch.Size([4])
+    """
+
+    def __init__(self, dims: Sequence[int] = (-1,)) -> None:
+        super().__init__()
+        for d in dims:
+            if d >= 0:
+                raise ValueError(f"SqueezeLayer: dims must be negative (counted from the end), got {list(dims)}")
+        self.dims = tuple(dims)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for d in self.dims:
+            if x.shape[d] != 1:
+                raise ValueError(f"SqueezeLayer: dim {d} of shape {list(x.shape)} is not 1")
+            x = x.squeeze(d)
+        return x
+
+
+class Squeeze2dLayer(SqueezeLayer):
+    """Removes the two trailing singleton dims of a pooled feature map: ``[..., C, 1, 1] -> [..., C]``.
+
+    Example:
+        >>> import torch
+        >>> Squeeze2dLayer()(torch.zeros(2, 8, 1, 1)).shape
+        torch.Size([2, 8])
+    """
+
+    def __init__(self) -> None:
+        super().__init__((-1, -1))
