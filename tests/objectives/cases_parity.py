@@ -9,6 +9,7 @@ from torch import nn
 from steersman.data import Bounded
 from steersman.objectives import (
     BCLoss,
+    CrossQLoss,
     DiscreteCQLLoss,
     GAILLoss,
     ReinforceLoss,
@@ -17,6 +18,7 @@ from steersman.objectives import (
 )
 from steersman.tensordict.nn import TensorDictModule
 from tests.objectives import cases_onpolicy as onp
+from tests.objectives import cases_sac as sac
 from tests.objectives import cases_value_based as vb
 from tests.objectives._cases import LossCase, input_layer
 
@@ -84,4 +86,6 @@ CASES = [
              required_key="observation"),
     LossCase("RNDLoss-fraction", lambda: rnd(0.5), demonstrations, {"loss_predictor": {"predictor_network."}},
              required_key="observation"),
+    LossCase("CrossQLoss", lambda: CrossQLoss(sac.actor(), sac.qvalue(), target_entropy=-float(sac.ACT)),
+             sac.continuous_batch, sac.SAC_GRADS),
 ]

@@ -233,3 +233,52 @@ def test_rnd_is_the_predictors_error_on_a_random_fraction(fraction):
     assert all(p.grad is None and not p.requires_grad for p in target.parameters())
     with pytest.raises(ValueError, match="update_fraction"):
         RNDLoss(pred, target, update_fraction=0.0)
+
+
+def test_crossq_without_normalization_is_sac_without_targets():
+    """With a critic that has no batch statistics, one joint pass equals two separate ones:
+    CrossQ's terms are SAC's with ``delay_qvalue=False`` (same seed, same draws)."""
+    from steersman.objectives import CrossQLoss, SACLoss
+    from tests.objectives import cases_sac as sac
+
+    torch.manual_seed(8)
+    actor, critic = sac.actor(), sac.qvalue()
+    crossq = CrossQLoss(actor, critic, target_entropy=-2.0)
+    ref = SACLoss(actor, critic, target_entropy=-2.0, delay_qvalue=False)
+    ref.load_state_dict(crossq.state_dict())
+    td = sac.continuous_batch(None, (7,))
+    torch.manual_seed(9)
+    out = crossq(td.clone())
+    torch.manual_seed(9)
+    expected = ref(td.clone())
+    for key in ("loss_qvalue", "loss_actor", "loss_alpha"):
+        torch.testing.assert_close(out[key], expected[key])
+    assert crossq.target_names == []
+
+
+def test_crossq_normalizes_current_and_next_pairs_together():
+    """A batch-norm critic sees both halves in one pass: its running mean (momentum 1) is the
+    mean over the current and the next state-action pairs."""
+    from steersman.objectives import CrossQLoss
+    from steersman.objectives.sac import _sample
+    from tests.objectives import cases_sac as sac
+
+    class BNQ(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(sac.OBS + sac.ACT, momentum=1.0)
+            self.out = nn.Linear(sac.OBS + sac.ACT, 1)
+
+        def forward(self, observation, action):
+            return self.out(self.bn(torch.cat([observation, action], -1)))
+
+    torch.manual_seed(10)
+    loss = CrossQLoss(sac.actor(), TensorDictModule(BNQ(), ["observation", "action"], ["state_action_value"]),
+                      num_qvalue_nets=1, target_entropy=-2.0)
+    td = sac.continuous_batch(None, (6,))
+    torch.manual_seed(11)
+    loss._qvalue_loss(td, td["action"], torch.tensor(0.5))
+    torch.manual_seed(11)
+    next_action, _ = _sample(loss, loss.actor_network, td["next"])
+    x = torch.cat([torch.cat([td["observation"], td["action"]], -1), torch.cat([td["next", "observation"], next_action], -1)])
+    torch.testing.assert_close(loss.qvalue_network_params["module", "bn", "running_mean"][0], x.mean(0))

@@ -9,6 +9,7 @@ from .a2c import A2CLoss
 from .bc import BCLoss
 from .common import LossModule, total_loss
 from .cql import CQLLoss
+from .crossq import CrossQLoss
 from .ddpg import DDPGLoss
 from .discrete_cql import DiscreteCQLLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
@@ -109,4 +110,5 @@ __all__ = [
     "TD3BCLoss",
     "GAILLoss",
     "RNDLoss",
+    "CrossQLoss",
 ]
