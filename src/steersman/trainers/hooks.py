@@ -62,7 +62,9 @@ class BatchSubSampler(TrainerHookBase):
 
     Returns ``[batch_size // L, L]`` with ``L = sub_traj_len`` (``T`` when 0), each row a
     contiguous window of one trajectory; windows start where at least
-    ``max(min_sub_traj_len, 1)`` valid steps follow. Registered at ``process_optim_batch``.
+    ``max(min_sub_traj_len, 1)`` valid steps follow. A flat ``[T]`` batch is one stream
+    (windows of it), or ``batch_size`` random elements when ``sub_traj_len`` is 0.
+    Registered at ``process_optim_batch``.
     """
 
     def __init__(self, batch_size: int, sub_traj_len: int = 0, min_sub_traj_len: int = 0) -> None:
@@ -75,8 +77,9 @@ class BatchSubSampler(TrainerHookBase):
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
         if batch.ndim == 1:
-            idx = torch.randint(batch.shape[0], (self.batch_size,))
-            return batch[idx]
+            if not self.sub_traj_len:
+                return batch[torch.randint(batch.shape[0], (self.batch_size,))]
+            batch = batch.unsqueeze(0)  # one time-ordered stream (a single-env collector)
         batch = batch.reshape(-1, batch.shape[-1]) if batch.ndim > 2 else batch
         n_traj, horizon = batch.shape
         length = self.sub_traj_len or horizon
@@ -296,7 +299,7 @@ class LogValidationReward(TrainerHookBase):
             return None
         with set_exploration_type(self.exploration_type):
             td = self.environment.rollout(self.record_frames // self.frame_skip,
-                                          self.policy_exploration, auto_cast_to_device=True,
+                                          self.policy_exploration,
                                           break_when_any_done=False)
         out: dict[str, Any] = {"log_pbar": self.log_pbar}
         for key in self.log_keys:
