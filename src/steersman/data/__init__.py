@@ -1,9 +1,10 @@
 """L2: data. Tensor specs and replay buffers (storages, samplers, writers)."""
 
+from .postprocs import MultiStep
 from .replay_buffers import *  # noqa: F403
 from .replay_buffers import __all__ as _rb_all
 from .specs import *  # noqa: F403
 from .specs import __all__ as _specs_all
 from .utils import DEVICE_TYPING, create_infinite_iterator
 
-__all__ = list(_specs_all) + list(_rb_all) + ["DEVICE_TYPING", "create_infinite_iterator"]
+__all__ = list(_specs_all) + list(_rb_all) + ["DEVICE_TYPING", "create_infinite_iterator", "MultiStep"]
