@@ -25,6 +25,7 @@ from .samplers import (
 )
 from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
+from .trajectories import find_start_stop_traj
 from .writers import (
     ImmutableDatasetWriter,
     RoundRobinWriter,
@@ -64,4 +65,5 @@ __all__ = [
     "CompressedListStorage",
     "ImmutableDatasetWriter",
     "prefill_replay_buffer",
+    "find_start_stop_traj",
 ]
