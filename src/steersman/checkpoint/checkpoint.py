@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -40,7 +41,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from steersman.tensordict.files import LoadError, fsync_dir, fsync_file
+from steersman.tensordict import TensorDictBase
+from steersman.tensordict.files import LoadError, fsync_dir, fsync_file, temp_writer_alive
 
 __all__ = [
     "Checkpoint", "CheckpointAdapter", "CheckpointBest", "CheckpointError", "CheckpointFormat",
@@ -320,10 +322,11 @@ class Checkpoint:
         for cls in type(component).__mro__:
             if cls in self._type_adapters:
                 return self._type_adapters[cls]
+        if hasattr(component, "dumps") and hasattr(component, "loads") and \
+                not isinstance(component, TensorDictBase):
+            return DumpLoadCheckpointAdapter()
         if hasattr(component, "state_dict") and hasattr(component, "load_state_dict"):
             return StateDictCheckpointAdapter()
-        if hasattr(component, "dumps") and hasattr(component, "loads"):
-            return DumpLoadCheckpointAdapter()
         if _is_json_value(component):
             return JSONCheckpointAdapter()
         raise TypeError(f"Checkpoint: component {name!r} ({type(component).__name__}) has no "
@@ -360,6 +363,7 @@ class Checkpoint:
         metadata = dict(metadata or {})
         json.dumps(metadata)  # refuse non-JSON metadata before writing anything
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temps(path)
         tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         try:
             tmp.mkdir()
@@ -480,9 +484,16 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
+def _remove_dead_temps(path: Path) -> None:
+    """Delete the temp siblings ``.<name>[.old|.zip].<pid>.<id>.tmp`` of writers that died."""
+    for entry in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        if not temp_writer_alive(entry.name):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+
+
 def _replace_dir(tmp: Path, path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        old = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.old"
+        old = path.parent / f".{path.name}.old.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         os.rename(path, old)
         os.rename(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
@@ -494,7 +505,7 @@ def _replace_dir(tmp: Path, path: Path) -> None:
 
 
 def _replace_with_archive(tmp: Path, path: Path, compression: str) -> None:
-    zpath = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.zip.tmp"
+    zpath = path.parent / f".{path.name}.zip.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     mode = zipfile.ZIP_DEFLATED if compression == "deflate" else zipfile.ZIP_STORED
     try:
         with zipfile.ZipFile(zpath, "w", compression=mode) as zf:
