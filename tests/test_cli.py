@@ -158,6 +158,8 @@ def test_bad_input_end_to_end():
         (["train", "ppo", "seed.x=1"], "'seed' is a value, not a group"),
         (["frobnicate"], "unknown command 'frobnicate'; valid commands: train, eval, resume, export, plot, envs"),
         (["envs", "x"], "takes no arguments"),
+        (["train", "ppo", "distributed=ray"], "ppo has no distributed option (it runs on one machine)"),
+        (["train", "sac", "distributed=rayy"], "distributed.backend"),
     ],
 )
 def test_bad_input_is_one_line(argv, needle, capsys, tmp_path, monkeypatch):

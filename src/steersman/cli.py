@@ -261,6 +261,19 @@ def _pick_algo(args: list[str]) -> tuple[str, list[str]]:
     return "ppo", args
 
 
+def _distributed_shorthand(algos: list[str], override: str) -> str:
+    """``distributed=ray`` is ``distributed.backend=ray`` (recipes with a ``distributed`` field)."""
+    if not override.startswith("distributed="):
+        return override
+    from .recipes import config_class
+
+    lacking = [a for a in algos if "distributed" not in {f.name for f in dataclasses.fields(config_class(a))}]
+    if lacking:
+        raise UsageError(f"{lacking[0]} has no distributed option (it runs on one machine); "
+                         "recipes with distributed=ray: sac")
+    return "distributed.backend=" + override.split("=", 1)[1]
+
+
 def _group_as_keys(key: str, value: str) -> str:
     """A config-group choice as the override it stands for (``env=pendulum`` -> ``env.name=...``)."""
     if key == "env":
@@ -310,6 +323,7 @@ def cmd_train(args: list[str]) -> int:
         return 0
     flags, overrides = _split_flags(args)
     multirun = "-m" in flags or "--multirun" in flags
+    overrides = [_distributed_shorthand(algos, ov) for ov in overrides]
     for a in algos:
         check_overrides(a, overrides)
     if not any(f in flags for f in ("--cfg", "-c", "--info", "-i")):  # those only print

@@ -22,9 +22,10 @@ from steersman.recipes.checkpoint import load_checkpoint
 from tests.recipes._tiny import tiny_config
 
 #: graphs one compiled run makes: one per update function (TD3: critic, actor + targets)
-GRAPHS = {"ppo": 1, "a2c": 1, "dqn": 1, "ddpg": 1, "td3": 2}
+GRAPHS = {"ppo": 1, "a2c": 1, "dqn": 1, "ddpg": 1, "td3": 2, "sac": 1}
 #: the optimizer entries of each recipe's checkpoint
-OPTIMS = {"ppo": ["optim"], "a2c": ["optim"], "dqn": ["optim"], "ddpg": ["optim"], "td3": ["optim_actor", "optim_critic"]}
+OPTIMS = {"ppo": ["optim"], "a2c": ["optim"], "dqn": ["optim"], "ddpg": ["optim"], "td3": ["optim_actor", "optim_critic"],
+          "sac": ["optim"]}
 
 
 @pytest.fixture(autouse=True)

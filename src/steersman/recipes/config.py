@@ -225,7 +225,7 @@ _AT_LEAST = {
 _POSITIVE = {"lr", "max_grad_norm", "eps", "utd_ratio"}
 _UNIT = {"gamma", "gae_lambda", "tau", "exploration_fraction", "eps_init", "eps_end", "expectile", "clip_epsilon"}
 _CHOICES = {"export_format": ("torch-export", "onnx", "none"), "loss_function": ("l2", "smooth_l1", "l1"),
-            "preset": ("auto", "mujoco", "none")}
+            "preset": ("auto", "mujoco", "none"), "backend": ("none", "ray")}
 
 
 def validate_config(cfg: Any, prefix: str = "") -> None:

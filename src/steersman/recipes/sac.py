@@ -43,8 +43,10 @@ from steersman.data import Categorical
 from steersman.envs import EnvBase
 from steersman.modules import MLP, ProbabilisticActor, ValueOperator
 from steersman.objectives import SoftUpdate
+from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from steersman.objectives.sac import DiscreteSACLoss, SACLoss
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule
+from steersman.tensordict.nn import optim as functional_optim
 
 from .config import (
     CheckpointConfig,
@@ -102,6 +104,10 @@ class SACConfig:
     """Critic regression distance: l2, smooth_l1 or l1."""
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden layer widths of the actor and of the critics."""
+    compile: bool = False
+    """torch.compile each update as one graph (the functional update; eager, with a warning, if it cannot)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     preset: str = "auto"
     """Env-specific defaults: auto (MuJoCo settings for gym MuJoCo ids), mujoco (always) or none."""
     seed: int = 0
@@ -180,7 +186,11 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
                           alpha_init=cfg.alpha_init, target_entropy=target_entropy)
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
-    optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
+    if cfg.compile:  # a pure functional step (torch.func gradients, functional Adam, soft target update), compiled whole
+        functional = FunctionalUpdate(loss_fn, functional_optim.Adam(lr=cfg.optim.lr))
+        optim: Any = OptimizerState(functional.optimizer.init(functional.params()))
+    else:
+        optim = torch.optim.Adam(loss_fn.parameters(), lr=cfg.optim.lr, fused=True)
     check_distributed(cfg.distributed)
     updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
     run = Run("sac", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
@@ -191,15 +201,18 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
     episodes = EpisodeReturns()
     try:
         run.track(policy=actor, loss=loss_fn, optim=optim, collector=collector, episodes=episodes, buffer=rb)
-        _loop(cfg, run, collector, rb, episodes, loss_fn, optim, target_updater, actor, eval_env, updates_per_batch)
+        # after track: it starts from the restored parameters
+        compiled = CompiledUpdate(functional, optim, tau=cfg.tau, backend=cfg.compile_backend) if cfg.compile else None
+        _loop(cfg, run, collector, rb, episodes, loss_fn, optim, target_updater, actor, eval_env, updates_per_batch,
+              compiled)
     finally:
         shutdown(collector, rb)
     return run.wrap_up(actor, eval_env)
 
 
 def _loop(cfg: SACConfig, run: Run, collector: Any, rb: Any, episodes: EpisodeReturns, loss_fn: nn.Module,
-          optim: torch.optim.Optimizer, target_updater: SoftUpdate, actor: nn.Module, eval_env: EnvBase,
-          updates_per_batch: int) -> None:
+          optim: Any, target_updater: SoftUpdate, actor: nn.Module, eval_env: EnvBase,
+          updates_per_batch: int, compiled: CompiledUpdate | None) -> None:
     frames = run.frames
     remote = cfg.distributed.backend != "none"
     metrics: dict[str, Any] = {}
@@ -216,12 +229,17 @@ def _loop(cfg: SACConfig, run: Run, collector: Any, rb: Any, episodes: EpisodeRe
 
         if frames >= cfg.learning_starts:
             for _ in range(updates_per_batch):
-                losses = loss_fn(rb.sample())
-                total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
-                optim.zero_grad(set_to_none=True)
-                total.backward()
-                optim.step()
-                target_updater.step()
+                if compiled is not None:
+                    losses = compiled(rb.sample())  # the step and the soft target update, one graph
+                else:
+                    losses = loss_fn(rb.sample())
+                    total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
+                    optim.zero_grad(set_to_none=True)
+                    total.backward()
+                    optim.step()
+                    target_updater.step()
+            if compiled is not None:
+                compiled.sync()  # the actor (collection, eval, checkpoints) gets the new parameters
             metrics = {"train/loss_actor": losses["loss_actor"], "train/loss_qvalue": losses["loss_qvalue"],
                        "train/alpha": losses["alpha"], "train/entropy": losses["entropy"]}
             if remote:
