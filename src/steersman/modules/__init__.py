@@ -39,6 +39,7 @@ from .distributions import (
     NormalParamExtractor,
     OneHotCategorical,
     ReparamGradientStrategy,
+    TanhDelta,
     TanhNormal,
     TruncatedNormal,
 )
@@ -48,6 +49,15 @@ from .exploration_wrappers import (
     AdditiveGaussianWrapper,
     EGreedyWrapper,
     OrnsteinUhlenbeckProcessWrapper,
+)
+from .layers import (
+    BatchRenorm1d,
+    ConsistentDropout,
+    ConsistentDropoutModule,
+    DistributionalDQNnet,
+    NormalParamWrapper,
+    TanhModule,
+    set_exploration_modules_spec_from_env,
 )
 from .mlp import MLP
 from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
@@ -154,4 +164,13 @@ __all__ = [
     "EGreedyWrapper",
     "AdditiveGaussianWrapper",
     "OrnsteinUhlenbeckProcessWrapper",
+    # layers, squashing, distributional head, helpers
+    "BatchRenorm1d",
+    "ConsistentDropout",
+    "ConsistentDropoutModule",
+    "TanhModule",
+    "TanhDelta",
+    "DistributionalDQNnet",
+    "NormalParamWrapper",
+    "set_exploration_modules_spec_from_env",
 ]

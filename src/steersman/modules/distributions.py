@@ -7,6 +7,9 @@ Every class has a ``deterministic_sample`` (what a policy plays under
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from torch import Tensor
 from torch import distributions as D
 
@@ -23,6 +26,7 @@ from ..tensordict.nn import (
 
 __all__ = [
     "IndependentNormal",
+    "TanhDelta",
     "TanhNormal",
     "TruncatedNormal",
     "Delta",
@@ -79,3 +83,81 @@ class IndependentNormal(D.Independent):
     @property
     def deterministic_sample(self) -> Tensor:
         return self.base_dist.mean
+
+
+class TanhDelta(D.Distribution):
+    """A Dirac delta at ``low + (high - low) * (tanh(param) + 1) / 2``: a deterministic
+    bounded action (DDPG/TD3 policies) behind the distribution interface.
+
+    Args:
+        param: the pre-squash value, ``[*batch, *event]``.
+        low: lower bound (number or tensor broadcastable to ``param``; default -1).
+        high: upper bound (default 1).
+        event_dims: number of trailing event dims (default 1).
+        atol, rtol: tolerance of :meth:`log_prob`'s equality test.
+        safe: unused (TorchRL's flag; kept for signature compatibility).
+
+    ``sample``/``rsample``/``mode``/``mean``/``deterministic_sample`` all give the point
+    (``rsample`` keeps the gradient to ``param``). ``log_prob(x)`` is 0 where ``x`` equals
+    the point (within tolerance) over the whole event, ``-inf`` elsewhere; shape
+    ``[*batch]``. TorchRL 0.14 places the point elsewhere for asymmetric bounds and gives
+    ``-inf`` for its own samples; this follows the documented squash.
+
+    Example:
+        >>> import torch
+        >>> d = TanhDelta(torch.tensor([[0.0, 100.0]]), low=-2.0, high=3.0)
+        >>> d.mode
+        tensor([[0.5000, 3.0000]])
+        >>> d.log_prob(d.sample())
+        tensor([0.])
+    """
+
+    arg_constraints: dict = {}
+    has_rsample = True
+
+    def __init__(
+        self,
+        param: Tensor,
+        low: Tensor | float = -1.0,
+        high: Tensor | float = 1.0,
+        event_dims: int = 1,
+        atol: float = 1e-6,
+        rtol: float = 1e-6,
+        safe: bool = True,
+    ) -> None:
+        low_t = torch.as_tensor(low, dtype=param.dtype, device=param.device)
+        high_t = torch.as_tensor(high, dtype=param.dtype, device=param.device)
+        if not bool((low_t < high_t).all()):
+            raise ValueError(f"TanhDelta: low must be < high, got low={low} and high={high}")
+        if event_dims > param.ndim:
+            raise ValueError(f"TanhDelta: event_dims={event_dims} but param has shape {list(param.shape)}")
+        self.low, self.high, self.event_dims, self.atol, self.rtol = low_t, high_t, event_dims, atol, rtol
+        self.param = param
+        self._point = low_t + (high_t - low_t) * (param.tanh() + 1) / 2
+        cut = param.ndim - event_dims
+        super().__init__(param.shape[:cut], param.shape[cut:], validate_args=False)
+
+    def rsample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> Tensor:
+        return self._point.expand(*sample_shape, *self._point.shape)
+
+    def sample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> Tensor:
+        return self.rsample(sample_shape).detach()
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        close = torch.isclose(value, self._point.expand_as(value), atol=self.atol, rtol=self.rtol)
+        if self.event_dims:
+            close = close.flatten(-self.event_dims).all(-1)
+        zero = torch.zeros((), dtype=value.dtype, device=value.device)
+        return torch.where(close, zero, torch.full_like(zero, -float("inf")))
+
+    @property
+    def mode(self) -> Tensor:
+        return self._point
+
+    @property
+    def mean(self) -> Tensor:
+        return self._point
+
+    @property
+    def deterministic_sample(self) -> Tensor:
+        return self._point
