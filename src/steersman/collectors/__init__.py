@@ -7,19 +7,33 @@ names them ``MultiSyncCollector``, ``MultiAsyncCollector`` and ``AsyncCollector`
 sets of names are here). ``split_trajectories`` cuts a batch into one row per trajectory.
 """
 
+from .base import BaseCollector
 from .collector import Collector, SyncDataCollector
 from .multi import (
     AsyncCollector,
     CollectorWorkerError,
     MultiAsyncCollector,
     MultiaSyncDataCollector,
+    MultiCollector,
     MultiSyncCollector,
     MultiSyncDataCollector,
     aSyncDataCollector,
 )
 from .utils import split_trajectories
+from .weight_update import (
+    MultiProcessedWeightUpdater,
+    RemoteModuleWeightUpdater,
+    VanillaWeightUpdater,
+    WeightUpdaterBase,
+)
 
 __all__ = [
+    "BaseCollector",
+    "MultiCollector",
+    "WeightUpdaterBase",
+    "VanillaWeightUpdater",
+    "MultiProcessedWeightUpdater",
+    "RemoteModuleWeightUpdater",
     "Collector",
     "SyncDataCollector",
     "MultiSyncDataCollector",

@@ -74,7 +74,10 @@ def worker_main(idx: int, conn: Any, payload: bytes, weights: SharedWeights | No
 def _setup(idx: int, fd: int, payload: bytes, weights: SharedWeights | None, shared: bool) -> tuple[Any, Any, bytes]:
     """Builds the worker's collector and its command handler (see ``pool.serve``)."""
     spec = pickle.loads(payload)
-    collector = Collector(spec["create_env_fn"], spec["policy"], **spec["kwargs"])
+    if spec.get("init_fn") is not None:
+        spec["init_fn"]()
+    policy = spec["policy"] if spec.get("policy_factory") is None else spec["policy_factory"]()
+    collector = Collector(spec["create_env_fn"], policy, **spec["kwargs"])
     collector._set_traj_id_scheme(spec["num_workers"], idx)
     memories: list[SharedMemory] = []
     if shared:
@@ -93,6 +96,7 @@ def _setup(idx: int, fd: int, payload: bytes, weights: SharedWeights | None, sha
         if cmd == COLLECT:
             if weights is not None:
                 seen = weights.read_into(own_weights, seen)
+                collector._policy_version = max(0, seen // 2 - 1)  # 2 per write; the first at start
             collector._rollout(random=msg[1] == 1)
             buf = collector._buffer
             if buf is described:

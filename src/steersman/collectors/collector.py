@@ -25,8 +25,10 @@ from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
 from ._buffer import RolloutBuffer
 from ._env_state import env_state, load_env_state
-from ._policy import RandomPolicy, as_weights, copy_weights_, policy_output_check, weights_of
+from ._policy import RandomPolicy, policy_output_check, weights_of
+from .base import BaseCollector, check_unsupported, run_hook
 from .utils import dense_copy, split_trajectories
+from .weight_update import VanillaWeightUpdater, WeightUpdaterBase
 
 __all__ = ["Collector", "SyncDataCollector", "assign_traj_ids", "finish_batch"]
 
@@ -119,7 +121,7 @@ def td_from_state(state: dict | None, device: Any) -> TensorDict | None:
     return TensorDict(state["data"], batch_size=state["batch_size"], device=device)
 
 
-class Collector:
+class Collector(BaseCollector):
     """Runs ``policy`` in an env and yields batches of ``frames_per_batch`` transitions.
 
     Iterating gives TensorDicts shaped ``[*env.batch_size, T]`` with
@@ -177,6 +179,26 @@ class Collector:
         set_truncated: mark the last step of every batch ``truncated`` and ``done`` (as
             TorchRL does: the env goes on, and the next batch continues the trajectory ids;
             for value targets that must stop at the batch end).
+        policy_factory: a callable returning the policy (instead of ``policy``).
+        weight_updater: how :meth:`update_policy_weights_` sends weights: a
+            :class:`~steersman.collectors.WeightUpdaterBase` (or a callable returning one);
+            default :class:`~steersman.collectors.VanillaWeightUpdater`.
+        track_policy_version: write ``"policy_version"`` (int64, ``[*env_batch, T]``) in
+            every batch: the number of weight updates the policy had received at each step.
+        pre_collect_hook: called with no argument before each batch is collected.
+        post_collect_hook: called with each batch before it is yielded.
+        num_collectors, backend, sync: TorchRL's generic constructor: with
+            ``num_collectors`` (or ``backend="process"``), ``Collector(...)`` builds a
+            :class:`~steersman.collectors.MultiCollector` of that many workers (``sync``:
+            default ``False``, asynchronous); ``backend="direct"`` (default) this class.
+        worker_idx: the index of this collector among workers (stored as ``worker_idx``).
+        track_traj_ids, use_buffers, cudagraph_policy: accepted, no effect (trajectory ids
+            are always written, once per batch; batches always go through a preallocated
+            buffer; the policy is not CUDA-graphed).
+        trajs_per_batch, trajs_per_write, traj_format, compact_obs, extend_buffer=False,
+        auto_register_policy_transforms, interruptor, weight_sync_schemes,
+        weight_recv_schemes, backend_options: not supported (``NotImplementedError``
+            naming the reason) unless left at their defaults.
 
     Raises:
         ValueError: ``frames_per_batch`` is not a positive multiple of the number of
@@ -229,7 +251,41 @@ class Collector:
         compile_policy: bool | dict | None = False,
         no_cuda_sync: bool = False,
         set_truncated: bool = False,
+        policy_factory: Callable[[], Callable] | None = None,
+        weight_updater: WeightUpdaterBase | Callable[[], WeightUpdaterBase] | None = None,
+        track_policy_version: bool = False,
+        pre_collect_hook: Callable[[], None] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        num_collectors: int | None = None,
+        backend: str | None = None,
+        sync: bool | None = None,
+        worker_idx: int | None = None,
+        track_traj_ids: bool = True,
+        use_buffers: bool | None = None,
+        cudagraph_policy: bool | dict | None = False,
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
+        compact_obs: bool = False,
+        extend_buffer: bool = True,
+        auto_register_policy_transforms: bool | None = None,
+        interruptor: Any = None,
+        weight_sync_schemes: Any = None,
+        weight_recv_schemes: Any = None,
+        backend_options: dict | None = None,
     ) -> None:
+        check_unsupported(type(self).__name__, trajs_per_batch=trajs_per_batch, trajs_per_write=trajs_per_write,
+                          compact_obs=compact_obs, extend_buffer=extend_buffer,
+                          auto_register_policy_transforms=auto_register_policy_transforms,
+                          interruptor=interruptor, weight_sync_schemes=weight_sync_schemes,
+                          weight_recv_schemes=weight_recv_schemes, backend_options=backend_options)
+        if backend not in (None, "direct") or sync is not None:
+            raise ValueError(f"Collector: backend={backend!r}, sync={sync!r}: only backend='direct' (this class) "
+                             "or 'process' (with num_collectors) exist; sync is for the process backend")
+        if policy_factory is not None:
+            if policy is not None:
+                raise ValueError("Collector: pass policy or policy_factory, not both")
+            policy = policy_factory()
         env = self._make_env(create_env_fn, create_env_kwargs)
         try:
             self._setup(env, policy, frames_per_batch, total_frames, device, storing_device,
@@ -264,6 +320,28 @@ class Collector:
         self._buffer: RolloutBuffer | None = None
         self._allocate: Callable[[int], Tensor] | None = None  # set by worker processes
         self._closed = False
+        self.worker_idx = worker_idx
+        self.pre_collect_hook = pre_collect_hook
+        self.post_collect_hook = post_collect_hook
+        self.track_policy_version = bool(track_policy_version)
+        self._init_weight_updater(weight_updater)
+
+    def __new__(cls, *args: Any, num_collectors: int | None = None, backend: str | None = None,
+                sync: bool | None = None, **kwargs: Any) -> Any:
+        if cls is Collector and (num_collectors is not None or backend == "process"):
+            from .multi import MultiCollector  # multi imports this module
+
+            return MultiCollector(*args, num_workers=num_collectors, sync=bool(sync), **kwargs)
+        return super().__new__(cls)
+
+    def _default_weight_updater(self) -> WeightUpdaterBase:
+        return self._transport_weight_updater()
+
+    def _transport_weight_updater(self) -> WeightUpdaterBase:
+        """The updater that copies weights into the policy this collector runs."""
+        orig = self._orig_policy
+        return VanillaWeightUpdater(weight_getter=None if orig is None else lambda: weights_of(orig),
+                                    policy_weights=weights_of(self.policy))
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -435,7 +513,11 @@ class Collector:
         buf: RolloutBuffer
         truncate = self.max_frames_per_traj is not None
         with torch.no_grad(), set_exploration_type(self.exploration_type, thread_local=True):
+            version = (torch.full(tuple(env.batch_size), self._policy_version, dtype=torch.int64,
+                                  device=env.device) if self.track_policy_version else None)
             for t in range(self._steps_per_batch):
+                if version is not None:
+                    td.set("policy_version", version)
                 out = policy(td)
                 if out is not None:
                     td = out
@@ -473,23 +555,13 @@ class Collector:
         """Yields batches until ``total_frames`` are collected (``None`` with a replay buffer)."""
         while self._frames < self.total_frames:
             self._iter += 1
+            run_hook(self.pre_collect_hook)
             batch = self._rollout(self._frames < self.init_random_frames)
             self._frames += self.frames_per_batch
+            if self.post_collect_hook is not None:
+                self.post_collect_hook(batch)
             yield finish_batch(batch, copy=not self.return_same_td, split_trajs=self.split_trajs,
                                postproc=self.postproc, replay_buffer=self.replay_buffer)
-
-    def __iter__(self) -> Iterator[TensorDictBase | None]:
-        return self.iterator()
-
-    def next(self) -> TensorDictBase | None:
-        """The next batch (a new iterator step)."""
-        if not hasattr(self, "_it") or self._it is None:
-            self._it = self.iterator()
-        try:
-            return next(self._it)
-        except StopIteration:
-            self._it = None
-            return None
 
     def __len__(self) -> int:
         if self.total_frames != math.inf:
@@ -504,28 +576,6 @@ class Collector:
     def reset(self) -> None:
         """Resets every sub-env; the next batch starts new trajectories."""
         self._reset_all()
-
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None,
-                               policy: Any = None, worker_ids: Any = None) -> None:
-        """Copies new weights into the collector's policy.
-
-        Args:
-            policy_or_weights: a module, a TensorDict of weights (``TensorDict.from_module``)
-                or a ``state_dict``. ``None``: if the collector runs a copy of the policy on
-                ``policy_device``, the original's current weights are copied into it;
-                otherwise nothing to do (the collector runs the policy object itself).
-            weights, policy: keyword forms of ``policy_or_weights`` (TorchRL's names).
-            worker_ids: unused (multi-process collectors only).
-        """
-        src = next((s for s in (policy_or_weights, weights, policy) if s is not None), None)
-        if src is None:
-            if self._orig_policy is None:
-                return
-            src = self._orig_policy
-        dst = weights_of(self.policy)
-        if dst is None:
-            raise ValueError("update_policy_weights_: the collector's policy has no weights")
-        copy_weights_(dst, as_weights(src))
 
     def shutdown(self, close_env: bool = True) -> None:
         """Closes the env (idempotent). The collector cannot collect afterwards."""

@@ -34,6 +34,7 @@ import math
 import os
 import pickle
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -48,13 +49,16 @@ from steersman.envs.batched.pool import WorkerPool, check_start_method, dumps, f
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict.nn import ExplorationType
 
-from ._policy import SharedWeights, as_weights, weights_of
+from ._policy import SharedWeights, weights_of
 from ._shm import HAS_MEMFD, map_fd
 from ._worker import COLLECT, LOAD, RESET, SEED, STATE, worker_main
-from .collector import finish_batch, td_from_state, td_state
+from .base import BaseCollector, check_unsupported, run_hook
+from .collector import Collector, finish_batch, td_from_state, td_state
 from .utils import dense_copy
+from .weight_update import MultiProcessedWeightUpdater, RemoteModuleWeightUpdater, WeightUpdaterBase
 
 __all__ = [
+    "MultiCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "aSyncDataCollector",
@@ -92,7 +96,7 @@ def _creators(create_env_fn: Any, num_workers: int | None, kwargs: Any, owner: s
     return make_creators(num_workers, create_env_fn, kwargs, owner)
 
 
-class _MultiCollector:
+class _MultiCollector(BaseCollector):
     """The parent side of the multi-process collectors (see the module docstring)."""
 
     def __init__(
@@ -128,8 +132,47 @@ class _MultiCollector:
         start_timeout: float = 120.0,
         close_timeout: float = 10.0,
         cat_results: str | int | None = None,
+        policy_factory: Callable[[], Callable] | None = None,
+        weight_updater: WeightUpdaterBase | Callable[[], WeightUpdaterBase] | None = None,
+        track_policy_version: bool = False,
+        pre_collect_hook: Callable[[], None] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        init_fn: Callable[[], None] | None = None,
+        num_threads: int | None = None,
+        collector_class: Any = None,
+        worker_idx: int | None = None,
+        use_buffers: bool | None = None,
+        cudagraph_policy: bool | dict | None = False,
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
+        compact_obs: bool = False,
+        extend_buffer: bool = True,
+        auto_register_policy_transforms: bool | None = None,
+        preemptive_threshold: float | None = None,
+        weight_sync_schemes: Any = None,
+        weight_recv_schemes: Any = None,
+        sync: bool | None = None,
     ) -> None:
         owner = type(self).__name__
+        if sync is not None and bool(sync) != isinstance(self, MultiSyncDataCollector):
+            raise ValueError(f"{owner}: sync={sync!r} contradicts the class (use MultiCollector(..., sync=...))")
+        check_unsupported(owner, trajs_per_batch=trajs_per_batch, trajs_per_write=trajs_per_write,
+                          compact_obs=compact_obs, extend_buffer=extend_buffer,
+                          auto_register_policy_transforms=auto_register_policy_transforms,
+                          preemptive_threshold=preemptive_threshold, weight_sync_schemes=weight_sync_schemes,
+                          weight_recv_schemes=weight_recv_schemes)
+        if collector_class not in (None, Collector):
+            raise NotImplementedError(f"{owner}: collector_class={collector_class!r} is not supported: the workers "
+                                      "run steersman.collectors.Collector")
+        if policy_factory is not None and policy is not None:
+            raise ValueError(f"{owner}: pass policy or policy_factory, not both")
+        if num_threads is not None:
+            torch.set_num_threads(int(num_threads))
+        self.worker_idx = worker_idx
+        self.pre_collect_hook = pre_collect_hook
+        self.post_collect_hook = post_collect_hook
+        self._policy_factory = policy_factory
         creators = _creators(create_env_fn, num_workers, create_env_kwargs, owner)
         self.num_workers = n = len(creators)
         if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch < 1:
@@ -170,10 +213,13 @@ class _MultiCollector:
             "max_frames_per_traj": max_frames_per_traj, "reset_at_each_iter": reset_at_each_iter,
             "exploration_type": exploration_type, "reset_when_done": reset_when_done,
             "trust_policy": trust_policy, "compile_policy": compile_policy, "no_cuda_sync": no_cuda_sync,
-            "set_truncated": set_truncated, "return_same_td": True,
+            "set_truncated": set_truncated, "return_same_td": True, "track_policy_version": track_policy_version,
         }
-        w = weights_of(policy)
+        # with a policy_factory, one local instance gives the layout of the shared weights
+        w = weights_of(policy if policy_factory is None else policy_factory())
         self._weights = SharedWeights(w) if w is not None else None
+        self._init_weight_updater(weight_updater)
+        self._init_fn = init_fn
         # running state
         self._frames = 0
         self._iter = -1
@@ -201,7 +247,8 @@ class _MultiCollector:
         for creator in creators:
             if id(creator) not in payloads:
                 spec = {"create_env_fn": creator, "policy": policy, "kwargs": worker_kwargs,
-                        "num_workers": self.num_workers}
+                        "num_workers": self.num_workers, "policy_factory": self._policy_factory,
+                        "init_fn": self._init_fn}
                 payloads[id(creator)] = dumps(spec, owner, f"the env factory {creator.name}, its kwargs or the policy")
         base_seed = int(torch.randint(0, 2**62, ()).item())
         try:
@@ -292,9 +339,22 @@ class _MultiCollector:
                             replay_buffer=self.replay_buffer)
 
     # ------------------------------------------------------------------ control
+    def _default_weight_updater(self) -> WeightUpdaterBase:
+        if self._policy_factory is not None:  # the workers' policies are not this process's
+            return RemoteModuleWeightUpdater()
+        return self._transport_weight_updater()
+
+    def _transport_weight_updater(self) -> WeightUpdaterBase:
+        """The updater that writes the workers' shared weights (holding no reference to the
+        collector, so that garbage collection still stops the workers)."""
+        ref = weakref.ref(self)
+        return MultiProcessedWeightUpdater(get_server_weights=lambda: getattr(ref(), "policy", None),
+                                           policy_weights=self._weights)
+
     def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None,
                                policy: Any = None, worker_ids: Any = None) -> None:
-        """Publishes new policy weights to every worker (through shared memory).
+        """Publishes new policy weights to every worker (through :attr:`weight_updater`;
+        by default, one write into the shared memory all workers read).
 
         Args:
             policy_or_weights: a module, a TensorDict of weights or a ``state_dict``;
@@ -312,8 +372,7 @@ class _MultiCollector:
             raise RuntimeError(f"{type(self).__name__}: the collector was shut down")
         if self._weights is None:
             raise ValueError(f"{type(self).__name__}.update_policy_weights_: the policy has no weights")
-        src = next((s for s in (policy_or_weights, weights, policy) if s is not None), self.policy)
-        self._weights.write(as_weights(src))
+        super().update_policy_weights_(policy_or_weights, weights=weights, policy=policy, worker_ids=worker_ids)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seeds the workers' envs in turn (worker ``i`` gets the seed returned by worker
@@ -367,6 +426,9 @@ class _MultiCollector:
         self._ready = []
         self._worker_tds = [None] * self.num_workers
         self._memory = [None] * self.num_workers  # unmaps the batch memory (and its descriptor)
+        updater = getattr(self, "weight_updater", None)
+        if isinstance(updater, MultiProcessedWeightUpdater) and updater.policy_weights is self._weights:
+            updater.policy_weights = None  # releases the shared weights
         self._weights = None
 
     def __repr__(self) -> str:
@@ -377,7 +439,33 @@ class _MultiCollector:
         raise TypeError(f"{type(self).__name__} cannot be pickled (it owns worker processes)")
 
 
-class MultiSyncDataCollector(_MultiCollector):
+class MultiCollector(_MultiCollector):
+    """TorchRL 0.14's multi-process collector: ``MultiCollector(..., sync=True)`` is a
+    :class:`MultiSyncDataCollector`, ``sync=False`` (the default, as TorchRL's process
+    backend) a :class:`MultiaSyncDataCollector`; both are ``MultiCollector`` instances.
+
+    Args:
+        *args, **kwargs: as :class:`MultiSyncDataCollector` / :class:`MultiaSyncDataCollector`.
+        sync: gather one batch from every worker (``True``) or yield each worker's batch
+            as soon as it is ready (``False``).
+
+    Example:
+        >>> from steersman.collectors import MultiCollector, MultiSyncDataCollector
+        >>> from steersman.envs import CartPoleEnv
+        >>> collector = MultiCollector([CartPoleEnv, CartPoleEnv], sync=True, frames_per_batch=8,
+        ...                            total_frames=8)
+        >>> isinstance(collector, MultiSyncDataCollector), [b.batch_size for b in collector]
+        (True, [torch.Size([2, 4])])
+        >>> collector.shutdown()
+    """
+
+    def __new__(cls, *args: Any, sync: bool | None = None, **kwargs: Any) -> Any:
+        if cls is MultiCollector:  # Python then runs the chosen class's __init__
+            cls = MultiSyncDataCollector if sync else MultiaSyncDataCollector
+        return super().__new__(cls)
+
+
+class MultiSyncDataCollector(MultiCollector):
     """Runs one :class:`~steersman.collectors.Collector` per worker process; each batch
     gathers one batch from every worker.
 
@@ -451,6 +539,7 @@ class MultiSyncDataCollector(_MultiCollector):
             self._iter += 1
             if self.update_at_each_batch and self._weights is not None:
                 self.update_policy_weights_()
+            run_hook(self.pre_collect_hook)
             self._quiesce()  # replies of an interrupted wait, if any
             parts = dict(self._ready)  # restored or drained batches: at most one per worker
             self._ready = []
@@ -467,10 +556,11 @@ class MultiSyncDataCollector(_MultiCollector):
             else:
                 out = torch.cat(tds, self.cat_results)
             self._frames += self.frames_per_batch
+            run_hook(self.post_collect_hook, out)
             yield self._finish(out)
 
 
-class MultiaSyncDataCollector(_MultiCollector):
+class MultiaSyncDataCollector(MultiCollector):
     """Runs one :class:`~steersman.collectors.Collector` per worker process and yields each
     worker's batch as soon as it is ready.
 
@@ -519,6 +609,7 @@ class MultiaSyncDataCollector(_MultiCollector):
                 self._request_next(i)
         while self._frames < self.total_frames:
             self._iter += 1
+            run_hook(self.pre_collect_hook)
             if self._ready:
                 i, out = self._ready.pop(0)
             else:
@@ -531,6 +622,7 @@ class MultiaSyncDataCollector(_MultiCollector):
                 if self.update_at_each_batch and self._weights is not None:
                     self.update_policy_weights_()
                 self._request_next(i)  # the worker goes on while the batch is used
+            run_hook(self.post_collect_hook, out)
             yield self._finish(out)
 
     def _wait(self, workers: set[int], what: str, first: bool = False) -> dict[int, bytes]:

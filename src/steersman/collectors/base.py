@@ -1,0 +1,120 @@
+"""``BaseCollector``: what every collector shares (weight updates, policy version, hooks),
+and the checks of TorchRL keyword arguments that have no effect here or are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from steersman.tensordict import TensorDictBase
+
+from .weight_update import WeightUpdaterBase
+
+__all__ = ["BaseCollector", "check_unsupported"]
+
+
+class BaseCollector:
+    """The base class of the collectors (``Collector``, the multi-process ones).
+
+    Gives every collector :meth:`update_policy_weights_` (through its
+    :attr:`weight_updater`), :attr:`policy_version` (the number of weight updates so
+    far), ``iter(collector)`` and :meth:`next`. Subclasses implement ``iterator()`` and
+    ``_default_weight_updater()``.
+
+    Example:
+        >>> from steersman.collectors import BaseCollector, Collector
+        >>> from steersman.envs import CartPoleEnv
+        >>> isinstance(Collector(CartPoleEnv(), frames_per_batch=4), BaseCollector)
+        True
+    """
+
+    weight_updater: WeightUpdaterBase
+
+    def _init_weight_updater(self, weight_updater: Any) -> None:
+        """``weight_updater``: an updater, a class/callable building one, or ``None`` (default)."""
+        if weight_updater is None:
+            updater = self._default_weight_updater()
+        elif isinstance(weight_updater, WeightUpdaterBase):
+            updater = weight_updater
+        elif callable(weight_updater):
+            updater = weight_updater()
+        else:
+            updater = None
+        if not isinstance(updater, WeightUpdaterBase):
+            raise TypeError(f"{type(self).__name__}: weight_updater must be a WeightUpdaterBase or a callable "
+                            f"returning one, got {type(weight_updater).__name__}")
+        updater.register_collector(self)
+        self.weight_updater = updater
+        self._policy_version = 0
+
+    def _default_weight_updater(self) -> WeightUpdaterBase:
+        raise NotImplementedError
+
+    def _transport_weight_updater(self) -> WeightUpdaterBase:
+        """The updater that moves weights into the policy copies this collector runs."""
+        raise NotImplementedError
+
+    @property
+    def policy_version(self) -> int:
+        """The number of :meth:`update_policy_weights_` calls that pushed weights."""
+        return self._policy_version
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None,
+                               policy: Any = None, worker_ids: Any = None) -> None:
+        """Pushes new weights to the collector's policy (through :attr:`weight_updater`).
+
+        Args:
+            policy_or_weights: a module, a TensorDict of weights or a ``state_dict``;
+                ``None``: the updater's default source (see the collector's docs).
+            weights, policy: keyword forms of ``policy_or_weights`` (TorchRL's names).
+            worker_ids: the workers to update (multi-process collectors update all).
+        """
+        src = next((s for s in (policy_or_weights, weights, policy) if s is not None), None)
+        before = self.weight_updater.version
+        self.weight_updater.push_weights(src, worker_ids=worker_ids)
+        if self.weight_updater.version != before:
+            self._policy_version += 1
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch (``None`` once ``total_frames`` are collected)."""
+        if getattr(self, "_it", None) is None:
+            self._it = self.iterator()
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._it = None
+            return None
+
+
+def check_unsupported(owner: str, **kwargs: Any) -> None:
+    """Refuses TorchRL keyword arguments that steersman's collectors do not implement (with
+    the reason); each is allowed at its default value."""
+    reasons = {
+        "trajs_per_batch": "batches are frame-counted; use split_trajs=True (or split_trajectories) "
+                           "for one row per trajectory",
+        "trajs_per_write": "needs trajs_per_batch (not supported)",
+        "compact_obs": "next observations are always stored (the replay buffers and losses read them)",
+        "extend_buffer": "replay buffers are always extended with whole batches (TorchRL deprecates False)",
+        "auto_register_policy_transforms": "add InitTracker/TensorDictPrimer transforms to the env yourself",
+        "interruptor": "collection cannot be pre-empted",
+        "preemptive_threshold": "collection cannot be pre-empted",
+        "weight_sync_schemes": "weight sync schemes are not implemented; use weight_updater",
+        "weight_recv_schemes": "weight sync schemes are not implemented; use weight_updater",
+        "backend_options": "only the 'direct' and 'process' backends exist",
+    }
+    for name, value in kwargs.items():
+        refused = value is False if name == "extend_buffer" else value is not None and value is not False
+        if not refused:
+            continue
+        raise NotImplementedError(f"{owner}: {name}={value!r} is not supported: {reasons[name]}")
+
+
+def run_hook(hook: Callable | None, *args: Any) -> None:
+    if hook is not None:
+        hook(*args)
