@@ -11,6 +11,7 @@ from steersman.objectives import (
     BCLoss,
     CrossQLoss,
     DiscreteCQLLoss,
+    DiscreteIQLLoss,
     GAILLoss,
     ReinforceLoss,
     RNDLoss,
@@ -66,6 +67,12 @@ def rnd(update_fraction: float) -> RNDLoss:
     return RNDLoss(net(), net(), update_fraction=update_fraction)
 
 
+def discrete_iql(action_space: str) -> DiscreteIQLLoss:
+    q = TensorDictModule(sac.discrete_qvalue().module, ["observation"], ["state_action_value"])
+    dist = torch.distributions.OneHotCategorical if action_space == "one-hot" else torch.distributions.Categorical
+    return DiscreteIQLLoss(sac.discrete_actor(dist), q, sac.value(), action_space=action_space, expectile=0.7)
+
+
 REINFORCE_GRADS = {"loss_actor": {"actor_network."}, "loss_value": {"critic_network."}}
 
 CASES = [
@@ -88,4 +95,8 @@ CASES = [
              required_key="observation"),
     LossCase("CrossQLoss", lambda: CrossQLoss(sac.actor(), sac.qvalue(), target_entropy=-float(sac.ACT)),
              sac.continuous_batch, sac.SAC_GRADS),
+    LossCase("DiscreteIQLLoss", lambda: discrete_iql("one-hot"), sac.one_hot_batch,
+             {"loss_actor": sac.ACTOR, "loss_qvalue": sac.CRITICS, "loss_value": {"value_network."}}),
+    LossCase("DiscreteIQLLoss-categorical", lambda: discrete_iql("categorical"), sac.categorical_batch,
+             {"loss_actor": sac.ACTOR, "loss_qvalue": sac.CRITICS, "loss_value": {"value_network."}}),
 ]

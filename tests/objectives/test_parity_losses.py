@@ -282,3 +282,38 @@ def test_crossq_normalizes_current_and_next_pairs_together():
     next_action, _ = _sample(loss, loss.actor_network, td["next"])
     x = torch.cat([torch.cat([td["observation"], td["action"]], -1), torch.cat([td["next", "observation"], next_action], -1)])
     torch.testing.assert_close(loss.qvalue_network_params["module", "bn", "running_mean"][0], x.mean(0))
+
+
+@pytest.mark.parametrize("space", ["one-hot", "categorical"])
+def test_discrete_iql_is_iql_with_the_chosen_actions_value(space):
+    """``Q(s, a)`` is the dataset action's entry of the critic's per-action values: the loss
+    equals IQLLoss given a critic that reads that entry itself (same weights, same seed)."""
+    from steersman.objectives import DiscreteIQLLoss, IQLLoss
+    from tests.objectives import cases_sac as sac
+
+    class Chosen(nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, observation, action):
+            q = self.net(observation)
+            if space == "one-hot":
+                return (q * action).sum(-1, keepdim=True)
+            return q.gather(-1, action.long()[..., None])
+
+    torch.manual_seed(12)
+    dist = torch.distributions.OneHotCategorical if space == "one-hot" else torch.distributions.Categorical
+    actor, q_net, value = sac.discrete_actor(dist), nn.Linear(sac.OBS, sac.N_ACTIONS), sac.value()
+    loss = DiscreteIQLLoss(actor, TensorDictModule(q_net, ["observation"], ["state_action_value"]), value,
+                           action_space=space, expectile=0.7, temperature=2.0)
+    ref = IQLLoss(actor, TensorDictModule(Chosen(q_net), ["observation", "action"], ["state_action_value"]), value,
+                  expectile=0.7, temperature=2.0)
+    sd = {k.replace("module.net.", "module."): v for k, v in ref.state_dict().items()}
+    ref.load_state_dict({k: loss.state_dict()[kk] for k, kk in zip(ref.state_dict(), sd)})
+    td = (sac.one_hot_batch if space == "one-hot" else sac.categorical_batch)(None, (9,))
+    out, expected = loss(td.clone()), ref(td.clone())
+    for key in ("loss_actor", "loss_qvalue", "loss_value"):
+        torch.testing.assert_close(out[key], expected[key])
+    with pytest.raises(ValueError, match="action_space"):
+        DiscreteIQLLoss(actor, TensorDictModule(q_net, ["observation"], ["state_action_value"]), value, action_space="box")

@@ -12,6 +12,7 @@ from .cql import CQLLoss
 from .crossq import CrossQLoss
 from .ddpg import DDPGLoss
 from .discrete_cql import DiscreteCQLLoss
+from .discrete_iql import DiscreteIQLLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
 from .functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from .gail import GAILLoss
@@ -111,4 +112,5 @@ __all__ = [
     "GAILLoss",
     "RNDLoss",
     "CrossQLoss",
+    "DiscreteIQLLoss",
 ]

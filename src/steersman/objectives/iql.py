@@ -124,7 +124,7 @@ class IQLLoss(LossModule):
         """The loss terms of one batch ``[*batch]`` (see the module docstring)."""
         action = self._get(td, "action")
         with torch.no_grad():
-            target_q = _call_critics(self, td, action, self.target_qvalue_network_params)
+            target_q = self._critics(td, action, self.target_qvalue_network_params)
             target_q = target_q.min(0).values.squeeze(-1)  # [*batch]
         value = _call(self.value_network, td, self.tensor_keys.value).squeeze(-1)
 
@@ -149,12 +149,16 @@ class IQLLoss(LossModule):
             next_value = _call(self.value_network, td.get("next"), self.tensor_keys.value)
             self._get_next(td, "reward")  # shape-checked: [*batch, 1] like next_value
             target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
-        q = _call_critics(self, td, action, self.qvalue_network_params).squeeze(-1)  # [N, *batch]
+        q = self._critics(td, action, self.qvalue_network_params).squeeze(-1)  # [N, *batch]
         loss_qvalue = distance_loss(q, target.expand_as(q), self.loss_function).sum(0)
 
         td.set(self.tensor_keys.priority, (q - target).pow(2).max(0).values.detach())
         losses = {"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_value": loss_value}
         return _output(self, td, losses, {"entropy": -log_prob.mean()})
+
+    def _critics(self, td: TensorDictBase, action: torch.Tensor, params: TensorDictBase) -> torch.Tensor:
+        """Every critic's ``Q_i(s, a)`` for the dataset's action: ``[N, *batch, 1]``."""
+        return _call_critics(self, td, action, params)
 
     def _estimator_value_network(self) -> None:
         return None  # the loss computes V(s') itself and passes next_value=
