@@ -181,8 +181,38 @@ def _torch_load(file: Path, map_location: Any, extra: Mapping[str, Any]) -> Any:
                         file=file, field=None) from e
 
 
+_TD_TAG = "__tensordict__"
+
+
+def _to_plain(obj: Any) -> Any:
+    """TensorDicts inside a state dict as tagged plain dicts (``weights_only`` loads them)."""
+    if isinstance(obj, TensorDictBase):
+        return {_TD_TAG: list(obj.batch_size),
+                "data": {k: _to_plain(v) for k, v in obj.items()}}
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_plain(v) for v in obj)
+    return obj
+
+
+def _from_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if _TD_TAG in obj and set(obj) == {_TD_TAG, "data"}:
+            from steersman.tensordict import TensorDict
+
+            return TensorDict({k: _from_plain(v) for k, v in obj["data"].items()},
+                              batch_size=obj[_TD_TAG])
+        return {k: _from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_from_plain(v) for v in obj)
+    return obj
+
+
 class StateDictCheckpointAdapter(CheckpointAdapter):
     """``component.state_dict()`` into ``state.pt``; ``load_state_dict`` on load.
+
+    TensorDicts inside the state are stored as tagged plain dicts and rebuilt on load.
 
     Every ``payload_format`` is written as one ``torch.save`` file here (read back with
     ``weights_only=True``); the argument is accepted for TorchRL scripts.
@@ -202,12 +232,19 @@ class StateDictCheckpointAdapter(CheckpointAdapter):
     def save(self, component: Any, path: Path, *, args: tuple[Any, ...] = (),
              kwargs: Mapping[str, Any] | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(component.state_dict(*args, **dict(kwargs or {})), path / self.state_torch)
+        state = _to_plain(component.state_dict(*args, **dict(kwargs or {})))
+        torch.save(state, path / self.state_torch)
 
     def load(self, component: Any, path: Path, *, map_location: Any = None,
              tensor_load_kwargs: Mapping[str, Any] | None = None, args: tuple[Any, ...] = (),
              kwargs: Mapping[str, Any] | None = None) -> Any:
         state = _torch_load(path / self.state_torch, map_location, tensor_load_kwargs or {})
+        try:
+            state = _from_plain(state)
+        except (TypeError, ValueError, RuntimeError) as e:
+            file = path / self.state_torch
+            raise LoadError(f"{file}: malformed TensorDict entry ({e})", file=file,
+                            field=_TD_TAG) from None
         return component.load_state_dict(state, *args, **dict(kwargs or {}))
 
 
