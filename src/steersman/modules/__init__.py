@@ -70,6 +70,7 @@ from .qvalue import (
 )
 from .random_policy import RandomPolicy
 from .rnn import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
+from .rnn_python import GRU, LSTM, GRUCell, LSTMCell
 from .value_norm import PercentileValueNorm, PopArtValueNorm, RunningValueNorm, ValueNorm
 from .value_transforms import (
     ComposeValueTransform,
@@ -173,4 +174,9 @@ __all__ = [
     "DistributionalDQNnet",
     "NormalParamWrapper",
     "set_exploration_modules_spec_from_env",
+    # python LSTM/GRU (vmap/compile friendly)
+    "LSTM",
+    "GRU",
+    "LSTMCell",
+    "GRUCell",
 ]
