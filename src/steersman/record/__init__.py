@@ -27,6 +27,7 @@ from .loggers import (
 )
 from .plot import plot_learning_curves
 from .progress import ProgressBar
+from .recorder import PixelRenderTransform, TensorDictRecorder, VideoRecorder
 from .run_dir import NotARunDirError, RunDir
 from .video import EpisodeVideo, record_episode, video_to_frames, write_video
 
@@ -43,6 +44,9 @@ __all__ = [
     "generate_exp_name",
     "ProgressBar",
     "plot_learning_curves",
+    "VideoRecorder",
+    "PixelRenderTransform",
+    "TensorDictRecorder",
     "EpisodeVideo",
     "record_episode",
     "video_to_frames",
