@@ -176,10 +176,11 @@ class LogScalar(TrainerHookBase):
 
 
 class LogTiming(TrainerHookBase):
-    """Logs the mean wall time of the trainer's hook points (``<prefix>/<point>``).
+    """Logs wall times as ``<prefix>/<name>``: ``iteration`` (one collector batch with its
+    optimization) and whatever code reports with :meth:`record`.
 
-    The trainer reports timings with :meth:`record`; ``percall=False`` logs totals and
-    ``erase=True`` clears them after each log.
+    ``percall=True`` logs means per call, ``False`` totals; ``erase=True`` clears them after
+    each log. (TorchRL also times each hook separately; here that is left to ``record``.)
     """
 
     def __init__(self, prefix: str = "time", percall: bool = True, erase: bool = False) -> None:
