@@ -317,3 +317,7 @@ def test_discrete_iql_is_iql_with_the_chosen_actions_value(space):
         torch.testing.assert_close(out[key], expected[key])
     with pytest.raises(ValueError, match="action_space"):
         DiscreteIQLLoss(actor, TensorDictModule(q_net, ["observation"], ["state_action_value"]), value, action_space="box")
+    with pytest.warns(DeprecationWarning, match="make_value_estimator"):
+        old_style = DiscreteIQLLoss(actor, TensorDictModule(q_net, ["observation"], ["state_action_value"]), value,
+                                    action_space=space, gamma=0.5)
+    assert old_style.value_estimator.gamma == 0.5

@@ -24,7 +24,8 @@ class DiscreteIQLLoss(IQLLoss):
 
     Args: those of :class:`~steersman.objectives.IQLLoss` plus ``action_space``
     (``"one-hot"``, ``"categorical"`` or a ``OneHot``/``Categorical`` spec; ``None``
-    assumes one-hot, with a warning). ``qvalue_network`` writes ``"state_action_value"``
+    assumes one-hot, with a warning) and ``gamma`` (deprecated, as in TorchRL: use
+    ``loss.make_value_estimator(gamma=...)``). ``qvalue_network`` writes ``"state_action_value"``
     with one entry per action.
 
     Example:
@@ -57,6 +58,7 @@ class DiscreteIQLLoss(IQLLoss):
         loss_function: str = "smooth_l1",
         temperature: float = 1.0,
         expectile: float = 0.5,
+        gamma: float | None = None,
         separate_losses: bool = False,
         reduction: str = "mean",
     ) -> None:
@@ -66,6 +68,8 @@ class DiscreteIQLLoss(IQLLoss):
             separate_losses=separate_losses, reduction=reduction,
         )
         self.action_space, self.n_actions = _find_action_space(action_space)
+        if gamma is not None:
+            self._deprecated_gamma(gamma)
 
     def _critics(self, td: TensorDictBase, action: torch.Tensor, params: TensorDictBase) -> torch.Tensor:
         """Every critic's value of the dataset's action: ``[N, *batch, 1]``."""

@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..tensordict import TensorDictBase
+from .common import torchrl_compat
 from .td3 import TD3Loss
 from .utils import reduce_loss
 
@@ -25,7 +26,9 @@ class TD3BCLoss(TD3Loss):
     """TD3+BC, TorchRL's ``TD3BCLoss``.
 
     Args: those of :class:`~steersman.objectives.TD3Loss` plus ``alpha`` (default 2.5), the
-    weight of the Q term relative to behaviour cloning.
+    weight of the Q term relative to behaviour cloning;
+    ``separate_losses`` is accepted and ignored (the actor and critic terms never share
+    gradients here).
 
     Returns ``loss_actor``, ``loss_qvalue`` and the diagnostics of ``TD3Loss`` plus
     ``bc_loss`` (the mean squared distance to the batch's actions) and ``lmbd``.
@@ -67,9 +70,11 @@ class TD3BCLoss(TD3Loss):
         loss_function: str = "smooth_l1",
         delay_actor: bool = True,
         delay_qvalue: bool = True,
+        separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
     ) -> None:
+        torchrl_compat(self, separate_losses=separate_losses)
         super().__init__(
             actor_network, qvalue_network, action_spec=action_spec, bounds=bounds, num_qvalue_nets=num_qvalue_nets,
             policy_noise=policy_noise, noise_clip=noise_clip, loss_function=loss_function, delay_actor=delay_actor,
