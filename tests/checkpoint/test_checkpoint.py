@@ -270,3 +270,24 @@ def test_sigkill_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
     # its temp folders are cleaned by the next save
     Checkpoint(policy=small).save(paths["directory"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".d.")]
+
+
+def test_manifest_migration_upgrades_old_versions(tmp_path, monkeypatch):
+    from steersman.checkpoint import checkpoint as mod
+
+    monkeypatch.setattr(mod, "_MIGRATIONS", {})
+    src, dst = _pair()
+    Checkpoint(policy=src).save(tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    manifest["version"] = 0
+    manifest["old_components"] = manifest.pop("components")
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LoadError, match="version 0"):
+        Checkpoint(policy=dst).load(tmp_path / "c")
+    Checkpoint.register_migration(0, lambda m: {**m, "version": 0})
+    with pytest.raises(LoadError, match="did not give a version 1"):
+        Checkpoint(policy=dst).load(tmp_path / "c")
+    Checkpoint.register_migration(
+        0, lambda m: {"version": 1, "format": m["format"], "components": m["old_components"]})
+    assert Checkpoint(policy=dst).load(tmp_path / "c").loaded == {"policy"}
+    assert torch.equal(dst.weight, src.weight)

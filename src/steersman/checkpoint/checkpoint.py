@@ -61,6 +61,8 @@ CheckpointBest = tuple[str, CheckpointMetricMode]
 FORMAT = "steersman.checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
+#: manifest migrations ``from_version -> callable(manifest) -> manifest of from_version + 1``
+_MIGRATIONS: dict[int, Any] = {}
 
 
 class CheckpointError(RuntimeError):
@@ -477,6 +479,16 @@ class Checkpoint:
         return result
 
     @staticmethod
+    def register_migration(from_version: int, migration: Any) -> None:
+        """Upgrade manifests of ``from_version`` on load: ``migration(manifest)`` returns a
+        new manifest whose ``"version"`` is ``from_version + 1`` (payloads stay the
+        adapters' business)."""
+        if not callable(migration):
+            raise TypeError(f"register_migration: migration must be callable, got "
+                            f"{type(migration).__name__}")
+        _MIGRATIONS[int(from_version)] = migration
+
+    @staticmethod
     def is_checkpoint(path: str | Path) -> bool:
         """Whether ``path`` holds a readable checkpoint manifest."""
         try:
@@ -502,6 +514,13 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     manifest = _read_json(file)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise LoadError(f"{file}: not a {FORMAT} manifest", file=file, field="format")
+    version = manifest.get("version")
+    while isinstance(version, int) and version < VERSION and version in _MIGRATIONS:
+        manifest = _MIGRATIONS[version](dict(manifest))
+        if not isinstance(manifest, dict) or manifest.get("version") != version + 1:
+            raise LoadError(f"{file}: the migration from version {version} did not give a "
+                            f"version {version + 1} manifest", file=file, field="version")
+        version += 1
     if manifest.get("version") != VERSION:
         raise LoadError(f"{file}: version {manifest.get('version')!r}, expected {VERSION}",
                         file=file, field="version")
