@@ -38,6 +38,8 @@ from .distributions import (
     MaskedOneHotCategorical,
     NormalParamExtractor,
     OneHotCategorical,
+    OneHotOrdinal,
+    Ordinal,
     ReparamGradientStrategy,
     TanhDelta,
     TanhNormal,
@@ -83,6 +85,7 @@ from .value_transforms import (
     symexp,
     symlog,
 )
+from .wrappers import DistributionalQValueHook, QValueHook, VmapModule
 
 __all__ = [
     # networks
@@ -179,4 +182,10 @@ __all__ = [
     "GRU",
     "LSTMCell",
     "GRUCell",
+    # ordinal distributions, vmap wrapper, Q-value hooks
+    "Ordinal",
+    "OneHotOrdinal",
+    "VmapModule",
+    "QValueHook",
+    "DistributionalQValueHook",
 ]

@@ -27,6 +27,8 @@ from ..tensordict.nn import (
 __all__ = [
     "IndependentNormal",
     "TanhDelta",
+    "Ordinal",
+    "OneHotOrdinal",
     "TanhNormal",
     "TruncatedNormal",
     "Delta",
@@ -161,3 +163,44 @@ class TanhDelta(D.Distribution):
     @property
     def deterministic_sample(self) -> Tensor:
         return self._point
+
+
+def _ordinal_logits(scores: Tensor) -> Tensor:
+    """Class ``k`` gets ``sum_{j<=k} log s(x_j) + sum_{j>k} log s(-x_j)``, normalized."""
+    up = torch.nn.functional.logsigmoid(scores).cumsum(-1)
+    down = torch.nn.functional.logsigmoid(-scores)
+    down = down.flip(-1).cumsum(-1).flip(-1)  # sum over j >= k
+    down = torch.cat([down[..., 1:], torch.zeros_like(down[..., :1])], -1)  # j > k
+    return (up + down).log_softmax(-1)
+
+
+class Ordinal(D.Categorical):
+    """A categorical over ordered classes (Tang & Agrawal 2020): the score of class ``k``
+    adds ``log sigmoid(s_j)`` for ``j <= k`` and ``log sigmoid(-s_j)`` for ``j > k``, so
+    neighbouring classes share probability mass. Samples are class indices.
+
+    Args:
+        scores: ``[*batch, n]`` real scores.
+
+    Example:
+        >>> import torch
+        >>> d = Ordinal(torch.tensor([[0.5, -1.0, 2.0]]))
+        >>> d.probs
+        tensor([[0.2447, 0.0900, 0.6652]])
+    """
+
+    def __init__(self, scores: Tensor) -> None:
+        super().__init__(logits=_ordinal_logits(scores))
+
+
+class OneHotOrdinal(OneHotCategorical):
+    """:class:`Ordinal` with one-hot samples.
+
+    Example:
+        >>> import torch
+        >>> OneHotOrdinal(torch.tensor([0.0, -50.0, 50.0])).sample()
+        tensor([0., 0., 1.])
+    """
+
+    def __init__(self, scores: Tensor) -> None:
+        super().__init__(logits=_ordinal_logits(scores))
