@@ -289,6 +289,22 @@ def test_trainer_state_dict_roundtrip_through_checkpoint(tmp_path):
     assert fresh.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
 
 
+def test_trainer_saves_through_a_user_checkpoint(tmp_path):
+    from steersman.checkpoint import Checkpoint
+
+    net = _Net()
+    trainer = Trainer(collector=[_batch()] * 2, total_frames=80, optim_steps_per_batch=1,
+                      loss_module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                      checkpoint=Checkpoint(policy=net), save_trainer_file=tmp_path / "c")
+    trainer.train()
+    manifest = Checkpoint.manifest(tmp_path / "c")
+    assert set(manifest["components"]) == {"policy"}
+    assert manifest["metadata"] == {"collected_frames": 80, "optim_steps": 2}
+    other = _Net()
+    Checkpoint(policy=other).load(tmp_path / "c")
+    assert torch.equal(other.lin.weight, net.lin.weight)
+
+
 # --------------------------------------------------------------------- the TorchRL way
 def test_dqn_trainer_on_cartpole():
     torch.manual_seed(0)

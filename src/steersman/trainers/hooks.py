@@ -61,8 +61,9 @@ class BatchSubSampler(TrainerHookBase):
     """Random sub-trajectories of a ``[B, T]`` batch, ``batch_size`` elements in total.
 
     Returns ``[batch_size // L, L]`` with ``L = sub_traj_len`` (``T`` when 0), each row a
-    contiguous window of one trajectory; windows start where at least
-    ``max(min_sub_traj_len, 1)`` valid steps follow. A flat ``[T]`` batch is one stream
+    contiguous full-length window of one trajectory (so ``min_sub_traj_len`` is accepted
+    and always met; padded steps are not skipped: apply ``mask_batch`` logic in the loss if
+    the collector pads). A flat ``[T]`` batch is one stream
     (windows of it), or ``batch_size`` random elements when ``sub_traj_len`` is 0.
     Registered at ``process_optim_batch``.
     """
