@@ -403,17 +403,16 @@ def _load_run(run_dir: str, allow_import: bool) -> tuple[str, Any, Any, Any]:
     return algo, cfg, get_recipe(algo), ckpt
 
 
-def _policy_and_env(cfg: Any, recipe: Any, ckpt: Any, num_envs: int) -> tuple[Any, Any]:
+def _policy_and_env(algo: str, cfg: Any, recipe: Any, ckpt: Any, num_envs: int) -> tuple[Any, Any]:
     import torch
 
     from .recipes.checkpoint import load_entry
-    from .recipes.envs import make_env
+    from .recipes.launch import make_run_env
     from .recipes.run import EVAL_SEED_OFFSET
 
     if cfg.num_threads > 0:  # small networks: one thread avoids thread-pool overhead
         torch.set_num_threads(cfg.num_threads)
-    env = make_env(cfg.env.name, num_envs, seed=cfg.seed + EVAL_SEED_OFFSET,
-                   max_episode_steps=cfg.env.max_episode_steps)
+    env = make_run_env(algo, cfg, num_envs, seed=cfg.seed + EVAL_SEED_OFFSET)
     policy = recipe.make_policy(cfg, env)
     load_entry(policy, ckpt, "policy")
     return policy, env
@@ -430,10 +429,16 @@ def cmd_eval(args: list[str]) -> int:
     if ns.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {ns.episodes}")
     algo, cfg, recipe, ckpt = _load_run(ns.run_dir, ns.allow_import)
+    from .recipes.envs import MARL_ALGOS
     from .recipes.evaluation import evaluate
 
-    policy, env = _policy_and_env(cfg, recipe, ckpt, ns.episodes)
-    returns = evaluate(env, policy).float()
+    policy, env = _policy_and_env(algo, cfg, recipe, ckpt, ns.episodes)
+    if algo in MARL_ALGOS:  # team returns of the trained group
+        from .recipes.marl_common import evaluate_groups
+
+        returns = evaluate_groups(env, policy).float()
+    else:
+        returns = evaluate(env, policy).float()
     std = float(returns.std()) if returns.numel() > 1 else 0.0
     print(f"{algo} on {cfg.env.name} ({ckpt.meta['frames']} frames, {ckpt.path.name}): "
           f"return {float(returns.mean()):.1f} ± {std:.1f} over {ns.episodes} episodes")
@@ -482,11 +487,16 @@ def cmd_export(args: list[str]) -> int:
     from .recipes.run import export_filename
 
     algo, cfg, recipe, ckpt = _load_run(ns.run_dir, ns.allow_import)
-    policy, env = _policy_and_env(cfg, recipe, ckpt, 8)
-    observations = torch.cat([env.reset()["observation"], env.observation_spec["observation"].rand()])
+    from .recipes.envs import MARL_ALGOS
+
+    policy, env = _policy_and_env(algo, cfg, recipe, ckpt, 8)
+    # multi-agent runs: the per-agent policy, (group, observation) [B, n_agents, obs] -> (group, action)
+    keys = {"in_key": ("agents", "observation"), "out_key": ("agents", "action")} if algo in MARL_ALGOS else {}
+    obs_key = keys.get("in_key", "observation")
+    observations = torch.cat([env.reset()[obs_key], env.observation_spec[obs_key].rand()])
     out = Path(ns.out) if ns.out else record.RunDir(ns.run_dir).export_dir / export_filename(ns.format)
     # export_policy runs the file in a fresh process without steersman and compares its actions
-    report = record.export_policy(policy, observations, out, format=ns.format)
+    report = record.export_policy(policy, observations, out, format=ns.format, **keys)
     print(report)
     return 0
 

@@ -159,3 +159,21 @@ def test_qmix_learns_navigation(tmp_path):
                             "hidden_sizes": [64, 64], "eval.episodes": 32, "export_format": "none"})
     summary = recipe("qmix").train(cfg, tmp_path / "qmix")
     assert summary["final_eval_return"] >= 4.0, summary
+
+
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_cli_eval_and_export_of_a_multi_agent_run(algo, tmp_path, capsys):
+    """`steersman eval` reports the team return of a multi-agent run; `steersman export`
+    writes the per-agent policy ((agents, observation) [B, n, obs] -> (agents, action))
+    and verifies it without steersman."""
+    from steersman.cli import main
+
+    recipe(algo).train(config(algo, export_format="none"), tmp_path / "run")
+    capsys.readouterr()  # the run's summary
+    assert main(["eval", str(tmp_path / "run"), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{algo} on navigation (") and "over 2 episodes" in out
+    assert main(["export", str(tmp_path / "run")]) == 0
+    report = capsys.readouterr().out
+    assert "observation [B, 3, 10] -> action [B, 3" in report and "max abs diff 0.00e+00" in report
+    assert (tmp_path / "run" / "export" / "policy.pt2").is_file()

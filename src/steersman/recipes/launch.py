@@ -88,19 +88,25 @@ def check_config(algo: str, cfg: Any) -> None:
     and that the env and the policy can be built (a missing optional dependency, a
     discrete-action recipe on a continuous env...). One-line :class:`ConfigError`."""
     validate_config(cfg)
-    recipe = get_recipe(algo)
+    env = make_run_env(algo, cfg, 1, seed=0)
+    try:
+        get_recipe(algo).make_policy(cfg, env)
+    finally:
+        env.close()
+
+
+def make_run_env(algo: str, cfg: Any, num_envs: int, seed: int | None) -> Any:
+    """The env ``algo``'s run trains on (``num_envs`` copies): the multi-agent recipes'
+    through :func:`~steersman.recipes.marl_envs.make_marl_env` (discrete actions where the
+    recipe needs them), the others' through :func:`~steersman.recipes.envs.make_env`."""
     if algo in MARL_ALGOS:
         from .marl_envs import make_marl_env
 
-        categorical = getattr(recipe, "CATEGORICAL_ACTIONS", False) or getattr(cfg, "categorical_actions", False)
-        env = make_marl_env(cfg.env.name, 1, seed=0, n_agents=cfg.env.n_agents, max_steps=cfg.env.max_episode_steps,
-                            categorical_actions=categorical)
-    else:
-        env = make_env(cfg.env.name, 1, seed=0, max_episode_steps=cfg.env.max_episode_steps)
-    try:
-        recipe.make_policy(cfg, env)
-    finally:
-        env.close()
+        categorical = (getattr(get_recipe(algo), "CATEGORICAL_ACTIONS", False)
+                       or getattr(cfg, "categorical_actions", False))
+        return make_marl_env(cfg.env.name, num_envs, seed=seed, n_agents=cfg.env.n_agents,
+                             max_steps=cfg.env.max_episode_steps, categorical_actions=categorical)
+    return make_env(cfg.env.name, num_envs, seed=seed, max_episode_steps=cfg.env.max_episode_steps)
 
 
 def load_run_config(run_dir: str | os.PathLike, *, allow_import: bool = False) -> tuple[str, Any]:
