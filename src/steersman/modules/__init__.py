@@ -64,6 +64,7 @@ from .layers import (
 from .mlp import MLP
 from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
 from .noisy import NoisyLazyLinear, NoisyLinear, reset_noise
+from .primers import get_primers_from_module
 from .qvalue import (
     DistributionalQValueActor,
     DistributionalQValueModule,
@@ -188,4 +189,5 @@ __all__ = [
     "VmapModule",
     "QValueHook",
     "DistributionalQValueHook",
+    "get_primers_from_module",
 ]
