@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steersman.recipes import multiseed
+from steersman.recipes import multiseed, ppo
 from steersman.recipes.checkpoint import load_checkpoint
 from steersman.recipes.config import (
     CheckpointConfig,
@@ -20,27 +19,20 @@ from steersman.recipes.config import (
     EvalConfig,
     LoggerConfig,
 )
+from steersman.recipes.launch import make_config
 from steersman.recipes.ppo import PPOConfig, PPOOptimConfig
 from steersman.record.loggers.csv import read_metrics_csv
 from steersman.record.plot import aggregate_returns, plot_learning_curves
 from steersman.tensordict import TensorDict
 
 
-@dataclass
-class SeedsConfig(PPOConfig):
-    """PPOConfig with the two fields multiseed reads (PPOConfig gets them in ppo.py)."""
-
-    seeds: int = 1
-    sweep: dict = field(default_factory=dict)
-
-
-def tiny(**kw) -> SeedsConfig:
+def tiny(**kw) -> PPOConfig:
     """2 sub-envs x 8 steps, 2 epochs of 8-sample minibatches, 3 batches: every piece runs."""
     base = dict(env=EnvConfig(name="CartPole-v1", num_envs=2), n_steps=8, epochs=2, minibatch_size=8,
                 total_frames=48, quiet=True, logger=LoggerConfig(backends=["csv"]), export_format="none",
                 eval=EvalConfig(interval=32, episodes=2), checkpoint=CheckpointConfig(interval=16, keep=5))
     base.update(kw)
-    return SeedsConfig(**base)
+    return PPOConfig(**base)
 
 
 def final_state(run_dir) -> dict:
@@ -118,7 +110,7 @@ def test_run_directory_and_export(tmp_path):
     from steersman.recipes.ppo import make_policy
 
     cfg = tiny(seeds=2, export_format="torch-export", total_frames=16)
-    summary = multiseed.train_ppo(cfg, tmp_path)
+    summary = ppo.train(cfg, tmp_path)  # the PPO recipe hands seeds > 1 to multiseed
     assert (tmp_path / "plots" / "learning_curve.png").stat().st_size > 0
     assert summary["members"] == 2 and set(summary["final_eval_return"]) == {"seed_0", "seed_1"}
     finals = list(summary["final_eval_return"].values())
@@ -182,6 +174,15 @@ def test_bad_config_is_refused_before_anything_is_written(kw, match, tmp_path):
     with pytest.raises(ConfigError, match=match):
         multiseed.train_ppo(tiny(**kw), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_command_line_overrides_make_a_population():
+    """``sweep.optim.lr=[1e-3,3e-4] seeds=2`` as typed after ``steersman train ppo``."""
+    cfg = make_config("ppo", ["sweep.optim.lr=[1e-3,3e-4]", "seeds=2"])
+    assert multiseed.members_of(cfg) == [(0, {"optim.lr": 1e-3}), (1, {"optim.lr": 1e-3}),
+                                         (0, {"optim.lr": 3e-4}), (1, {"optim.lr": 3e-4})]
+    with pytest.raises(ConfigError, match="seeds must be an integer >= 1, got 0"):
+        ppo.train(make_config("ppo", ["seeds=0"]), None)
 
 
 # ---------------------------------------------------------------- the pieces, against plain references
@@ -283,7 +284,7 @@ def test_four_seeds_learn_cartpole(tmp_path):
     """
     random_return = random_policy_return()
     assert 15 < random_return < 30
-    cfg = SeedsConfig(seeds=4, total_frames=15_000, quiet=True, logger=LoggerConfig(backends=["csv"]),
+    cfg = PPOConfig(seeds=4, total_frames=15_000, quiet=True, logger=LoggerConfig(backends=["csv"]),
                       export_format="none", eval=EvalConfig(interval=0, episodes=10),
                       checkpoint=CheckpointConfig(interval=0))
     summary = multiseed.train_ppo(cfg, tmp_path)

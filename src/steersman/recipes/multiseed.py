@@ -45,7 +45,7 @@ Limits: torch-native envs with discrete actions (``CartPole-v1``, ``Acrobot-v1``
 Example::
 
     from steersman.recipes.multiseed import train_ppo
-    summary = train_ppo(cfg, "runs/ppo_seeds")   # cfg: a PPOConfig with seeds=8
+    summary = train_ppo(PPOConfig(seeds=8), "runs/ppo_seeds")  # what ppo.train does for seeds > 1
 """
 
 from __future__ import annotations
@@ -103,9 +103,7 @@ def members_of(cfg: Any) -> list[tuple[int, dict[str, float]]]:
 
     Example:
         >>> from steersman.recipes.ppo import PPOConfig
-        >>> cfg = PPOConfig(seed=0)
-        >>> cfg.seeds, cfg.sweep = 2, {"optim": {"lr": [1e-3, 3e-4]}}
-        >>> members_of(cfg)
+        >>> members_of(PPOConfig(seed=0, seeds=2, sweep={"optim": {"lr": [1e-3, 3e-4]}}))
         [(0, {'optim.lr': 0.001}), (1, {'optim.lr': 0.001}), (0, {'optim.lr': 0.0003}), (1, {'optim.lr': 0.0003})]
     """
     seeds = cfg.seeds
