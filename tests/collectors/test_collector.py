@@ -304,3 +304,28 @@ def test_loading_a_tampered_gym_env_state_executes_no_code(tmp_path):
     assert not marker.exists()
     assert (env.env.unwrapped.state == before).all()  # nothing changed
     load_env_state(env, state)  # the genuine state still loads
+
+
+def _navigation(n_agents: int = 3):
+    from steersman.envs import NavigationEnv
+
+    return NavigationEnv(batch_size=[2], n_agents=n_agents, seed=0)
+
+
+@pytest.mark.parametrize("n_agents", [1, 3])
+def test_groups_keep_their_own_batch_dims(n_agents):
+    """A multi-agent group (``"agents"``, ``[B, n_agents]`` in the env) comes out
+    ``[B, T, n_agents]``, at the root and under ``"next"``, as in ``env.rollout``."""
+    from steersman.collectors import split_trajectories
+
+    env = _navigation(n_agents)
+    ref = env.rollout(4)
+    c = Collector(env, None, frames_per_batch=8, total_frames=16)
+    for batch in c:
+        assert batch.batch_size == (2, 4)
+        for group in (("agents",), ("next", "agents")):
+            assert batch.get(group).batch_size == (2, 4, n_agents) == ref.get(group).batch_size
+            for key, val in batch.get(group).items(True, True):
+                assert val.shape == ref.get(group).get(key).shape, key
+        assert batch["agents"][1, 2].batch_size == (n_agents,)
+        assert split_trajectories(batch)["agents"].batch_size[-1] == n_agents

@@ -53,8 +53,10 @@ def leaf(td: TensorDictBase, key: tuple[str, ...]) -> Any:
 
 
 def nested_td(pairs: Sequence[tuple[tuple[str, ...], Tensor]], batch_size: torch.Size,
-              device: Any) -> TensorDict:
-    """A TensorDict from ``(key tuple, tensor)`` pairs, sub-TensorDicts built as needed."""
+              device: Any, group_dims: dict[tuple[str, ...], tuple[int, ...]] | None = None) -> TensorDict:
+    """A TensorDict from ``(key tuple, tensor)`` pairs, sub-TensorDicts built as needed;
+    the sub-TensorDict at key ``k`` gets ``batch_size + group_dims[k]`` (e.g. the agents of
+    a multi-agent group), the others ``batch_size``."""
     root: dict = {}
     for key, val in pairs:
         node = root
@@ -62,12 +64,15 @@ def nested_td(pairs: Sequence[tuple[tuple[str, ...], Tensor]], batch_size: torch
             node = node.setdefault(k, {})
         node[key[-1]] = val
 
-    def build(d: dict) -> TensorDict:
+    dims = group_dims or {}
+
+    def build(d: dict, prefix: tuple[str, ...]) -> TensorDict:
+        bs = torch.Size((*batch_size, *dims[prefix])) if prefix in dims else batch_size
         return TensorDict.from_trusted(
-            {k: build(v) if isinstance(v, dict) else v for k, v in d.items()}, batch_size, device
+            {k: build(v, (*prefix, k)) if isinstance(v, dict) else v for k, v in d.items()}, bs, device
         )
 
-    return build(root)
+    return build(root, ())
 
 
 class Layout:
@@ -78,6 +83,8 @@ class Layout:
             with the env batch size.
         steps: ``T``, the number of steps.
         env_batch: the env batch size.
+        group_dims: ``{key tuple: dims}`` for sub-TensorDicts with batch dims of their own
+            after the env's (a multi-agent group's ``[n_agents]``): kept after ``T``.
 
     Picklable (plain tuples), so a worker can describe its block to the parent.
 
@@ -92,9 +99,11 @@ class Layout:
     """
 
     def __init__(self, entries: Sequence[tuple[tuple[str, ...], torch.dtype, tuple[int, ...]]],
-                 steps: int, env_batch: torch.Size) -> None:
+                 steps: int, env_batch: torch.Size,
+                 group_dims: dict[tuple[str, ...], tuple[int, ...]] | None = None) -> None:
         self.steps = int(steps)
         self.env_batch = torch.Size(env_batch)
+        self.group_dims = dict(group_dims or {})
         slots = []
         offset = 0
         for key, dtype, shape in entries:
@@ -116,6 +125,12 @@ class Layout:
             TypeError: a leaf is not a tensor (non-tensor data cannot be preallocated).
         """
         entries = []
+        nb = len(step.batch_size)
+        groups = {}
+        for key in step.keys(include_nested=True):
+            val = step.get(key)
+            if isinstance(val, TensorDictBase) and len(val.batch_size) > nb:
+                groups[(key,) if type(key) is str else tuple(key)] = tuple(val.batch_size[nb:])
         for key in step.keys(include_nested=True, leaves_only=True):
             key = (key,) if type(key) is str else tuple(key)
             val = leaf(step, key)
@@ -126,7 +141,7 @@ class Layout:
                 )
             entries.append((key, val.dtype, tuple(val.shape)))
         entries.extend(extra)
-        return cls(entries, steps, step.batch_size)
+        return cls(entries, steps, step.batch_size, groups)
 
     @property
     def keys(self) -> list[tuple[str, ...]]:
@@ -152,7 +167,7 @@ class Layout:
         pairs = []
         for s, v in zip(self.slots, views):
             pairs.append((s.key, v.permute(*order, *range(nb + 1, v.ndim))))
-        return nested_td(pairs, torch.Size((*self.env_batch, self.steps)), device)
+        return nested_td(pairs, torch.Size((*self.env_batch, self.steps)), device, self.group_dims)
 
 
 class RolloutBuffer:
