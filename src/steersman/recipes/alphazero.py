@@ -15,7 +15,9 @@ The loop, top to bottom: ``env.num_envs`` games are played side by side; each mo
 chosen by a batched Gumbel MuZero search (``num_simulations`` simulations, Gumbel noise
 at the root); each position waits with its improved policy (the search's
 ``action_weights``) until its game ends, then enters the replay buffer with the game's
-outcome for the player who was to move. After ``frames_per_batch`` moves (summed over
+outcome for the player who was to move (optionally mixed with the search's root value,
+``value_mix``; exploration: ``random_opening_moves`` unstored random moves opening each
+game, the first ``temperature_moves`` plies sampled from the improved policy). After ``frames_per_batch`` moves (summed over
 games): ``updates_per_batch`` gradient steps of cross-entropy to the improved policy
 plus the squared error of the value. Evaluation plays ``eval.episodes`` games from each
 side against a uniformly random player and against the exact solver (minimax for
