@@ -134,3 +134,23 @@ def test_dueling_cnn():
     assert q.shape == (2, 5, 4)
     value = net.value(net.features(x))
     torch.testing.assert_close(q.mean(-1, keepdim=True), value)
+
+
+@pytest.mark.parametrize("batch", [(), (2,), (2, 3)])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_conv3d_net_matches_manual_convolutions(batch, lazy):
+    from steersman.modules import Conv3dNet
+
+    torch.manual_seed(0)
+    net = Conv3dNet(in_features=None if lazy else 2, num_cells=[3, 4], kernel_sizes=[3, 2], strides=[1, 2])
+    x = torch.randn(*batch, 2, 5, 6, 6)
+    y = net(x)
+    c1, c2 = [m for m in net if isinstance(m, nn.Conv3d)]
+    flat = x.reshape(-1, 2, 5, 6, 6)
+    ref = nn.functional.elu(c2(nn.functional.elu(c1(flat))))  # [N, 4, 1, 2, 2]
+    torch.testing.assert_close(y, ref.flatten(1).reshape(*batch, 16))
+    with pytest.raises(ValueError, match=r"\[\*batch, C, D, H, W\]"):
+        net(torch.randn(2, 6, 6))
+    pooled = Conv3dNet(num_cells=[4], kernel_sizes=1, aggregator_class=nn.AdaptiveAvgPool3d,
+                       aggregator_kwargs={"output_size": 1}, squeeze_output=True)
+    assert pooled(torch.randn(3, 2, 4, 4, 4)).shape == (3, 4)

@@ -29,7 +29,7 @@ from .actors import (
     SafeSequential,
     ValueOperator,
 )
-from .conv import ConvNet, SquashDims, Squeeze2dLayer, SqueezeLayer
+from .conv import Conv3dNet, ConvNet, SquashDims, Squeeze2dLayer, SqueezeLayer
 from .ddpg import DdpgCnnActor, DdpgCnnQNet, DdpgMlpActor, DdpgMlpQNet
 from .distributions import (
     Delta,
@@ -190,4 +190,5 @@ __all__ = [
     "QValueHook",
     "DistributionalQValueHook",
     "get_primers_from_module",
+    "Conv3dNet",
 ]

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .mlp import per_layer_kwargs
 
-__all__ = ["ConvNet", "SquashDims", "SqueezeLayer", "Squeeze2dLayer"]
+__all__ = ["ConvNet", "Conv3dNet", "SquashDims", "SqueezeLayer", "Squeeze2dLayer"]
 
 
 class SquashDims(nn.Module):
@@ -85,6 +85,11 @@ class ConvNet(nn.Sequential):
         torch.Size([4, 5, 400])
     """
 
+    _conv: type[nn.Module] = nn.Conv2d
+    _lazy_conv: type[nn.Module] = nn.LazyConv2d
+    _spatial = 2
+    _dims_doc = "H, W"
+
     def __init__(
         self,
         in_features: int | None = None,
@@ -124,17 +129,17 @@ class ConvNet(nn.Sequential):
             conv_kw = dict(kernel_size=kernels[i], stride=strides_[i], padding=pads[i], bias=bias)
             c_in = in_features if i == 0 else cells[i - 1]
             if c_in is None:
-                layers.append(nn.LazyConv2d(cells[i], device=device, **conv_kw))
+                layers.append(self._lazy_conv(cells[i], device=device, **conv_kw))
             else:
-                layers.append(nn.Conv2d(c_in, cells[i], device=device, **conv_kw))
+                layers.append(self._conv(c_in, cells[i], device=device, **conv_kw))
             layers.append(activation_class(**next(acts)))
             if norm_class is not None:
                 layers.append(norm_class(**next(norms)))
         if aggregator_class is not None:
-            kw = {"ndims_in": 3} if aggregator_kwargs is None else dict(aggregator_kwargs)
+            kw = {"ndims_in": self._spatial + 1} if aggregator_kwargs is None else dict(aggregator_kwargs)
             layers.append(aggregator_class(**kw))
         if squeeze_output:
-            layers.append(_Squeeze2d())
+            layers.append(_Squeeze2d() if self._spatial == 2 else SqueezeLayer((-1,) * self._spatial))
         super().__init__(*layers)
         if device is not None:
             self.to(device)
@@ -143,9 +148,10 @@ class ConvNet(nn.Sequential):
         self.depth = depth
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim < 3:
-            raise ValueError(f"ConvNet expects inputs [*batch, C, H, W], got shape {list(x.shape)}")
-        batch = x.shape[:-3]
+        if x.ndim < self._spatial + 1:
+            raise ValueError(f"{type(self).__name__} expects inputs [*batch, C, {self._dims_doc}], got shape "
+                             f"{list(x.shape)}")
+        batch = x.shape[:-(self._spatial + 1)]
         if len(batch) > 1:
             x = x.flatten(0, len(batch) - 1)
         for layer in self:
@@ -190,3 +196,20 @@ class Squeeze2dLayer(SqueezeLayer):
 
     def __init__(self) -> None:
         super().__init__((-1, -1))
+
+
+class Conv3dNet(ConvNet):
+    """:class:`ConvNet` with 3d convolutions, for ``[*batch, C, D, H, W]`` inputs (stacked
+    frames, voxels). Same arguments; the default aggregator flattens ``[C, D, H, W]``.
+
+    Example:
+        >>> import torch
+        >>> net = Conv3dNet(num_cells=[4, 8], kernel_sizes=3)
+        >>> net(torch.randn(2, 3, 1, 5, 7, 7)).shape  # [2, 3] batch; 8 channels of 1x3x3
+        torch.Size([2, 3, 72])
+    """
+
+    _conv = nn.Conv3d
+    _lazy_conv = nn.LazyConv3d
+    _spatial = 3
+    _dims_doc = "D, H, W"
