@@ -375,3 +375,17 @@ def test_tampered_replay_buffer_checkpoint_is_one_line_and_writes_nothing(tmp_pa
     for (name, path), out, needle in zip(runs.items(), outs, ("is not readable JSON", "not a plain folder name")):
         assert needle in one_error_line(out), (name, out.stderr)
         assert snapshot(path) == before[name], name
+
+
+def test_seeds_and_sweep_from_the_command_line(tmp_path, monkeypatch):
+    """`steersman train ppo sweep.optim.lr=[a,b] seeds=2` trains the 4 combinations in one
+    process (keys inside the free-form `sweep` dict reach the recipe)."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "sweep.optim.lr=[1e-3,3e-4]", "seeds=2", "total_frames=256", "n_steps=16",
+            "env.num_envs=4", "minibatch_size=32", "epochs=1", "quiet=true", "eval.episodes=2",
+            "export_format=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert main(argv) == 0
+    members = json.loads((tmp_path / "run" / "members.json").read_text())
+    assert len(members) == 4

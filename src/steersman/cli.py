@@ -122,6 +122,8 @@ def _check_key(algo: str, cls: type, key: str) -> None:
                 f"(`steersman train {algo} --help` lists them all)"
             )
         node = fields[part]
+        if node is dict or typing.get_origin(node) is dict:
+            return  # a free-form dict (PPO's `sweep`): the recipe checks the keys inside it
 
 
 def _sweep_values(value: str) -> list[str]:
@@ -335,7 +337,8 @@ def cmd_train(args: list[str]) -> int:
 
             raise RunDirError(f"{run_dir} already holds a run; continue it with `steersman resume {run_dir}` "
                               "or choose another directory")
-    hydra_args = flags + overrides  # Hydra's argparse wants its flags before the overrides
+    # keys inside a free-form dict field (sweep.optim.lr=[...]) are new to Hydra's struct config
+    hydra_args = flags + ["+" + o if o.startswith("sweep.") else o for o in overrides]
     if not algo_ov:
         hydra_args.insert(len(flags), f"algo={algo}")
     if not any(a.startswith("hydra.run.dir=") for a in args):

@@ -93,3 +93,27 @@ def test_sigkill_then_resume_is_bit_exact(algo, tmp_path):
     a, b = load_checkpoint(reference / "checkpoints"), load_checkpoint(killed / "checkpoints")
     assert a.meta["frames"] == b.meta["frames"] == RUNS[algo]["total_frames"]
     _assert_identical(a.state, b.state)
+
+
+def test_a_run_made_before_a_config_field_existed_resumes(tmp_path):
+    """A run folder written before a field was added (its config.yaml lacks the key) was
+    trained with that field's default: resume takes the default instead of refusing the
+    folder as changed; a field the old config has with another value still refuses."""
+    import yaml
+
+    from steersman.recipes import get_recipe
+    from steersman.recipes.run import RunDirError
+    from tests.recipes._tiny import tiny_config
+
+    run = tmp_path / "run"
+    get_recipe("ppo").train(tiny_config("ppo", total_frames=128, export_format="none"), run)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    for key in ("seeds", "sweep"):  # fields PPO gained after such a run was made
+        saved.pop(key, None)
+    saved["eval"].pop("video", None)
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    summary = get_recipe("ppo").train(tiny_config("ppo", total_frames=256, export_format="none"), run, resume=True)
+    assert summary["frames"] == 256
+    with pytest.raises(RunDirError, match="config changed incompatibly .*hidden_sizes"):
+        get_recipe("ppo").train(tiny_config("ppo", total_frames=512, export_format="none", hidden_sizes=[8]), run,
+                                resume=True)

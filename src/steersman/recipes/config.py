@@ -41,6 +41,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "diff_configs",
+    "with_defaults",
     "field_docs",
     "is_mujoco_env",
     "validate_config",
@@ -209,6 +210,27 @@ def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
             out += diff_configs(a, b, name + ".")
         elif a != b:
             out.append((name, a, b))
+    return out
+
+
+def with_defaults(old: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``old`` (a saved config dict) with the defaults of ``cls`` for keys it lacks: a run
+    folder written before a field existed was trained with that field's default.
+
+    Example:
+        >>> with_defaults({"interval": 5}, EvalConfig)
+        {'interval': 5, 'episodes': 10, 'video': False}
+    """
+    return _fill(old, config_to_dict(cls()))
+
+
+def _fill(old: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    out = dict(old)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            out[key] = _fill(out[key], value)
     return out
 
 

@@ -73,7 +73,7 @@ from steersman.tensordict.nn import from_modules, optim
 from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
-from .config import ConfigError, config_to_dict, diff_configs, validate_config
+from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
 from .run import (
     EVAL_SEED_OFFSET,
@@ -347,7 +347,7 @@ def train_ppo(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
     ckpt_root = run_dir / "checkpoints"
     if resume:
         algo, old = read_run_config(run_dir)
-        changed = [(k, a, b) for k, a, b in diff_configs(old, config) if not _resumable(k)]
+        changed = [(k, a, b) for k, a, b in diff_configs(with_defaults(old, type(cfg)), config) if not _resumable(k)]
         if algo != "ppo" or changed:
             raise RunDirError(f"cannot resume {run_dir} as this population: "
                               + (f"it is a {algo} run" if algo != "ppo" else

@@ -63,7 +63,7 @@ from .checkpoint import (
     save_checkpoint,
     seed_everything,
 )
-from .config import ConfigError, config_to_dict, diff_configs, validate_config
+from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 
 __all__ = ["Run", "RunDirError", "RunFinished", "RUN_FILE", "RESUMABLE_KEYS", "default_run_dir", "read_run_config",
            "run_meta", "setup"]
@@ -206,6 +206,7 @@ class Run:
         algo, old = read_run_config(self.dir)
         if algo != self.algo:
             raise RunDirError(f"{self.dir} is a {algo} run; it cannot be resumed as {self.algo}")
+        old = with_defaults(old, type(self.cfg))  # fields added since the run was made: their defaults
         changed = [(k, a, b) for k, a, b in diff_configs(old, self.config) if not _resumable(k)]
         if changed:
             desc = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
