@@ -195,3 +195,17 @@ def test_ou_projects_and_warns_once_without_is_init():
         warnings.simplefilter("error")
         module(td)  # no second warning
     assert td["_ou_steps"].tolist() == [2] * 500  # without is_init the process continues
+
+
+def test_egreedy_on_an_unbatched_env():
+    """An env with batch size [] gives 0-d exploration draws: they broadcast to the action."""
+    from steersman.envs import CartPoleEnv
+    from steersman.modules import MLP, EGreedyModule, QValueActor
+    from steersman.tensordict.nn import TensorDictSequential
+
+    env = CartPoleEnv(seed=0)
+    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[8]), in_keys=["observation"],
+                        spec=env.action_spec)
+    policy = TensorDictSequential(actor, EGreedyModule(env.action_spec, eps_init=1.0, eps_end=1.0))
+    actions = env.rollout(20, policy, break_when_any_done=False)["action"]
+    assert actions.shape == (20,) and set(actions.tolist()) == {0, 1}  # eps=1: random, both actions

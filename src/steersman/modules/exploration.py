@@ -62,7 +62,7 @@ def _batch_of(tensordict: Any, key: Any) -> torch.Size:
 
 
 def _expand_right(x: Tensor, like: Tensor) -> Tensor:
-    return x.reshape(*x.shape, *(1,) * (like.ndim - x.ndim)).expand_as(like)
+    return x.reshape(tuple(x.shape) + (1,) * (like.ndim - x.ndim)).expand_as(like)  # x may be 0-d
 
 
 class _Annealed(TensorDictModuleBase):
