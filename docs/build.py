@@ -37,6 +37,9 @@ API = [
     ("objectives", "steersman.objectives", "losses and value estimators (L4)"),
     ("planning", "steersman.planning", "tree search and CEM/MPPI planners (L4)"),
     ("record", "steersman.record", "loggers, videos, policy export (L4)"),
+    ("checkpoint", "steersman.checkpoint", "TorchRL's checkpoint API: atomic, rotated, safe to load (L4)"),
+    ("distributed", "steersman.distributed", "collectors, replay buffers and evaluation on Ray (L5)"),
+    ("trainers", "steersman.trainers", "TorchRL's Trainer and its hooks (L5)"),
     ("recipes", "steersman.recipes", "the training recipes (L6)"),
     ("doctor", "steersman.doctor", "where the training time goes, and what to change (L6)"),
 ]
