@@ -70,7 +70,10 @@ def test_compiled_recipe_matches_eager_in_one_graph_per_update(algo, tmp_path):
         torch.testing.assert_close(compiled["loss"][key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("algo", ["dqn", "td3"])
+# DQN only: TD3's two-graph compiled path is covered by the eager-equality test above, and its
+# resume case cost 47 s of a CI budget that is already over (PPO's compiled resume is in
+# tests/objectives/test_functional_update.py)
+@pytest.mark.parametrize("algo", ["dqn"])
 def test_compiled_resume_is_bit_exact(algo, tmp_path):
     """Stopped at its first checkpoint and resumed, a compiled run ends with the same
     parameters, targets and optimizer state, bit for bit, as the uninterrupted run

@@ -100,11 +100,9 @@ class AlphaZeroConfig:
     gumbel_scale: float = 1.0
     """Scale of the root Gumbel noise in self-play (exploration); evaluation uses 0."""
     random_opening_moves: int = 0
-    """Self-play: each game starts with 0..random_opening_moves (uniform) random legal moves,
-    not stored (exploration: positions the search's own play rarely reaches)."""
+    """Self-play games open with 0..N uniform random legal moves, not stored (exploration)."""
     temperature_moves: int = 0
-    """Self-play: over the first temperature_moves plies the move is sampled from the
-    improved policy instead of the search's choice (stored as usual)."""
+    """Self-play samples its first N moves from the improved policy instead of the search's choice."""
     value_mix: float = 0.0
     """Value target: (1 - value_mix) * game outcome + value_mix * the search's root value."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])

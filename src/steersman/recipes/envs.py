@@ -13,7 +13,7 @@ Example:
     >>> make_env("CartPol-v1", num_envs=1)
     Traceback (most recent call last):
     ...
-    steersman.recipes.config.ConfigError: unknown env id 'CartPol-v1'; built-in ids: ['Acrobot-v1', 'CartPole-v1', 'GridWorld-v0', 'MountainCar-v0', 'MountainCarContinuous-v0', 'Pendulum-v1'], or any Gymnasium id as 'gym:<id>' (e.g. env.name=gym:LunarLander-v3)
+    steersman.recipes.config.ConfigError: unknown env id 'CartPol-v1'; built-in ids: ['Acrobot-v1', 'CartPole-v1', 'GridWorld-v0', 'MountainCar-v0', 'MountainCarContinuous-v0', 'Pendulum-v1', 'connect4', 'tictactoe'], or any Gymnasium id as 'gym:<id>' (e.g. env.name=gym:LunarLander-v3); multi-agent recipes: navigation, predator_prey, vmas/<scenario>, pettingzoo/<task>
 """
 
 from __future__ import annotations
