@@ -198,8 +198,9 @@ class OneHotOrdinal(OneHotCategorical):
 
     Example:
         >>> import torch
-        >>> OneHotOrdinal(torch.tensor([0.0, -50.0, 50.0])).sample()
-        tensor([0., 0., 1.])
+        >>> sample = OneHotOrdinal(torch.tensor([0.0, -50.0, 50.0])).sample()  # random: one class
+        >>> sample.shape, sample.sum().item()
+        (torch.Size([3]), 1.0)
     """
 
     def __init__(self, scores: Tensor) -> None:
