@@ -664,3 +664,46 @@ def test_cuda_matches_cpu(cls):
     torch.testing.assert_close(a["next", "observation"], b["next", "observation"], atol=1e-4, rtol=0)
     moved = cls(batch_size=[8], seed=1).to("cuda")
     assert moved.reset()["observation"].device.type == "cuda"
+
+
+# ---------------------------------------------------------------- public per-row seeding (many seeds in one env)
+@env_cls
+def test_set_seed_per_row_equals_each_seed_alone(cls):
+    """Row k of a [3, 2] env seeded per row draws the resets and auto-resets of a [2] env
+    seeded seeds[k], over a rollout with episode ends; rng_state round-trips."""
+    seeds = [5, 11, 2**40 + 3]
+    many = cls(batch_size=[3, 2])
+    many.set_seed_per_row(seeds)
+    alone = [cls(batch_size=[2], seed=s) for s in seeds]
+    saved = many.rng_state
+    first = many.reset()["observation"]
+    for k, env in enumerate(alone):
+        assert torch.equal(first[k], env.reset()["observation"])
+    td = TensorDict({"observation": first}, [3, 2])
+    singles = [TensorDict({"observation": first[k]}, [2]) for k in range(3)]
+    for _ in range(60):
+        action = many.action_spec.rand()
+        td["action"] = action
+        td, nxt = many.step_and_maybe_reset(td)
+        for k, env in enumerate(alone):
+            singles[k]["action"] = action[k]
+            out, singles[k] = env.step_and_maybe_reset(singles[k])
+            assert torch.equal(out["next", "observation"], td["next", "observation"][k])
+            assert torch.equal(out["next", "done"], td["next", "done"][k])
+        td = nxt
+    many.set_rng_state(saved)
+    assert torch.equal(many.reset()["observation"], first)
+
+
+def test_per_row_seeding_refuses_bad_input():
+    env = CartPoleEnv(batch_size=[2, 3], seed=0)
+    before = env.rng_state
+    with pytest.raises(ValueError, match=r"one seed per row.*got 3 seeds for batch_size \[2, 3\]"):
+        env.set_seed_per_row([1, 2, 3])
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        CartPoleEnv(batch_size=[4]).set_seed_per_row([1, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"expected an int32 tensor of shape \[2, 3\], got torch.int64 \[2, 3\]"):
+        env.set_rng_state(torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"shape \[2, 3\], got torch.int32 \[3\]"):
+        env.set_rng_state(torch.zeros(3, dtype=torch.int32))
+    assert torch.equal(env.rng_state, before)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -501,6 +501,56 @@ class NativeEnv(EnvBase):
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         self._rng = lane_keys(seed, self._batch_size, self._device)
+
+    def set_seed_per_row(self, seeds: Sequence[int]) -> None:
+        """Seeds every row (index along the first batch dim) on its own: row ``k`` of a
+        ``[N, *rest]`` env gets the counters that ``type(env)(batch_size=rest, seed=seeds[k])``
+        would have, so it draws the same resets as that env alone (many seeds in one env).
+
+        Raises ``ValueError`` (state untouched) unless the env has at least two batch dims
+        and ``len(seeds) == batch_size[0]``.
+
+        Example:
+            >>> import torch
+            >>> from steersman.envs import CartPoleEnv
+            >>> many = CartPoleEnv(batch_size=[2, 3])
+            >>> many.set_seed_per_row([7, 8])
+            >>> alone = CartPoleEnv(batch_size=[3], seed=8)
+            >>> torch.equal(many.reset()["observation"][1], alone.reset()["observation"])
+            True
+        """
+        seeds = [int(s) for s in seeds]
+        if len(self._batch_size) < 2 or len(seeds) != self._batch_size[0]:
+            raise ValueError(f"{type(self).__name__}.set_seed_per_row: needs one seed per row of a batch "
+                             f"[rows, *rest] (at least 2 dims); got {len(seeds)} seeds for batch_size "
+                             f"{list(self._batch_size)}")
+        row = torch.Size(self._batch_size[1:])
+        self._rng = torch.stack([lane_keys(s, row, self._device) for s in seeds])
+
+    @property
+    def rng_state(self) -> Tensor:
+        """A copy of the sub-envs' random counters (int32 ``[*batch]``), for :meth:`set_rng_state`.
+
+        Example:
+            >>> import torch
+            >>> from steersman.envs import CartPoleEnv
+            >>> env = CartPoleEnv(batch_size=[2], seed=0)
+            >>> saved = env.rng_state
+            >>> first = env.reset()["observation"]
+            >>> env.set_rng_state(saved)
+            >>> torch.equal(env.reset()["observation"], first)
+            True
+        """
+        return self._rng.clone()
+
+    def set_rng_state(self, state: Tensor) -> None:
+        """Restores counters from :attr:`rng_state` (a ``ValueError`` naming the expected
+        shape and dtype otherwise; state untouched)."""
+        if not isinstance(state, Tensor) or state.dtype != torch.int32 or state.shape != self._batch_size:
+            got = (f"{state.dtype} {list(state.shape)}" if isinstance(state, Tensor) else type(state).__name__)
+            raise ValueError(f"{type(self).__name__}.set_rng_state: expected an int32 tensor of shape "
+                             f"{list(self._batch_size)}, got {got}")
+        self._rng = state.to(self._device, copy=True)
 
     # ------------------------------------------------------------------ resets
     def _full_reset(self) -> tuple[Tensor, Tensor, Tensor]:
