@@ -869,6 +869,8 @@ class EnvBase:
         """
         tensordict = self.step(tensordict)
         td_ = self._step_mdp(tensordict)
+        if self._post_mdp_hooks:
+            self._run_post_mdp_hooks(tensordict)
         plan = self._hot_plan()
         nb = len(self._batch_size) if self.batch_locked else td_.batch_dims
         done = _any_done(td_, plan["reset_from"], nb)
@@ -877,6 +879,19 @@ class EnvBase:
             td_.set("_reset", done.unsqueeze(-1))
             td_ = self.reset(td_)
         return tensordict, td_
+
+    #: transforms whose ``_post_step_mdp(transition)`` runs on each transition once
+    #: ``step_mdp`` has built the next input (e.g. NextObservationDelta drops full next entries)
+    _post_mdp_hooks: tuple = ()
+
+    def _run_post_mdp_hooks(self, transition: TensorDictBase) -> None:
+        for hook in self._post_mdp_hooks:
+            hook._post_step_mdp(transition)
+
+    @property
+    def _compact_next_keys(self) -> list:
+        """The ``("next", k)`` entries removed from transitions by the post-``step_mdp`` hooks."""
+        return [("next", *((k,) if isinstance(k, str) else k)) for h in self._post_mdp_hooks for k in h.in_keys]
 
     # ------------------------------------------------------------------ random actions
     def rand_action(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
@@ -972,8 +987,13 @@ class EnvBase:
                 if callback is not None:
                     callback(self, td)
                 if i == max_steps - 1:
+                    if self._post_mdp_hooks:
+                        self._run_post_mdp_hooks(td)
                     break
-                td = self._step_mdp(td)
+                nxt_td = self._step_mdp(td)
+                if self._post_mdp_hooks:
+                    self._run_post_mdp_hooks(td)
+                td = nxt_td
                 done = _any_done(td, reset_from, nb)
                 if done is None:
                     continue

@@ -7,6 +7,7 @@ applies to a TensorDict outside any env with ``transform(td)``.
 
 from .actions import ActionDiscretizer, ActionScaling, DiscreteActionProjection, FlattenAction
 from .base import Compose, ObservationTransform, Transform, TransformedEnv, _apply_to_composite  # noqa: F401
+from .beliefs import MeanActionSelector, PolicyAgeFilter
 from .checks import FiniteTensorDictCheck
 from .control import DeviceCastTransform, Hash, PinMemoryTransform, TerminateTransform, gSDENoise
 from .counters import InitTracker, StepCounter
@@ -25,11 +26,13 @@ from .keys import (
 from .misc import ActionMask, BatchSizeTransform, FrameSkipTransform, NoopResetEnv
 from .module import ModuleTransform
 from .norm import ObservationNorm, VecNorm, VecNormV2
+from .nstep import MultiStepTransform, NextObservationDelta, NextStateReconstructor
 from .observation import CatFrames, DoubleToFloat, DTypeCastTransform, TimeMaxPool
 from .primer import TensorDictPrimer
 from .replay import BurnInTransform, RandomCropTensorDict, Reward2GoTransform
 from .reward import RewardClipping, RewardScaling, RewardSum, TargetReturn
 from .reward_maps import BinarizeReward, LineariseRewards
+from .rnd import RNDTransform, RunningMeanStd
 from .shapes import FlattenObservation, PermuteTransform
 from .signals import ExpandAs, SuccessReward
 from .stack import Stack
@@ -100,4 +103,11 @@ __all__ = [
     "ExpandAs",
     "SuccessReward",
     "RandomTruncationTransform",
+    "MeanActionSelector",
+    "PolicyAgeFilter",
+    "RNDTransform",
+    "RunningMeanStd",
+    "MultiStepTransform",
+    "NextStateReconstructor",
+    "NextObservationDelta",
 ]

@@ -934,6 +934,7 @@ class TransformedEnv(EnvBase):
         d["_has_inv"] = any(d["_inv_flags"])
         d["_pre_flags"] = [x._has_reset_pre for x in chain]
         d["_has_pre"] = any(d["_pre_flags"])
+        d["_post_mdp_hooks"] = tuple(x for x in chain if hasattr(x, "_post_step_mdp"))
 
     def _mark_dirty(self) -> None:
         d = self.__dict__
