@@ -25,6 +25,7 @@ from .rnd import RNDLoss
 from .sac import DiscreteSACLoss, SACLoss
 from .td3 import TD3Loss
 from .td3_bc import TD3BCLoss
+from .tqc import TQCLoss
 from .two_hot import symexp, symlog, two_hot_cross_entropy, two_hot_decode, two_hot_encode
 from .utils import (
     AUTO_LOSS_MASK_KEYS,
@@ -113,4 +114,5 @@ __all__ = [
     "RNDLoss",
     "CrossQLoss",
     "DiscreteIQLLoss",
+    "TQCLoss",
 ]
