@@ -5,6 +5,7 @@ prioritized variants follow TorchRL's names and semantics.
 """
 
 from ._checkpoint import CheckpointError
+from .her import HERReplayBuffer, HindsightStrategy
 from .list_storages import CompressedListStorage, LazyStackStorage
 from .offline import prefill_replay_buffer
 from .replay_buffers import (
@@ -66,4 +67,6 @@ __all__ = [
     "ImmutableDatasetWriter",
     "prefill_replay_buffer",
     "find_start_stop_traj",
+    "HERReplayBuffer",
+    "HindsightStrategy",
 ]
