@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import signal
 
 import pytest
 import torch
@@ -82,36 +81,53 @@ def _flat(state, prefix=""):
         yield prefix, state
 
 
-# QMIX: the checkpoint at the stop equals the uninterrupted run's, and at the first resumed
-# policy call so do the input, the parameters, epsilon, the torch RNG state and the output
-# actions; but the RNG state after that call differs (the epsilon-greedy policy consumes the
-# global RNG differently on the first collection of a session; cause not found yet), so the
-# data stream drifts from the next step on. Strict: the mark must go when it passes.
-QMIX_RESUME = pytest.mark.xfail(strict=True, reason="QMIX's resumed data stream differs (cause not found yet)")
+def _collector_keeps_group_batch() -> bool:
+    """Whether a collector's saved state keeps a group's own batch dims ([B, n_agents])."""
+    from steersman.collectors.collector import td_from_state, td_state
+
+    td = TensorDict({"agents": TensorDict({"x": torch.zeros(2, 3)}, [2, 3])}, [2])
+    return td_from_state(td_state(td), None)["agents"].batch_size == (2, 3)
 
 
-@pytest.mark.parametrize("algo", ["mappo", pytest.param("qmix", marks=QMIX_RESUME)])
-def test_stop_and_resume_is_bit_exact(algo, tmp_path, monkeypatch):
-    """A run stopped (as by SIGTERM) after its second batch and resumed ends with the same
-    checkpoint (networks, targets, optimizer, collector, RNG) as an uninterrupted one."""
-    overrides = {"total_frames": 4 * (32 if algo == "mappo" else 16), "export_format": "none"}
+# QMIX/VDN: a collector restored from a checkpoint gave its carried TensorDict's group "agents"
+# the batch [B] instead of [B, n_agents] (td_state kept no nested batch sizes), so the
+# epsilon-greedy coin of the first resumed step was drawn per env, not per agent, and the
+# RNG stream shifted. The fix is in collectors/collector.py (td_state); strict: the mark
+# goes away by itself once the collector keeps the group's batch dims.
+NESTED_BATCH = pytest.mark.xfail(not _collector_keeps_group_batch(), strict=True,
+                                 reason="the collector's td_state drops the group's batch dims [B, n_agents]")
+ALGOS_RESUME = ["ippo", "maddpg", "mappo", "masac", pytest.param("qmix", marks=NESTED_BATCH),
+                pytest.param("vdn", marks=NESTED_BATCH)]
+
+
+class _Killed(Exception):
+    """Stands for SIGKILL: the run stops where it is, nothing more is written."""
+
+
+@pytest.mark.parametrize("algo", ALGOS_RESUME)
+def test_kill_and_resume_is_bit_exact(algo, tmp_path, monkeypatch):
+    """A run killed in its third batch (after the checkpoint of its second one) and resumed
+    from that checkpoint ends with the same checkpoint (networks, targets, optimizer,
+    exploration, collector, replay buffer, RNG) and final evaluation as an uninterrupted run."""
+    batch = 32 if algo in ("mappo", "ippo") else 16
+    overrides = {"total_frames": 4 * batch, "export_format": "none", "checkpoint.interval": batch}
     full = recipe(algo).train(config(algo, **overrides), tmp_path / "full")
-    stop_at = 2 * (32 if algo == "mappo" else 16)
     original = Run.log
 
-    def log(self, frames, metrics):
+    def log(self, frames, metrics):  # after the update of batch 3, before its checkpoint
         original(self, frames, metrics)
-        if frames >= stop_at and not self._resume:
-            self.stop_signal = signal.SIGTERM
+        if frames == 3 * batch and not self._resume:
+            raise _Killed
 
     monkeypatch.setattr(Run, "log", log)
-    stopped = recipe(algo).train(config(algo, **overrides), tmp_path / "resumed")
-    assert stopped["interrupted"] and stopped["frames"] == stop_at
+    with pytest.raises(_Killed):
+        recipe(algo).train(config(algo, **overrides), tmp_path / "killed")
+    assert load_checkpoint(tmp_path / "killed" / "checkpoints").meta["frames"] == 2 * batch
     monkeypatch.setattr(Run, "log", original)
-    resumed = recipe(algo).train(config(algo, **overrides), tmp_path / "resumed", resume=True)
+    resumed = recipe(algo).train(config(algo, **overrides), tmp_path / "killed", resume=True)
     assert resumed["frames"] == full["frames"] and resumed["final_eval_return"] == full["final_eval_return"]
     a = dict(_flat(load_checkpoint(tmp_path / "full" / "checkpoints").state))
-    b = dict(_flat(load_checkpoint(tmp_path / "resumed" / "checkpoints").state))
+    b = dict(_flat(load_checkpoint(tmp_path / "killed" / "checkpoints").state))
     assert a.keys() == b.keys()
     for key, va in a.items():
         if isinstance(va, torch.Tensor):
