@@ -291,3 +291,129 @@ def test_four_seeds_learn_cartpole(tmp_path):
     finals = list(summary["final_eval_return"].values())
     assert min(finals) >= 4 * random_return, (finals, random_return)
     assert summary["aggregate"]["mean"] >= 8 * random_return, (finals, random_return)
+
+
+# ---------------------------------------------------------------- A2C and DQN populations (the shared machinery)
+def tiny_a2c(**kw):
+    from steersman.recipes.a2c import A2CConfig
+
+    base = dict(env=EnvConfig(name="CartPole-v1", num_envs=2), n_steps=4, total_frames=48, hidden_sizes=[16, 16],
+                quiet=True, logger=LoggerConfig(backends=["csv"]), export_format="none",
+                eval=EvalConfig(interval=32, episodes=2), checkpoint=CheckpointConfig(interval=16, keep=5))
+    base.update(kw)
+    return A2CConfig(**base)
+
+
+def tiny_dqn(**kw):
+    """2 sub-envs, 8 frames a batch, random until 16 frames, then 2 updates of 8 samples per batch
+    from a 32-transition buffer (it wraps): every piece runs."""
+    from steersman.recipes.dqn import DQNConfig
+
+    base = dict(env=EnvConfig(name="CartPole-v1", num_envs=2), frames_per_batch=8, gradient_steps=2, batch_size=8,
+                buffer_size=32, learning_starts=16, hidden_sizes=[16, 16], total_frames=48, quiet=True,
+                logger=LoggerConfig(backends=["csv"]), export_format="none",
+                eval=EvalConfig(interval=32, episodes=2), checkpoint=CheckpointConfig(interval=16, keep=5))
+    base.update(kw)
+    return DQNConfig(**base)
+
+
+TINY = {"a2c": (tiny_a2c, multiseed.train_a2c, ("train/loss_objective", "train/loss_critic", "train/grad_norm")),
+        "dqn": (tiny_dqn, multiseed.train_dqn, ("train/loss", "train/grad_norm", "train/epsilon"))}
+
+
+def member_row(state: dict, k: int) -> dict:
+    """Member k's slice of everything an A2C/DQN population checkpoint holds per member."""
+    out = {}
+    for group in ("params", "target", "opt_state", "env_state"):
+        out.update({f"{group}.{n}": v[k] for n, v in state.get(group, {}).items()})
+    for n, v in state.get("buffer", {}).get("data", {}).items():
+        out[f"buffer.{n}"] = v[k]
+    for name in ("env_rng", "obs", "ep_return", "last_return", "metrics"):
+        if name in state:
+            out[name] = state[name][k]
+    out["evals"] = torch.stack([r[k] for r in state["eval_returns"]])
+    return out
+
+
+@pytest.fixture(scope="module")
+def singles_off(tmp_path_factory):
+    """A2C and DQN seeds 3..6 trained alone: final checkpoint rows and metrics."""
+    root = tmp_path_factory.mktemp("singles_off")
+    out = {}
+    for algo, (make, train, _) in TINY.items():
+        for seed in range(3, 7):
+            train(make(seed=seed), root / f"{algo}{seed}")
+            out[algo, seed] = (member_row(final_state(root / f"{algo}{seed}"), 0),
+                               read_metrics_csv(root / f"{algo}{seed}" / "seed_0" / "metrics.csv"))
+    return out
+
+
+@pytest.mark.parametrize("algo", list(TINY))
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a2c_dqn_members_equal_their_runs_alone(algo, n, singles_off, tmp_path):
+    """(n=1: the ``singles_off`` runs themselves.) Parameters, optimizer states, the target network and replay buffer (DQN), env
+    streams, evaluations and logged metrics of member k: bitwise those of its seed alone."""
+    make, train, cols = TINY[algo]
+    train(make(seed=3, seeds=n), tmp_path)
+    state = final_state(tmp_path)
+    assert state["frames"] == 48
+    for k in range(n):
+        alone, alone_csv = singles_off[algo, 3 + k]
+        assert_rows_equal(member_row(state, k), alone)
+        csv = read_metrics_csv(tmp_path / f"seed_{k}" / "metrics.csv")
+        for col in ("step", *cols, "eval/return"):
+            np.testing.assert_array_equal(csv[col], alone_csv[col])
+    name = next(iter(state["params"]))
+    assert all(not torch.equal(state["params"][name][0], state["params"][name][k]) for k in range(1, n))
+
+
+def test_recipes_hand_populations_to_multiseed_and_sweep_lr(tmp_path):
+    """a2c.train / dqn.train with seeds=2 and a sweep write a population run; a swept
+    member equals that value's run alone (DQN, optim.lr)."""
+    from steersman.recipes import a2c, dqn
+    from steersman.recipes.config import ClippedOptimConfig
+
+    summary = a2c.train(tiny_a2c(seeds=2, total_frames=16), tmp_path / "a2c")
+    assert summary["algo"] == "a2c" and summary["members"] == 2
+    cfg = tiny_dqn(seeds=1, sweep={"optim": {"lr": [1e-3, 3e-3]}})
+    assert multiseed.members_of(cfg) == [(0, {"optim.lr": 1e-3}), (0, {"optim.lr": 3e-3})]
+    dqn.train(cfg, tmp_path / "sweep")
+    multiseed.train_dqn(tiny_dqn(optim=ClippedOptimConfig(lr=3e-3, max_grad_norm=10.0)), tmp_path / "alone")
+    assert_rows_equal(member_row(final_state(tmp_path / "sweep"), 1),
+                      member_row(final_state(tmp_path / "alone"), 0))
+
+
+def test_dqn_population_resume_is_bit_exact(tmp_path):
+    """Killed after its first checkpoint and resumed: the replay buffers, target networks,
+    epsilon schedule and sample streams continue exactly."""
+    import json
+    import shutil
+
+    multiseed.train_dqn(tiny_dqn(seeds=2), tmp_path / "whole")
+    shutil.copytree(tmp_path / "whole", tmp_path / "crash")
+    ckpts = tmp_path / "crash" / "checkpoints"
+    for later in ("ckpt-000002", "ckpt-000003"):
+        shutil.rmtree(ckpts / later)
+    (ckpts / "LATEST").write_text(json.dumps({"current": "ckpt-000001"}))
+    multiseed.train_dqn(tiny_dqn(seeds=2), tmp_path / "crash", resume=True)
+    a, b = final_state(tmp_path / "whole"), final_state(tmp_path / "crash")
+    for k in range(2):
+        assert_rows_equal(member_row(a, k), member_row(b, k))
+    with pytest.raises(multiseed.RunDirError, match="it is a dqn run"):
+        multiseed.train_a2c(tiny_a2c(seeds=2), tmp_path / "crash", resume=True)
+
+
+@pytest.mark.parametrize("algo, kw, match", [
+    ("a2c", dict(seeds=0), "seeds must be an integer >= 1, got 0"),
+    ("dqn", dict(seeds=-1), "seeds must be an integer >= 1, got -1"),
+    ("a2c", dict(sweep={"hidden_sizes": [[32], [64]]}), "sweep.hidden_sizes cannot vary per member"),
+    ("dqn", dict(sweep={"gamma": [0.9, 0.99]}), "sweep.gamma cannot vary per member"),
+    ("dqn", dict(sweep={"buffer_size": [10, 20]}), "sweep.buffer_size cannot vary per member"),
+    ("dqn", dict(seeds=2, frames_per_batch=9), r"frames_per_batch \(9\) must be a multiple of env.num_envs \(2\)"),
+    ("a2c", dict(seeds=2, env=EnvConfig(name="Pendulum-v1", num_envs=2)), "discrete-action envs"),
+])
+def test_a2c_dqn_bad_config_is_refused_before_anything_is_written(algo, kw, match, tmp_path):
+    make, train, _ = TINY[algo]
+    with pytest.raises(ConfigError, match=match):
+        train(make(**kw), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -89,6 +89,10 @@ class DQNConfig:
     """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
+    seeds: int = 1
+    """Agents trained at once in this process, seeds seed..seed+seeds-1 (> 1: recipes/multiseed.py, one vmapped update)."""
+    sweep: dict[str, Any] = field(default_factory=dict)
+    """Per-member values of numeric settings, e.g. sweep.optim.lr=[1e-3,3e-4]: every combination x seeds, in one process."""
     num_threads: int = 1
     """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
     quiet: bool = False
@@ -116,6 +120,10 @@ def make_policy(cfg: DQNConfig, env: EnvBase) -> QValueActor:
 def train(cfg: DQNConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains DQN as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else DQNConfig()
+    if cfg.seeds != 1 or cfg.sweep:  # many agents in one process (seeds < 1 is refused there)
+        from . import multiseed
+
+        return multiseed.train_dqn(cfg, run_dir, resume=resume)
     env, eval_env = setup(cfg)
     qnet = make_policy(cfg, env)
     explore = EGreedyModule(env.action_spec, eps_init=cfg.eps_init, eps_end=cfg.eps_end,

@@ -57,6 +57,7 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,8 @@ from .run import (
     read_run_config,
 )
 
-__all__ = ["SWEEPABLE", "Streams", "members_of", "train_ppo"]
+__all__ = ["SWEEPABLE", "EpisodeStats", "MemberReplay", "Population", "Stacked", "Streams", "members_of", "train_a2c",
+           "train_dqn", "train_ppo"]
 
 #: Fields a sweep may vary per member (numbers the vmapped update reads per member).
 SWEEPABLE = ("optim.lr", "optim.max_grad_norm")
@@ -190,15 +192,13 @@ class Streams:
         """``[M, n]`` uniform draws in ``[0, 1)`` (24 random bits each)."""
         return ((self.bits(n) >> 8) & 0xFFFFFF).to(torch.float32) * (1.0 / 16777216.0)
 
+    def randint(self, n: int, high: int) -> Tensor:
+        """``[M, n]`` int64 draws in ``[0, high)`` (31 random bits modulo ``high``)."""
+        return (self.bits(n).to(torch.int64) & 0x7FFFFFFF) % high
+
     def permutation(self, n: int) -> Tensor:
         """``[M, n]``: a random permutation of ``range(n)`` per member."""
         return torch.argsort(self.bits(n), dim=-1, stable=True)
-
-
-def _seed_rows(env: NativeEnv, seeds: list[int]) -> None:
-    """Gives row ``k`` of a ``[M, E]`` native env the counters of a ``[E]`` env seeded ``seeds[k]``."""
-    row = torch.Size(env.batch_size[1:])
-    env._rng = torch.stack([lane_keys(s, row) for s in seeds])
 
 
 # ---------------------------------------------------------------- the members' functions (vmapped)
@@ -224,261 +224,582 @@ def _gae(value: Tensor, next_value: Tensor, reward: Tensor, terminated: Tensor, 
     return adv, adv + value
 
 
-# ---------------------------------------------------------------- training
-def train_ppo(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
-    """Trains the population of ``cfg`` (a PPOConfig with ``seeds`` and ``sweep``) into
-    ``run_dir``; returns the summary (per-member and aggregate returns, frames/s)."""
-    from . import ppo
+# ---------------------------------------------------------------- the machinery every algorithm shares
+class Population:
+    """A population run's shared part: the members and their configs, the native env
+    ``[P, E]`` seeded per row, the stacked parameters, the vmapped (compiled) update, the
+    run directory (per-member configs and metrics, ``members.json``, checkpoints, resume)
+    and the greedy evaluation. An algorithm's trainer (:func:`train_ppo`,
+    :func:`train_a2c`, :func:`train_dqn`) holds only its own collection and update.
 
-    members = members_of(cfg)
-    validate_config(cfg)
-    member_cfgs = [member_config(cfg, s, v) for s, v in members]
-    for mc in member_cfgs:
-        validate_config(mc)
-    if cfg.env.name not in NATIVE_ENVS:
-        raise ConfigError(f"seeds/sweep need a torch-native env ({', '.join(sorted(NATIVE_ENVS))}), "
-                          f"got env.name={cfg.env.name!r}")
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-    # P >= 2 rows: a lone member runs with a copy of itself, because batched matmuls with one
-    # output column (the value head) take another kernel for one matrix than for several
-    # (CPU bmm/gemv), which would change the last bits; from 2 rows on, every row's numbers
-    # are the same whatever the count (tests/recipes/test_multiseed.py proves it).
-    M, E, T = len(members), cfg.env.num_envs, cfg.n_steps
-    P = max(M, 2)
-    row_cfgs = member_cfgs + member_cfgs[:1] * (P - M)
-    seeds = [mc.seed for mc in row_cfgs]
-    B = E * T  # frames per member per batch
-    total_frames = -(-cfg.total_frames // B) * B
-    kwargs = {} if cfg.env.max_episode_steps is None else {"max_episode_steps": cfg.env.max_episode_steps}
-    env_cls = NATIVE_ENVS[cfg.env.name]
-    env = env_cls(batch_size=[P, E], seed=0, **kwargs)
-    if not isinstance(action_spec_unbatched(env), Categorical):
-        raise ConfigError(f"seeds/sweep support discrete-action envs for now; {cfg.env.name} has continuous actions")
-    eval_env = env_cls(batch_size=[P, cfg.eval.episodes], seed=0, **kwargs)
+    ``P = max(M, 2)`` rows run for ``M`` members: a lone member runs with a copy of
+    itself, because batched matmuls with one output column (a value head) take another
+    CPU kernel for one matrix than for several, which would change the last bits; from 2
+    rows on, every row's numbers are the same whatever the count.
+    """
 
-    # each member's networks, built as the single-seed recipe builds them, then stacked [M, ...]
-    nets = []
-    for mc in row_cfgs:
-        seed_everything(mc.seed)
-        shape_env = env_cls(batch_size=[E], seed=mc.seed, **kwargs)
-        nets.append(nn.ModuleDict({"actor_network": ppo.make_policy(mc, shape_env),
-                                   "critic_network": ppo.make_critic(mc, shape_env)}))
-    actor, critic = nets[0]["actor_network"], nets[0]["critic_network"]
-    loss_fn = ClipPPOLoss(actor, critic, clip_epsilon=cfg.loss.clip_epsilon, entropy_coeff=cfg.loss.entropy_coef,
-                          critic_coeff=cfg.loss.critic_coef, loss_critic_type="l2",
-                          normalize_advantage=cfg.loss.normalize_advantage, diagnostics=False)
-    logits_net, value_net = actor.module[0].module, critic.module  # obs -> logits, obs -> value
-    stacked = from_modules(*nets)
-    keys = list(stacked.keys(include_nested=True, leaves_only=True))
-    names = [".".join(k) for k in keys]
-    params = tuple(stacked.get(k).detach().clone() for k in keys)
-    adam = optim.Adam(eps=cfg.optim.eps)
-    state0 = torch.vmap(lambda *p: _leaves_of(adam.init(tree_from_leaves(keys, list(p), []))))(*params)
-    state_keys = list(adam.init(tree_from_leaves(keys, [p[0] for p in params], [])).keys(True, True))
-    opt_state = tuple(state0)
-    base = {name: torch.tensor([getattr(mc.optim, name) for mc in row_cfgs], dtype=torch.float32)
-            for name in ("lr", "max_grad_norm")}
+    def __init__(self, algo: str, cfg: Any, run_dir: str | Path | None, *, resume: bool, batch_frames: int,
+                 discrete: bool = True) -> None:
+        self.algo, self.cfg = algo, cfg
+        self.members = members_of(cfg)
+        validate_config(cfg)
+        self.member_cfgs = [member_config(cfg, s, v) for s, v in self.members]
+        for mc in self.member_cfgs:
+            validate_config(mc)
+        if cfg.env.name not in NATIVE_ENVS:
+            raise ConfigError(f"seeds/sweep need a torch-native env ({', '.join(sorted(NATIVE_ENVS))}), "
+                              f"got env.name={cfg.env.name!r}")
+        if cfg.num_threads > 0:
+            torch.set_num_threads(cfg.num_threads)
+        self.M = len(self.members)
+        self.P = max(self.M, 2)
+        self.row_cfgs = self.member_cfgs + self.member_cfgs[:1] * (self.P - self.M)
+        self.seeds = [mc.seed for mc in self.row_cfgs]
+        self.env_cls = NATIVE_ENVS[cfg.env.name]
+        self.env_kwargs = ({} if cfg.env.max_episode_steps is None
+                           else {"max_episode_steps": cfg.env.max_episode_steps})
+        self.env = self.make_env(cfg.env.num_envs)
+        if discrete and not isinstance(action_spec_unbatched(self.env), Categorical):
+            raise ConfigError(f"seeds/sweep support discrete-action envs for now; {cfg.env.name} has continuous actions")
+        self.eval_env = self.make_env(cfg.eval.episodes)
+        self.total_frames = -(-cfg.total_frames // batch_frames) * batch_frames
+        self.run_dir = (Path(run_dir) if run_dir is not None
+                        else Path("runs") / f"{algo}_seeds_{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+        self.config = config_to_dict(cfg)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.resume, self.loggers = resume, []
 
-    def swapped(p: tuple):
-        return tree_from_leaves(keys, list(p), []).to_module(loss_fn)
+    def make_env(self, per_member: int, seeds: list[int] | None = None) -> NativeEnv:
+        """The native env ``[P, per_member]``, row ``k`` seeded as a ``[per_member]`` env of ``seeds[k]``."""
+        env = self.env_cls(batch_size=[self.P, per_member], seed=0, **self.env_kwargs)
+        env.set_seed_per_row(self.seeds if seeds is None else seeds)
+        return env
 
-    def act(p: tuple, obs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:  # one member: obs [E, D], u [E]
-        with swapped(p):
-            return _categorical_draw(logits_net(obs), u)
+    def shape_env(self, mc: Any) -> NativeEnv:
+        """A member's single-seed env (what its networks are built from)."""
+        return self.env_cls(batch_size=[self.cfg.env.num_envs], seed=mc.seed, **self.env_kwargs)
 
-    def greedy(p: tuple, obs: Tensor) -> Tensor:
-        with swapped(p):
-            return logits_net(obs).argmax(-1)
+    # ---- the run directory
+    def open(self) -> dict[str, Any] | None:
+        """Refuses a run directory that holds another run; writes the configs; returns the
+        saved state to resume from (None: a fresh start)."""
+        state = None
+        if self.resume:
+            algo, old = read_run_config(self.run_dir)
+            changed = [(k, a, b) for k, a, b in diff_configs(with_defaults(old, type(self.cfg)), self.config)
+                       if not _resumable(k)]
+            if algo != self.algo or changed:
+                raise RunDirError(f"cannot resume {self.run_dir} as this population: "
+                                  + (f"it is a {algo} run" if algo != self.algo else
+                                     ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)))
+            if latest_checkpoint(self.ckpt_root) is not None:
+                state = load_checkpoint(self.ckpt_root).state
+                if int(state["frames"]) >= self.total_frames:
+                    raise RunFinished(f"{self.run_dir} already finished at {int(state['frames'])} frames; pass "
+                                      f"total_frames={2 * self.cfg.total_frames} (or any value above "
+                                      f"{int(state['frames'])}) to extend")
+        elif (self.run_dir / RUN_FILE).exists():
+            raise RunDirError(f"{self.run_dir} already holds a run; continue it with `steersman resume "
+                              f"{self.run_dir}` or choose another directory")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _write_yaml(self.run_dir / RUN_FILE, {"algo": self.algo, **self.config})
+        self.member_dirs = [self.run_dir / f"seed_{k}" for k in range(self.M)]
+        for d, mc in zip(self.member_dirs, self.member_cfgs):
+            d.mkdir(exist_ok=True)
+            _write_yaml(d / RUN_FILE, {"algo": self.algo, **config_to_dict(mc)})
+        write_json_atomic(self.run_dir / "members.json", [{"member": k, "dir": f"seed_{k}", "seed": s, **v}
+                                                          for k, (s, v) in enumerate(self.members)], indent=1)
+        from steersman.record import CSVLogger
 
-    def values(p: tuple, obs: Tensor) -> Tensor:
-        with swapped(p):
-            return value_net(obs).squeeze(-1)
+        start = int(state["frames"]) if state is not None else None
+        self.loggers = [CSVLogger(d.name, self.run_dir, start_step=start) for d in self.member_dirs]
+        return state
 
-    loss_keys = loss_fn.tensor_keys
-    td_keys = ["observation", loss_keys.action, loss_keys.sample_log_prob, loss_keys.advantage,
-               loss_keys.value_target]
+    def log(self, frames: int, rows: list[dict[str, float]]) -> None:
+        """One metrics row per member (NaN values left out)."""
+        for log, row in zip(self.loggers, rows):
+            log.log_metrics({k: v for k, v in row.items() if not math.isnan(v)}, step=frames)
 
-    def update(p: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
-        """One member's minibatch step: pure, ``(params, state, data[idx]) -> (params, state, metrics)``."""
-        mb = tree_from_leaves(td_keys, [v[idx] for v in data], [idx.shape[0]])
+    def save(self, state: dict[str, Any], frames: int, iteration: int) -> None:
+        save_checkpoint(self.ckpt_root, {**state, "frames": frames, "iteration": iteration},
+                        meta={"algo": self.algo, "frames": frames, "iteration": iteration, "members": self.M,
+                              "config": self.config}, keep=self.cfg.checkpoint.keep)
 
-        def loss_of(q: tuple):
-            with swapped(q):
-                out = loss_fn(mb)
-            total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
-            return total, (out["loss_objective"].detach(), out["loss_critic"].detach())
+    def evaluate(self, greedy: Callable[[Tensor], Tensor]) -> Tensor:
+        """Each member's greedy policy (``greedy(obs [P, n, D]) -> action [P, n]``),
+        ``eval.episodes`` episodes on its own seeds: mean return ``[M]``."""
+        env, n = self.eval_env, self.cfg.eval.episodes
+        env.set_seed_per_row([s + EVAL_SEED_OFFSET for s in self.seeds])
+        o = env.reset()["observation"]
+        ret, alive = torch.zeros(self.P, n), torch.ones(self.P, n, dtype=torch.bool)
+        while bool(alive.any()):
+            td, nxt = env.step_and_maybe_reset(TensorDict({"observation": o, "action": greedy(o)}, [self.P, n]))
+            ret += td["next", "reward"].squeeze(-1) * alive
+            alive &= ~td["next", "done"].squeeze(-1)
+            o = nxt["observation"]
+        return ret.mean(-1)[:self.M]
 
-        grads, (_, (l_obj, l_crit)) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
-        grads_td, grad_norm = clip_grad_norm(tree_from_leaves(keys, list(grads), []), max_norm)
-        new_p, new_s = optim.Adam(lr=lr, eps=cfg.optim.eps).step(tree_from_leaves(keys, list(p), []), grads_td,
-                                                       tree_from_leaves(state_keys, list(s), []))
-        return _leaves_of(new_p, keys), _leaves_of(new_s, state_keys), torch.stack([l_obj, l_crit, grad_norm])
-
-    v_update = eager_update = torch.vmap(update)
-    if cfg.compile:  # one graph for every member's step; eager (one warning) if dynamo cannot trace it
+    def vmapped(self, update: Callable, what: str) -> Callable:
+        """``torch.vmap(update)`` over the rows; with ``compile=true`` one compiled graph
+        (eager with a one-line warning saying why, if dynamo cannot trace it)."""
+        eager = torch.vmap(update)
+        if not self.cfg.compile:
+            return eager
         from steersman.objectives.functional_update import use_compile_cache
 
         use_compile_cache()
-        compiled = torch.compile(eager_update, fullgraph=True, dynamic=False, backend=cfg.compile_backend)
+        compiled: Any = torch.compile(eager, fullgraph=True, dynamic=False, backend=self.cfg.compile_backend)
 
-        def v_update(*args: Any) -> Any:
+        def run(*args: Any) -> Any:
             nonlocal compiled
             if compiled is not None:
                 try:
                     return compiled(*args)
                 except torch._dynamo.exc.TorchDynamoException as err:
                     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    warnings.warn(f"compile=true: the vmapped PPO update cannot be compiled ({reason}); "
+                    warnings.warn(f"compile=true: the vmapped {what} cannot be compiled ({reason}); "
                                   "running it eagerly", stacklevel=2)
                     compiled = None
-            return eager_update(*args)
+            return eager(*args)
+        return run
+
+    def close(self) -> None:
+        for log in self.loggers:
+            log.close()
+
+
+class Stacked:
+    """The rows' parameters stacked ``[P, ...]`` as a flat tuple (the vmapped update's
+    input), with their keys, and a context that swaps one row's leaves into ``module``.
+
+    Args:
+        modules: one module per row, built as the single-seed recipe builds it.
+        module: the module the leaves are swapped into (same structure as each of ``modules``).
+    """
+
+    def __init__(self, modules: list[nn.Module], module: nn.Module) -> None:
+        stacked = from_modules(*modules)
+        self.keys = list(stacked.keys(include_nested=True, leaves_only=True))
+        self.names = [".".join(k) for k in self.keys]
+        self.params = tuple(stacked.get(k).detach().clone() for k in self.keys)
+        self.module = module
+
+    def swapped(self, leaves: tuple, keys: list | None = None) -> Any:
+        return tree_from_leaves(keys if keys is not None else self.keys, list(leaves), []).to_module(self.module)
+
+    def opt_init(self, opt: Any, keys: list | None = None, params: tuple | None = None) -> tuple[list, tuple]:
+        """The stacked optimizer state of ``params`` (default: all): ``(state keys, leaves)``."""
+        keys = keys if keys is not None else self.keys
+        params = params if params is not None else self.params
+        state = torch.vmap(lambda *p: _leaves_of(opt.init(tree_from_leaves(keys, list(p), []))))(*params)
+        state_keys = list(opt.init(tree_from_leaves(keys, [p[0] for p in params], [])).keys(True, True))
+        return state_keys, tuple(state)
+
+
+def _dotted(k: Any) -> str:
+    return ".".join(k) if isinstance(k, tuple) else k
+
+
+def _opt_step(opt: Any, keys: list, state_keys: list, p: tuple, grads: tuple, s: tuple, max_norm: Tensor
+              ) -> tuple[tuple, tuple, Tensor]:
+    """Global-norm clipping and one functional optimizer step on flat leaves."""
+    grads_td, grad_norm = clip_grad_norm(tree_from_leaves(keys, list(grads), []), max_norm)
+    new_p, new_s = opt.step(tree_from_leaves(keys, list(p), []), grads_td, tree_from_leaves(state_keys, list(s), []))
+    return _leaves_of(new_p, keys), _leaves_of(new_s, state_keys), grad_norm
+
+
+class EpisodeStats:
+    """Per-member episode returns while collecting ``[P, E]``: the mean return of the
+    episodes that ended in the last batch (``last_return [P]``, kept when none ended)."""
+
+    def __init__(self, P: int, E: int) -> None:
+        self.ep_return, self.last_return = torch.zeros(P, E), torch.full((P,), math.nan)
+        self._sum, self._n = torch.zeros(P), torch.zeros(P)
+
+    def step(self, reward: Tensor, done: Tensor) -> None:
+        self.ep_return += reward
+        self._sum += (self.ep_return * done).sum(-1)
+        self._n += done.sum(-1)
+        self.ep_return = self.ep_return * ~done
+
+    def end_batch(self) -> None:
+        self.last_return = torch.where(self._n > 0, self._sum / self._n.clamp(min=1), self.last_return)
+        self._sum, self._n = torch.zeros_like(self._sum), torch.zeros_like(self._n)
+
+    def state(self) -> dict[str, Tensor]:
+        return {"ep_return": self.ep_return, "last_return": self.last_return}
+
+    def load(self, st: dict[str, Any]) -> None:
+        self.ep_return, self.last_return = st["ep_return"], st["last_return"]
+
+
+def _collect(env: NativeEnv, obs: Tensor, T: int, act: Callable[[Tensor], tuple[Tensor, dict]],
+             episodes: EpisodeStats) -> tuple[dict[str, Tensor], Tensor]:
+    """``T`` steps of every row: ``act(obs) -> (action, extras)``; returns the transitions
+    stacked ``[P, E, T, ...]`` and the last observation."""
+    P, E = env.batch_size
+    out: dict[str, list[Tensor]] = {}
+    for _ in range(T):
+        action, extras = act(obs)
+        td, nxt = env.step_and_maybe_reset(TensorDict({"observation": obs, "action": action}, [P, E]))
+        reward, done = td["next", "reward"].squeeze(-1), td["next", "done"].squeeze(-1)
+        episodes.step(reward, done)
+        for key, v in (("obs", obs), ("action", action), ("next_obs", td["next", "observation"]),
+                       ("reward", reward), ("terminated", td["next", "terminated"].squeeze(-1)), ("done", done),
+                       *extras.items()):
+            out.setdefault(key, []).append(v)
+        obs = nxt["observation"]
+    episodes.end_batch()
+    return {k: torch.stack(v, 2) for k, v in out.items()}, obs
+
+
+def _schedule(frames: int, interval: int) -> float:
+    return (frames // interval + 1) * interval if interval > 0 else math.inf
+
+
+# ---------------------------------------------------------------- PPO and A2C (on-policy)
+def train_ppo(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains the population of ``cfg`` (a PPOConfig with ``seeds`` and ``sweep``) into
+    ``run_dir``; returns the summary (per-member and aggregate returns, frames/s)."""
+    return _train_on_policy("ppo", cfg, run_dir, resume)
+
+
+def train_a2c(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains the population of ``cfg`` (an A2CConfig with ``seeds`` and ``sweep``) into
+    ``run_dir``: one vmapped RMSprop step on each whole batch; returns the summary."""
+    return _train_on_policy("a2c", cfg, run_dir, resume)
+
+
+def _train_on_policy(algo: str, cfg: Any, run_dir: str | Path | None, resume: bool) -> dict[str, Any]:
+    from steersman.objectives import A2CLoss
+
+    from . import ppo
+
+    E, T = cfg.env.num_envs, cfg.n_steps
+    B = E * T  # frames per member per batch
+    pop = Population(algo, cfg, run_dir, resume=resume, batch_frames=B)
+    P = pop.P
+    nets = []  # each member's networks, built as the single-seed recipe builds them
+    for mc in pop.row_cfgs:
+        seed_everything(mc.seed)
+        shape_env = pop.shape_env(mc)
+        nets.append(nn.ModuleDict({"actor_network": ppo.make_policy(mc, shape_env),
+                                   "critic_network": ppo.make_critic(mc, shape_env)}))
+    actor, critic = nets[0]["actor_network"], nets[0]["critic_network"]
+    if algo == "ppo":
+        gamma, lmbda, entropy_coef, critic_coef = (cfg.loss.gamma, cfg.loss.gae_lambda, cfg.loss.entropy_coef,
+                                                   cfg.loss.critic_coef)
+        loss_fn: nn.Module = ClipPPOLoss(actor, critic, clip_epsilon=cfg.loss.clip_epsilon,
+                                         entropy_coeff=entropy_coef, critic_coeff=critic_coef, loss_critic_type="l2",
+                                         normalize_advantage=cfg.loss.normalize_advantage, diagnostics=False)
+        opt_of: Callable[[Any], Any] = lambda lr: optim.Adam(lr=lr, eps=cfg.optim.eps)  # noqa: E731
+    else:
+        gamma, lmbda, entropy_coef, critic_coef = cfg.gamma, cfg.gae_lambda, cfg.entropy_coef, cfg.critic_coef
+        loss_fn = A2CLoss(actor, critic, entropy_coeff=entropy_coef, critic_coeff=critic_coef, loss_critic_type="l2")
+        opt_of = lambda lr: optim.RMSprop(lr=lr, alpha=0.99, eps=1e-5)  # noqa: E731  (a2c.py's settings)
+    logits_net, value_net = actor.module[0].module, critic.module  # obs -> logits, obs -> value
+    st = Stacked(nets, loss_fn)
+    keys, names, params = st.keys, st.names, st.params
+    state_keys, opt_state = st.opt_init(opt_of(1.0))
+    base = {name: torch.tensor([getattr(mc.optim, name) for mc in pop.row_cfgs], dtype=torch.float32)
+            for name in ("lr", "max_grad_norm")}
+
+    def act(p: tuple, obs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:  # one member: obs [E, D], u [E]
+        with st.swapped(p):
+            return _categorical_draw(logits_net(obs), u)
+
+    def greedy(p: tuple, obs: Tensor) -> Tensor:
+        with st.swapped(p):
+            return logits_net(obs).argmax(-1)
+
+    def values(p: tuple, obs: Tensor) -> Tensor:
+        with st.swapped(p):
+            return value_net(obs).squeeze(-1)
+
+    lk = loss_fn.tensor_keys
+    td_keys = ["observation", lk.action, lk.sample_log_prob, lk.advantage, lk.value_target]
+
+    def update(p: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
+        """One member's step: pure, ``(params, state, data[idx]) -> (params, state, metrics)``."""
+        mb = tree_from_leaves(td_keys, [v[idx] for v in data], [idx.shape[0]])
+
+        def loss_of(q: tuple):
+            with st.swapped(q):
+                out = loss_fn(mb)
+            total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
+            return total, (out["loss_objective"].detach(), out["loss_critic"].detach())
+
+        grads, (_, (l_obj, l_crit)) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
+        new_p, new_s, grad_norm = _opt_step(opt_of(lr), keys, state_keys, p, grads, s, max_norm)
+        return new_p, new_s, torch.stack([l_obj, l_crit, grad_norm])
+
+    v_update = pop.vmapped(update, f"{algo.upper()} update")
     v_act, v_greedy, v_values = torch.vmap(act), torch.vmap(greedy), torch.vmap(values)
 
-    # ---- the run directory, and the state a checkpoint holds
-    run_dir = Path(run_dir) if run_dir is not None else Path("runs") / f"ppo_seeds_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    config = config_to_dict(cfg)
-    act_stream, shuffle_stream = Streams(seeds, _SALT_ACTIONS), Streams(seeds, _SALT_SHUFFLE)
-    _seed_rows(env, seeds)
+    # ---- the state a checkpoint holds
+    act_stream, shuffle_stream = Streams(pop.seeds, _SALT_ACTIONS), Streams(pop.seeds, _SALT_SHUFFLE)
+    env = pop.env
     obs = env.reset()["observation"]
-    ep_return = torch.zeros(P, E)
-    last_return = torch.full((P,), math.nan)
+    episodes = EpisodeStats(P, E)
     frames, iteration, evals = 0, 0, []
-    ckpt_root = run_dir / "checkpoints"
-    if resume:
-        algo, old = read_run_config(run_dir)
-        changed = [(k, a, b) for k, a, b in diff_configs(with_defaults(old, type(cfg)), config) if not _resumable(k)]
-        if algo != "ppo" or changed:
-            raise RunDirError(f"cannot resume {run_dir} as this population: "
-                              + (f"it is a {algo} run" if algo != "ppo" else
-                                 ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)))
-        if latest_checkpoint(ckpt_root) is not None:
-            st = load_checkpoint(ckpt_root).state
-            params = tuple(st["params"][n] for n in names)
-            opt_state = tuple(st["opt_state"][".".join(k) if isinstance(k, tuple) else k]
-                              for k in state_keys)
-            env.set_state(st["env_state"])
-            env._rng = st["env_rng"]
-            obs, ep_return, last_return = st["obs"], st["ep_return"], st["last_return"]
-            act_stream.counter, shuffle_stream.counter = int(st["act_counter"]), int(st["shuffle_counter"])
-            frames, iteration = int(st["frames"]), int(st["iteration"])
-            evals = [(int(f), r.tolist()) for f, r in zip(st["eval_frames"].tolist(), st["eval_returns"])]
-            if frames >= total_frames:
-                raise RunFinished(f"{run_dir} already finished at {frames} frames; pass "
-                                  f"total_frames={2 * cfg.total_frames} (or any value above {frames}) to extend")
-    elif (run_dir / RUN_FILE).exists():
-        raise RunDirError(f"{run_dir} already holds a run; continue it with `steersman resume {run_dir}` "
-                          "or choose another directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _write_yaml(run_dir / RUN_FILE, {"algo": "ppo", **config})
-    member_dirs = [run_dir / f"seed_{k}" for k in range(M)]
-    for d, mc in zip(member_dirs, member_cfgs):
-        d.mkdir(exist_ok=True)
-        _write_yaml(d / RUN_FILE, {"algo": "ppo", **config_to_dict(mc)})
-    write_json_atomic(run_dir / "members.json", [{"member": k, "dir": f"seed_{k}", "seed": s, **v}
-                                                  for k, (s, v) in enumerate(members)], indent=1)
-    from steersman.record import CSVLogger
-
-    loggers = [CSVLogger(d.name, run_dir, start_step=frames if resume else None) for d in member_dirs]
+    saved_state = pop.open()
+    if saved_state is not None:
+        s_ = saved_state
+        params = tuple(s_["params"][n] for n in names)
+        opt_state = tuple(s_["opt_state"][_dotted(k)] for k in state_keys)
+        env.set_state(s_["env_state"])
+        env.set_rng_state(s_["env_rng"])
+        obs = s_["obs"]
+        episodes.load(s_)
+        act_stream.counter, shuffle_stream.counter = int(s_["act_counter"]), int(s_["shuffle_counter"])
+        frames, iteration = int(s_["frames"]), int(s_["iteration"])
+        evals = [(int(f), r.tolist()) for f, r in zip(s_["eval_frames"].tolist(), s_["eval_returns"])]
 
     def save() -> None:
-        state = {"params": dict(zip(names, params)),
-                 "opt_state": {".".join(k) if isinstance(k, tuple) else k: v for k, v in zip(state_keys, opt_state)},
-                 "env_state": env.get_state().to_dict(), "env_rng": env._rng.clone(), "obs": obs.clone(),
-                 "ep_return": ep_return, "last_return": last_return,
-                 "act_counter": act_stream.counter, "shuffle_counter": shuffle_stream.counter,
-                 "frames": frames, "iteration": iteration,
-                 "eval_frames": torch.tensor([f for f, _ in evals], dtype=torch.int64),
-                 "eval_returns": [torch.tensor(r) for _, r in evals]}
-        save_checkpoint(ckpt_root, state, meta={"algo": "ppo", "frames": frames, "iteration": iteration,
-                                                "members": M, "config": config}, keep=cfg.checkpoint.keep)
+        pop.save({"params": dict(zip(names, params)),
+                  "opt_state": {_dotted(k): v for k, v in zip(state_keys, opt_state)},
+                  "env_state": env.get_state().to_dict(), "env_rng": env.rng_state, "obs": obs.clone(),
+                  **episodes.state(), "act_counter": act_stream.counter, "shuffle_counter": shuffle_stream.counter,
+                  "eval_frames": torch.tensor([f for f, _ in evals], dtype=torch.int64),
+                  "eval_returns": [torch.tensor(r) for _, r in evals]}, frames, iteration)
 
-    def evaluate() -> Tensor:
-        """Each member's greedy policy, ``eval.episodes`` episodes on its own seeds: mean return [M]."""
-        _seed_rows(eval_env, [s + EVAL_SEED_OFFSET for s in seeds])
-        o = eval_env.reset()["observation"]
-        ret, alive = torch.zeros(P, cfg.eval.episodes), torch.ones(P, cfg.eval.episodes, dtype=torch.bool)
-        while bool(alive.any()):
-            td = TensorDict({"observation": o, "action": v_greedy(params, o)}, batch_size=[P, cfg.eval.episodes])
-            td, nxt = eval_env.step_and_maybe_reset(td)
-            ret += td["next", "reward"].squeeze(-1) * alive
-            alive &= ~td["next", "done"].squeeze(-1)
-            o = nxt["observation"]
-        return ret.mean(-1)[:M]
-
-    next_eval = (frames // cfg.eval.interval + 1) * cfg.eval.interval if cfg.eval.interval > 0 else math.inf
-    next_ckpt = (frames // cfg.checkpoint.interval + 1) * cfg.checkpoint.interval \
-        if cfg.checkpoint.interval > 0 else math.inf
+    next_eval, next_ckpt = _schedule(frames, cfg.eval.interval), _schedule(frames, cfg.checkpoint.interval)
     t_start, frames0, saved = time.perf_counter(), frames, -1
-    while frames < total_frames:
-        # ---- collect T steps of every member's E sub-envs
-        rollout: dict[str, list[Tensor]] = {k: [] for k in ("obs", "action", "logp", "next_obs", "reward",
-                                                            "terminated", "done")}
-        finished_sum, finished_n = torch.zeros(P), torch.zeros(P)
+    while frames < pop.total_frames:
+        # ---- collect T steps of every member's E sub-envs, then GAE
         with torch.no_grad():
-            for _ in range(T):
-                action, logp = v_act(params, obs, act_stream.uniform(E))
-                td, nxt = env.step_and_maybe_reset(TensorDict({"observation": obs, "action": action}, [P, E]))
-                reward, done = td["next", "reward"].squeeze(-1), td["next", "done"].squeeze(-1)
-                ep_return += reward
-                finished_sum += (ep_return * done).sum(-1)
-                finished_n += done.sum(-1)
-                ep_return = ep_return * ~done
-                for key, v in (("obs", obs), ("action", action), ("logp", logp),
-                               ("next_obs", td["next", "observation"]), ("reward", reward),
-                               ("terminated", td["next", "terminated"].squeeze(-1)), ("done", done)):
-                    rollout[key].append(v)
-                obs = nxt["observation"]
-            r = {k: torch.stack(v, -1) for k, v in rollout.items()}  # [M, E, T(, D)]
-            r["obs"], r["next_obs"] = r["obs"].movedim(-1, -2), r["next_obs"].movedim(-1, -2)
-            value, next_value = v_values(params, r["obs"]), v_values(params, r["next_obs"])
-            adv, target = _gae(value, next_value, r["reward"], r["terminated"], r["done"],
-                               cfg.loss.gamma, cfg.loss.gae_lambda)
-        frames += B
-        last_return = torch.where(finished_n > 0, finished_sum / finished_n.clamp(min=1), last_return)
+            def policy(o: Tensor, p: tuple = params) -> tuple[Tensor, dict]:
+                action, logp = v_act(p, o, act_stream.uniform(E))
+                return action, {"logp": logp}
 
-        # ---- anneal, then epochs x minibatches of one vmapped update for every member
-        progress_left = max(1.0 - frames / total_frames, 0.0)
-        lr = base["lr"] * progress_left if cfg.optim.anneal_lr else base["lr"]
-        if cfg.loss.anneal_clip:
+            r, obs = _collect(env, obs, T, policy, episodes)
+            value, next_value = v_values(params, r["obs"]), v_values(params, r["next_obs"])
+            adv, target = _gae(value, next_value, r["reward"], r["terminated"], r["done"], gamma, lmbda)
+        frames += B
+
+        # ---- anneal, then the vmapped update of every member: PPO epochs x minibatches, A2C one step
+        progress_left = max(1.0 - frames / pop.total_frames, 0.0)
+        anneal = algo == "ppo" and cfg.optim.anneal_lr
+        lr = base["lr"] * progress_left if anneal else base["lr"]
+        if algo == "ppo" and cfg.loss.anneal_clip:
             loss_fn.clip_epsilon.fill_(max(cfg.loss.clip_epsilon * progress_left, 1e-8))
         data = tuple(v.reshape(P, B, *v.shape[3:]) for v in (r["obs"], r["action"], r["logp"], adv[..., None],
                                                                   target[..., None]))
-        for _ in range(cfg.epochs):
-            for idx in shuffle_stream.permutation(B).split(cfg.minibatch_size, dim=1):
-                params, opt_state, metrics = v_update(params, opt_state, data, idx, lr, base["max_grad_norm"])
+        if algo == "ppo":
+            for _ in range(cfg.epochs):
+                for idx in shuffle_stream.permutation(B).split(cfg.minibatch_size, dim=1):
+                    params, opt_state, metrics = v_update(params, opt_state, data, idx, lr, base["max_grad_norm"])
+        else:
+            idx = torch.arange(B).expand(P, B)
+            params, opt_state, metrics = v_update(params, opt_state, data, idx, lr, base["max_grad_norm"])
         iteration += 1
 
         # ---- log, evaluate, checkpoint
         if iteration % cfg.logger.log_interval == 0:
-            fps = (frames - frames0) * M / max(time.perf_counter() - t_start, 1e-9)
-            for k, log in enumerate(loggers):
-                row = {"train/loss_objective": float(metrics[k, 0]), "train/loss_critic": float(metrics[k, 1]),
-                       "train/grad_norm": float(metrics[k, 2]), "train/lr": float(lr[k]), "time/fps": fps}
-                if not math.isnan(float(last_return[k])):
-                    row["train/return"] = float(last_return[k])
-                log.log_metrics(row, step=frames)
-        if frames >= next_eval or frames >= total_frames:
-            returns = evaluate()
-            evals.append((frames, returns.tolist()))
-            for k, log in enumerate(loggers):
-                log.log_metrics({"eval/return": float(returns[k])}, step=frames)
-            next_eval = (frames // cfg.eval.interval + 1) * cfg.eval.interval if cfg.eval.interval > 0 else math.inf
-            if not cfg.quiet:
-                print(f"{frames} frames x {M} members: eval return mean {float(returns.mean()):.1f} "
-                      f"(min {float(returns.min()):.1f}, max {float(returns.max()):.1f})", file=sys.stderr)
-        if frames >= next_ckpt or frames >= total_frames:
+            fps = (frames - frames0) * pop.M / max(time.perf_counter() - t_start, 1e-9)
+            pop.log(frames, [{"train/loss_objective": float(metrics[k, 0]), "train/loss_critic": float(metrics[k, 1]),
+                              "train/grad_norm": float(metrics[k, 2]), "train/lr": float(lr[k]), "time/fps": fps,
+                              "train/return": float(episodes.last_return[k])} for k in range(pop.M)])
+        if frames >= next_eval or frames >= pop.total_frames:
+            evals.append((frames, _eval_and_log(pop, frames, lambda o, p=params: v_greedy(p, o))))
+            next_eval = _schedule(frames, cfg.eval.interval)
+        if frames >= next_ckpt or frames >= pop.total_frames:
             save()
-            saved = frames
-            next_ckpt = (frames // cfg.checkpoint.interval + 1) * cfg.checkpoint.interval \
-                if cfg.checkpoint.interval > 0 else math.inf
+            saved, next_ckpt = frames, _schedule(frames, cfg.checkpoint.interval)
     if saved != frames and frames > frames0:
         save()
     wall = time.perf_counter() - t_start
-    for log in loggers:
-        log.close()
-    return _finish(cfg, run_dir, member_dirs, members, names, params, loss_fn, actor, eval_env, evals,
-                   frames, (frames - frames0) * M / max(wall, 1e-9), wall)
+    pop.close()
+    return _finish(pop, names, params, loss_fn, actor, evals, frames, (frames - frames0) * pop.M / max(wall, 1e-9),
+                   wall)
+
+
+def _eval_and_log(pop: Population, frames: int, greedy: Callable[[Tensor], Tensor]) -> list[float]:
+    returns = pop.evaluate(greedy)
+    pop.log(frames, [{"eval/return": float(returns[k])} for k in range(pop.M)])
+    if not pop.cfg.quiet:
+        print(f"{frames} frames x {pop.M} members: eval return mean {float(returns.mean()):.1f} "
+              f"(min {float(returns.min()):.1f}, max {float(returns.max()):.1f})", file=sys.stderr)
+    return returns.tolist()
+
+
+# ---------------------------------------------------------------- DQN (off-policy, a replay buffer per member)
+class MemberReplay:
+    """A circular replay buffer per member: every entry ``[P, capacity, ...]`` (one write
+    cursor: the members collect the same number of frames), sampled uniformly with
+    replacement from each member's own counter-based stream (:class:`Streams`), as
+    ``RandomSampler`` on a ``LazyTensorStorage`` of one seed would be used."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.cursor, self.size = capacity, 0, 0
+        self.data: dict[str, Tensor] = {}
+
+    def extend(self, batch: dict[str, Tensor]) -> None:
+        """``batch``: entries ``[P, n, ...]`` (``n <= capacity``)."""
+        n = next(iter(batch.values())).shape[1]
+        if not self.data:
+            self.data = {k: torch.zeros(v.shape[0], self.capacity, *v.shape[2:], dtype=v.dtype)
+                         for k, v in batch.items()}
+        pos = (self.cursor + torch.arange(n)) % self.capacity
+        for k, v in batch.items():
+            self.data[k][:, pos] = v
+        self.cursor = (self.cursor + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def state(self) -> dict[str, Any]:
+        return {"data": {k: v[:, :self.size].clone() for k, v in self.data.items()}, "cursor": self.cursor,
+                "size": self.size}
+
+    def load(self, st: dict[str, Any]) -> None:
+        self.cursor, self.size = int(st["cursor"]), int(st["size"])
+        self.data = {}
+        for k, v in st["data"].items():
+            full = torch.zeros(v.shape[0], self.capacity, *v.shape[2:], dtype=v.dtype)
+            full[:, :self.size] = v
+            self.data[k] = full
+
+
+def train_dqn(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains the population of ``cfg`` (a DQNConfig with ``seeds`` and ``sweep``) into
+    ``run_dir``: epsilon-greedy collection into a replay buffer per member, then
+    ``gradient_steps`` vmapped updates of :class:`~steersman.objectives.DQNLoss`, target
+    copied every ``target_update_interval`` batches; returns the summary."""
+    from steersman.objectives import DQNLoss
+
+    from . import dqn
+
+    E = cfg.env.num_envs
+    if cfg.frames_per_batch % E:
+        raise ConfigError(f"frames_per_batch ({cfg.frames_per_batch}) must be a multiple of env.num_envs ({E}) "
+                          "with seeds/sweep")
+    T, B = cfg.frames_per_batch // E, cfg.frames_per_batch
+    pop = Population("dqn", cfg, run_dir, resume=resume, batch_frames=B)
+    P = pop.P
+    losses = []
+    for mc in pop.row_cfgs:  # each member's Q-network (and its target copy), as dqn.train builds them
+        seed_everything(mc.seed)
+        shape_env = pop.shape_env(mc)
+        qnet = dqn.make_policy(mc, shape_env)
+        losses.append(DQNLoss(qnet, loss_function=cfg.loss_function, delay_value=True, double_dqn=cfg.double_dqn,
+                              action_space=shape_env.action_spec))
+    loss_fn = losses[0]
+    loss_fn.make_value_estimator(gamma=cfg.gamma)
+    qnet = loss_fn.value_network
+    q_module = qnet.module[0].module  # obs -> action values
+    st = Stacked(losses, loss_fn)
+    trained = [i for i, n in enumerate(st.names) if n.startswith("value_network.")]
+    frozen = [i for i, n in enumerate(st.names) if n.startswith("target_value_network.")]
+    keys, names = [st.keys[i] for i in trained], [st.names[i] for i in trained]
+    target_keys, target_names = [st.keys[i] for i in frozen], [st.names[i] for i in frozen]
+    params, target = tuple(st.params[i] for i in trained), tuple(st.params[i] for i in frozen)
+    state_keys, opt_state = st.opt_init(optim.Adam(lr=1.0), keys, params)
+    base = {name: torch.tensor([getattr(mc.optim, name) for mc in pop.row_cfgs], dtype=torch.float32)
+            for name in ("lr", "max_grad_norm")}
+    n_actions = action_spec_unbatched(pop.env).n
+
+    def greedy(p: tuple, obs: Tensor) -> Tensor:
+        with st.swapped(p, keys):
+            return q_module(obs).argmax(-1)
+
+    def update(p: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
+        obs, action, next_obs, reward, terminated, done = (v[idx] for v in data)
+        mb = TensorDict({"observation": obs, "action": action,
+                         "next": {"observation": next_obs, "reward": reward[:, None], "done": done[:, None],
+                                  "terminated": terminated[:, None]}}, [idx.shape[0]])
+
+        def loss_of(q: tuple):
+            with st.swapped(q + tgt, keys + target_keys):
+                out = loss_fn(mb)
+            return out["loss"], out["loss"].detach()
+
+        grads, (_, loss) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
+        new_p, new_s, grad_norm = _opt_step(optim.Adam(lr=lr), keys, state_keys, p, grads, s, max_norm)
+        return new_p, new_s, torch.stack([loss, grad_norm])
+
+    v_update = pop.vmapped(update, "DQN update")
+    v_greedy = torch.vmap(greedy)
+    anneal_steps = max(int(cfg.exploration_fraction * cfg.total_frames), 1)
+
+    act_stream, sample_stream = Streams(pop.seeds, _SALT_ACTIONS), Streams(pop.seeds, _SALT_SHUFFLE)
+    env = pop.env
+    obs = env.reset()["observation"]
+    episodes, rb = EpisodeStats(P, E), MemberReplay(cfg.buffer_size)
+    frames, iteration, updates, evals = 0, 0, 0, []
+    metrics = torch.full((P, 2), math.nan)
+    saved_state = pop.open()
+    if saved_state is not None:
+        s_ = saved_state
+        params = tuple(s_["params"][n] for n in names)
+        target = tuple(s_["target"][n] for n in target_names)
+        opt_state = tuple(s_["opt_state"][_dotted(k)] for k in state_keys)
+        env.set_state(s_["env_state"])
+        env.set_rng_state(s_["env_rng"])
+        obs = s_["obs"]
+        episodes.load(s_)
+        rb.load(s_["buffer"])
+        act_stream.counter, sample_stream.counter = int(s_["act_counter"]), int(s_["sample_counter"])
+        frames, iteration, updates = int(s_["frames"]), int(s_["iteration"]), int(s_["updates"])
+        metrics = s_["metrics"]
+        evals = [(int(f), r.tolist()) for f, r in zip(s_["eval_frames"].tolist(), s_["eval_returns"])]
+
+    def save() -> None:
+        pop.save({"params": dict(zip(names, params)), "target": dict(zip(target_names, target)),
+                  "opt_state": {_dotted(k): v for k, v in zip(state_keys, opt_state)},
+                  "env_state": env.get_state().to_dict(), "env_rng": env.rng_state, "obs": obs.clone(),
+                  **episodes.state(), "buffer": rb.state(), "act_counter": act_stream.counter,
+                  "sample_counter": sample_stream.counter, "updates": updates, "metrics": metrics,
+                  "eval_frames": torch.tensor([f for f, _ in evals], dtype=torch.int64),
+                  "eval_returns": [torch.tensor(r) for _, r in evals]}, frames, iteration)
+
+    next_eval, next_ckpt = _schedule(frames, cfg.eval.interval), _schedule(frames, cfg.checkpoint.interval)
+    t_start, frames0, saved = time.perf_counter(), frames, -1
+    while frames < pop.total_frames:
+        # ---- collect: random actions before learning_starts, then epsilon-greedy (epsilon fixed per batch)
+        random_phase = frames < cfg.learning_starts
+        eps = cfg.eps_init + (cfg.eps_end - cfg.eps_init) * min(frames / anneal_steps, 1.0)
+        with torch.no_grad():
+            def policy(o: Tensor, p: tuple = params, eps: float = eps, random_phase: bool = random_phase
+                       ) -> tuple[Tensor, dict]:
+                u = act_stream.uniform(2 * E)
+                rand = (u[:, E:] * n_actions).to(torch.int64).clamp(max=n_actions - 1)
+                if random_phase:
+                    return rand, {}
+                return torch.where(u[:, :E] < eps, rand, v_greedy(p, o)), {}
+
+            r, obs = _collect(env, obs, T, policy, episodes)
+        rb.extend({k: v.reshape(P, B, *v.shape[3:]) for k, v in r.items()})
+        frames += B
+        iteration += 1
+
+        # ---- gradient_steps vmapped updates on each member's own samples; then the target copy
+        if frames >= cfg.learning_starts:
+            data = tuple(rb.data[k] for k in ("obs", "action", "next_obs", "reward", "terminated", "done"))
+            idx = sample_stream.randint(cfg.gradient_steps * cfg.batch_size, rb.size)
+            for g in range(cfg.gradient_steps):
+                params, opt_state, metrics = v_update(params, target, opt_state, data,
+                                                      idx[:, g * cfg.batch_size:(g + 1) * cfg.batch_size],
+                                                      base["lr"], base["max_grad_norm"])
+            updates += 1
+            if updates % cfg.target_update_interval == 0:
+                target = tuple(p.clone() for p in params)
+
+        if iteration % cfg.logger.log_interval == 0:
+            fps = (frames - frames0) * pop.M / max(time.perf_counter() - t_start, 1e-9)
+            pop.log(frames, [{"train/loss": float(metrics[k, 0]), "train/grad_norm": float(metrics[k, 1]),
+                              "train/epsilon": eps, "time/fps": fps, "train/return": float(episodes.last_return[k])}
+                             for k in range(pop.M)])
+        if frames >= next_eval or frames >= pop.total_frames:
+            evals.append((frames, _eval_and_log(pop, frames, lambda o, p=params: v_greedy(p, o))))
+            next_eval = _schedule(frames, cfg.eval.interval)
+        if frames >= next_ckpt or frames >= pop.total_frames:
+            save()
+            saved, next_ckpt = frames, _schedule(frames, cfg.checkpoint.interval)
+    if saved != frames and frames > frames0:
+        save()
+    wall = time.perf_counter() - t_start
+    pop.close()
+    return _finish(pop, names, params, loss_fn, qnet, evals, frames, (frames - frames0) * pop.M / max(wall, 1e-9),
+                   wall)
 
 
 def _leaves_of(td: Any, keys: list | None = None) -> tuple[Tensor, ...]:
@@ -494,17 +815,17 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _finish(cfg: Any, run_dir: Path, member_dirs: list[Path], members: list, names: list[str],
-            params: tuple, loss_fn: nn.Module, actor: nn.Module, eval_env: NativeEnv, evals: list,
-            frames: int, fps: float, wall: float) -> dict[str, Any]:
+def _finish(pop: Population, names: list[str], params: tuple, loss_fn: nn.Module, actor: nn.Module,
+            evals: list, frames: int, fps: float, wall: float) -> dict[str, Any]:
     """Per-member policies (state_dict and export), the aggregate plot and the summary."""
     from steersman import record
     from steersman.record.plot import aggregate_returns, plot_aggregate_curve
 
+    cfg, run_dir = pop.cfg, pop.run_dir
     module_params = dict(loss_fn.named_parameters())
-    example_obs = eval_env.reset()["observation"][0]
+    example_obs = pop.eval_env.reset()["observation"][0]
     fmt = cfg.export_format
-    for k, d in enumerate(member_dirs):
+    for k, d in enumerate(pop.member_dirs):
         with torch.no_grad():
             for name, p in zip(names, params):
                 module_params[name].copy_(p[k])
@@ -513,21 +834,21 @@ def _finish(cfg: Any, run_dir: Path, member_dirs: list[Path], members: list, nam
             path = run_dir / "export" / d.name / export_filename(fmt)
             path.parent.mkdir(parents=True, exist_ok=True)
             record.export_policy(actor, example_obs, path, format=fmt, verify=False)
-    written = {"run_dir": str(run_dir), "members": [str(d) for d in member_dirs]}
+    written = {"run_dir": str(run_dir), "members": [str(d) for d in pop.member_dirs]}
     try:
         curve = run_dir / "plots" / "learning_curve.png"
         plot_aggregate_curve([run_dir], curve)
         written["plot"] = str(curve)
     except Exception as err:  # a missing plot must not lose the run
         warnings.warn(f"could not plot the aggregate learning curve: {err}", stacklevel=2)
-    final = evals[-1][1] if evals else [math.nan] * len(members)
+    final = evals[-1][1] if evals else [math.nan] * pop.M
     stats = aggregate_returns(torch.tensor(final, dtype=torch.float64).numpy())
-    summary = {"algo": "ppo", "env": cfg.env.name, "members": len(members), "frames_per_member": frames,
-               "final_eval_return": dict(zip((d.name for d in member_dirs), final)),
+    summary = {"algo": pop.algo, "env": cfg.env.name, "members": pop.M, "frames_per_member": frames,
+               "final_eval_return": dict(zip((d.name for d in pop.member_dirs), final)),
                "aggregate": stats, "wall_time_s": round(wall, 2), "frames_per_s": round(fps, 1),
                "written": written}
     write_json_atomic(run_dir / "summary.json", summary, indent=1)
-    print(f"done: ppo on {cfg.env.name}: {len(members)} members x {frames} frames in {wall:.1f} s "
+    print(f"done: {pop.algo} on {cfg.env.name}: {pop.M} members x {frames} frames in {wall:.1f} s "
           f"({fps:.0f} frames/s in all); final eval return mean {stats['mean']:.1f} "
           f"[{stats['ci_low']:.1f}, {stats['ci_high']:.1f}], IQM {stats['iqm']:.1f}\n  run_dir     {run_dir}",
           flush=True)
