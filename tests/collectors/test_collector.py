@@ -329,3 +329,25 @@ def test_groups_keep_their_own_batch_dims(n_agents):
                 assert val.shape == ref.get(group).get(key).shape, key
         assert batch["agents"][1, 2].batch_size == (n_agents,)
         assert split_trajectories(batch)["agents"].batch_size[-1] == n_agents
+
+
+def test_resume_keeps_a_groups_batch_dims():
+    """A multi-agent group's carried data comes back ``[B, n_agents]`` after a weights-only
+    round trip (it came back ``[B]`` before, which shifted the exploration RNG stream of a
+    resumed QMIX run: one coin per env instead of one per agent)."""
+    from steersman.envs import NavigationEnv
+
+    def make():
+        env = NavigationEnv(num_envs=4, n_agents=3, max_steps=5, seed=0)
+        return Collector(env, None, frames_per_batch=8)
+
+    c = make()
+    next(iter(c))
+    buf = io.BytesIO()
+    torch.save(c.state_dict(), buf)
+    buf.seek(0)
+    c2 = make()
+    c2.load_state_dict(torch.load(buf, weights_only=True))
+    assert c._carried["agents"].batch_size == (4, 3)
+    assert c2._carried["agents"].batch_size == (4, 3)
+    assert td_equal(c2._carried, c._carried)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from steersman.envs import EnvBase
-from steersman.tensordict import TensorDict, TensorDictBase
+from steersman.tensordict import TensorDict, TensorDictBase, is_non_tensor
 from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
 from ._buffer import RolloutBuffer
@@ -108,17 +108,32 @@ def _count(value: Any, name: str, low: int, allow_inf: bool = False) -> int | fl
     return value
 
 
+_SUB_TD = "__td__"  # tags a nested TensorDict (with its own batch size) in td_state's plain data
+
+
 def td_state(td: TensorDictBase | None) -> dict | None:
-    """A TensorDict as plain data (``torch.load(weights_only=True)`` loads it)."""
+    """A TensorDict as plain data (``torch.load(weights_only=True)`` loads it). Nested
+    TensorDicts keep their own batch sizes (a multi-agent group ``[B, n_agents]``), so a
+    resumed collector's carried data has the shapes the policy saw before the crash."""
     if td is None:
         return None
-    return {"batch_size": list(td.batch_size), "data": td.to_dict()}
+    data = td.to_dict()
+    for key, value in td.items():
+        if isinstance(value, TensorDictBase) and not is_non_tensor(value):
+            data[key] = {_SUB_TD: td_state(value)}
+    return {"batch_size": list(td.batch_size), "data": data}
+
+
+def _td_build(state: dict, device: Any) -> TensorDict:
+    data = {key: _td_build(value[_SUB_TD], device) if isinstance(value, dict) and _SUB_TD in value else value
+            for key, value in state["data"].items()}
+    return TensorDict(data, batch_size=state["batch_size"], device=device)
 
 
 def td_from_state(state: dict | None, device: Any) -> TensorDict | None:
-    if state is None:
-        return None
-    return TensorDict(state["data"], batch_size=state["batch_size"], device=device)
+    """The inverse of :func:`td_state` (states written before nested batch sizes were kept
+    load as before: plain nested dicts take the parent's batch size)."""
+    return None if state is None else _td_build(state, device)
 
 
 class Collector(BaseCollector):
