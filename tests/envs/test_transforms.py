@@ -34,6 +34,8 @@ from steersman.envs.transforms import (
     CenterCrop,
     ClipTransform,
     Compose,
+    ConditionalPolicySwitch,
+    ConditionalSkip,
     Crop,
     DeviceCastTransform,
     DiscreteActionProjection,
@@ -49,11 +51,15 @@ from steersman.envs.transforms import (
     Hash,
     InitTracker,
     LineariseRewards,
+    MeanActionSelector,
     ModuleTransform,
+    MultiAction,
+    NextObservationDelta,
     NoopResetEnv,
     ObservationNorm,
     PermuteTransform,
     PinMemoryTransform,
+    PolicyAgeFilter,
     RandomTruncationTransform,
     RemoveEmptySpecs,
     RenameTransform,
@@ -61,6 +67,7 @@ from steersman.envs.transforms import (
     RewardClipping,
     RewardScaling,
     RewardSum,
+    RNDTransform,
     SelectTransform,
     SignTransform,
     SqueezeTransform,
@@ -122,6 +129,23 @@ def _init_stats(env: TransformedEnv) -> None:
     nb = len(env.base_env.batch_size)
     dims = tuple(range(nb + 1))
     norm.init_stats(num_iter=20, reduce_dim=dims, cat_dim=nb)
+
+
+def _rnd() -> RNDTransform:
+    torch.manual_seed(0)
+    return RNDTransform(torch.nn.Linear(4, 6), torch.nn.Linear(4, 6))
+
+
+def _skip_cond(td):  # one decision for the whole batch (a vectorized env steps all or none)
+    return bool(td["action"].mean() > 0.3)
+
+
+def _zero_action(td):
+    return td.set("action", torch.zeros(*td.batch_size, 1))
+
+
+def _fast(td):  # the switch policy acts while the pendulum turns fast (one decision per batch)
+    return bool(td["observation"][..., 2].mean() > 0.5)
 
 
 def _both(k: str) -> list:
@@ -268,6 +292,16 @@ CASES = [
     Case("action_discretizer_onehot_renamed", "pendulum",
          lambda: ActionDiscretizer(3, out_action_key="action_disc", categorical=False,
                                    sampling=ActionDiscretizer.SamplingStrategy.RANDOM)),
+    Case("rnd", "cartpole", lambda: _rnd()),
+    Case("mean_action_selector", "pendulum", lambda: MeanActionSelector()),
+    Case("policy_age_filter", "toy", lambda: PolicyAgeFilter(3, 1), identity_forward=True),
+    Case("next_observation_delta", "pendulum", lambda: NextObservationDelta(["observation"], drop_delta=False)),
+    Case("conditional_skip", "pendulum", lambda: ConditionalSkip(_skip_cond), identity_forward=True),
+    Case("multi_action", "pendulum", lambda: MultiAction(chunk_size=2), identity_forward=True),
+    Case("multi_action_stack_obs", "pendulum", lambda: MultiAction(
+        chunk_size=3, stack_rewards=False, stack_observations=True), identity_forward=True),
+    Case("conditional_policy_switch", "pendulum", lambda: ConditionalPolicySwitch(_zero_action, _fast),
+         identity_forward=True),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),
@@ -283,14 +317,16 @@ def _tenv(case: Case, batch_size: Any = (), base: Any = None) -> TransformedEnv:
 
 
 # replay-buffer-only transforms (refused in an env): tested in test_transforms_parity.py
-REPLAY_ONLY = ("Reward2GoTransform", "RandomCropTensorDict", "BurnInTransform")
+REPLAY_ONLY = ("Reward2GoTransform", "RandomCropTensorDict", "BurnInTransform", "MultiStepTransform",
+               "NextStateReconstructor")
+NOT_TRANSFORMS = ("RunningMeanStd",)  # a statistics module (tested in test_transforms_new.py)
 
 
 def test_every_transform_is_covered():
     import steersman.envs.transforms as T
 
     names = {n for n in T.__all__ if n not in ("Transform", "ObservationTransform", "Compose",
-                                                "TransformedEnv", *REPLAY_ONLY)}
+                                                "TransformedEnv", *REPLAY_ONLY, *NOT_TRANSFORMS)}
     covered = set()
     for case in CASES:
         t = case.make()

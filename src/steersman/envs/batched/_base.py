@@ -203,9 +203,23 @@ class BatchedEnvBase(EnvBase):
         return build_td(vals, self._batch_size, dev, flat)
 
     # ------------------------------------------------------------------ EnvBase API
+    #: a ``"_step"`` mask in the step input steps only the workers it selects (the others'
+    #: outputs are left as they were: TransformedEnv replaces them; see ConditionalSkip)
+    _partial_step = True
+
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         self._write_inputs(tensordict, self._in_pairs, "step")
-        self._run(STEP, self._all_workers)
+        workers = self._all_workers
+        mask = tensordict.get("_step", None)
+        if mask is not None:
+            per_worker = torch.as_tensor(mask).to(torch.bool).reshape(self.num_workers, -1)
+            sel = per_worker.any(-1)
+            if not bool((per_worker.all(-1) == sel).all()):
+                raise ValueError(f"{type(self).__name__}: a '_step' mask must select whole workers (each worker "
+                                 f"steps all of its sub-batch), got {per_worker.tolist()}")
+            workers = sel.nonzero().flatten().tolist()
+        if workers:
+            self._run(STEP, workers)
         return self._read(self._next_pairs, self._next_flat)
 
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:

@@ -35,6 +35,7 @@ from .reward_maps import BinarizeReward, LineariseRewards
 from .rnd import RNDTransform, RunningMeanStd
 from .shapes import FlattenObservation, PermuteTransform
 from .signals import ExpandAs, SuccessReward
+from .skip import ConditionalPolicySwitch, ConditionalSkip, MultiAction
 from .stack import Stack
 from .timer import Timer
 from .traj_counter import TrajCounter
@@ -110,4 +111,7 @@ __all__ = [
     "MultiStepTransform",
     "NextStateReconstructor",
     "NextObservationDelta",
+    "ConditionalSkip",
+    "MultiAction",
+    "ConditionalPolicySwitch",
 ]

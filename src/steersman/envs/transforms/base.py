@@ -935,6 +935,9 @@ class TransformedEnv(EnvBase):
         d["_pre_flags"] = [x._has_reset_pre for x in chain]
         d["_has_pre"] = any(d["_pre_flags"])
         d["_post_mdp_hooks"] = tuple(x for x in chain if hasattr(x, "_post_step_mdp"))
+        d["_has_skip"] = any(getattr(x, "_writes_step_mask", False) for x in chain)
+        macros = [i for i, x in enumerate(chain) if hasattr(x, "_macro_step")]
+        d["_macro"] = macros[-1] if macros else None
 
     def _mark_dirty(self) -> None:
         d = self.__dict__
@@ -1003,6 +1006,10 @@ class TransformedEnv(EnvBase):
             self._compute_specs()
         chain = d["_chain"]
         base = self._base_env
+        if d["_macro"] is not None:
+            return self._macro_step(tensordict)
+        if d["_has_skip"] or "_step" in tensordict.keys():
+            return self._masked_step(tensordict)
         if not d["_has_inv"]:
             base._action_guard(tensordict)
             next_td = base._step(tensordict)
@@ -1032,6 +1039,97 @@ class TransformedEnv(EnvBase):
         if preset is not None:
             keep_preset_next(preset, next_td)
         for i in range(n):
+            next_td = chain[i]._step(levels[i], next_td)
+        return next_td
+
+    def _inverse_levels(self, tensordict: TensorDictBase, upto: int = 0) -> tuple[list, TensorDictBase]:
+        """The input of each transform ``i >= upto`` (``levels[i]``) and the input below ``upto``."""
+        d = self.__dict__
+        chain, flags = d["_chain"], d["_inv_flags"]
+        levels: list = [None] * len(chain)
+        cur = tensordict
+        for i in range(len(chain) - 1, upto - 1, -1):
+            levels[i] = cur
+            if flags[i]:
+                cur = chain[i]._inv_call(cur.copy())
+        return levels, cur
+
+    def _base_step(self, cur: TensorDictBase) -> TensorDictBase:
+        base = self._base_env
+        base._action_guard(cur)
+        next_td = base._step(cur)
+        p = base._plan
+        if p is None or not p["done_complete"]:
+            base._complete_done(next_td, True)
+        return next_td
+
+    def _stay(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The output of a skipped step: the observations and done flags of the input (the
+        state does not change), rewards zero."""
+        out = TensorDict.from_trusted({}, tensordict.batch_size, self._device)
+        specs = self.__dict__["_spec_cache"]
+        for part, from_input in ((specs[0], True), (specs[2], True), (specs[1], False)):
+            for key, spec in part.items(include_nested=True, leaves_only=True):
+                val = tensordict.get(key, None) if from_input else None
+                if val is None:
+                    val = spec.zero()
+                    if val.shape[: tensordict.batch_dims] != tensordict.batch_size:
+                        val = val.expand(*tensordict.batch_size, *val.shape[len(self._batch_size):])
+                out.set(key, val.clone())
+        return out
+
+    def _masked_step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """A step where ``"_step"`` (written by the caller or by a transform such as
+        ConditionalSkip on the way in) says which elements step; the others keep their
+        state (:meth:`_stay`), and the transforms of this env do not run on them."""
+        d = self.__dict__
+        chain = d["_chain"]
+        levels, cur = self._inverse_levels(tensordict)
+        mask = cur.get("_step", None)
+        if mask is None:
+            mask = tensordict.get("_step", None)
+        if mask is None:
+            next_td = self._base_step(cur)
+            for i in range(len(chain)):
+                next_td = chain[i]._step(levels[i], next_td)
+            return next_td
+        nb = len(self._batch_size)
+        mask = torch.as_tensor(mask, device=self._device).to(torch.bool)
+        if mask.ndim > nb:
+            mask = mask.reshape(*mask.shape[:nb], -1).all(-1)
+        mask = mask.expand(self._batch_size) if nb else mask.reshape(())
+        if bool(mask.all()):
+            next_td = self._base_step(cur.exclude("_step"))
+            for i in range(len(chain)):
+                next_td = chain[i]._step(levels[i], next_td)
+            return next_td
+        stay = self._stay(tensordict)
+        if not bool(mask.any()):
+            return stay
+        base = self._base_env
+        if not (getattr(base, "_partial_step", False) or not base.batch_locked
+                or isinstance(base, TransformedEnv)):
+            raise ValueError(
+                f"{type(self).__name__}: a step of only some elements of the batch ('_step' = {mask.tolist()}) "
+                f"needs a base env that can step part of its batch (SerialEnv, ParallelEnv, a stateless env); "
+                f"{type(base).__name__} steps all its elements at once")
+        cur = cur.copy()
+        cur.set("_step", mask)
+        next_td = self._base_step(cur)
+        for i in range(len(chain)):
+            next_td = chain[i]._step(levels[i], next_td)
+        return next_td.where(mask, stay.select(*next_td.keys(True, True)))
+
+    def _macro_step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """A step driven by a transform that steps its parent itself (MultiAction,
+        ConditionalPolicySwitch): the transforms after it see one step."""
+        d = self.__dict__
+        chain = d["_chain"]
+        j = d["_macro"]
+        levels, cur = self._inverse_levels(tensordict, j + 1)
+        t = chain[j]
+        next_td = t._macro_step(cur, t.parent)
+        for i in range(j + 1, len(chain)):
             next_td = chain[i]._step(levels[i], next_td)
         return next_td
 

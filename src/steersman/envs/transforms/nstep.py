@@ -419,6 +419,8 @@ class NextObservationDelta(Transform):
             if root is None:
                 raise missing_key(self, k, tensordict)
             if delta is None:
+                if k in nxt.keys(True):  # stored uncompressed: nothing to rebuild
+                    continue
                 raise missing_key(self, ("next", *self._delta_key(k)), tensordict)
             dtype = root.dtype if self.restore_dtype == "root" else self.restore_dtype
             nxt.set(k, (root.to(torch.float64) + delta.to(torch.float64)).to(dtype))
