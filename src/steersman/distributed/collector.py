@@ -79,6 +79,8 @@ class _CollectorActor:
         import ray
 
         torch.set_num_threads(1)
+        if seed is not None:  # the policy's sampling draws from this process's RNG (saved in state_dict)
+            torch.manual_seed(seed)
         if policy_factory is not None:
             policy = policy_factory()
         kwargs = dict(collector_kwargs)
@@ -150,12 +152,16 @@ class _CollectorActor:
                     raise
                 time.sleep(0.2)
 
-    def state_dict(self) -> dict:
-        return {"collector": self.collector.state_dict(), "version": self.version, "carry": self.carry}
+    def state_dict(self, weights: list | None = None) -> dict:
+        self._apply_weights(weights)  # the saved policy is the newest one, not the one of the last batch
+        return {"collector": self.collector.state_dict(), "version": self.version, "carry": self.carry,
+                "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.collector.load_state_dict(state["collector"])
         self.version, self.carry = int(state["version"]), state["carry"]
+        if state.get("rng") is not None:
+            torch.set_rng_state(state["rng"])
         self._it = iter(self.collector)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -529,12 +535,15 @@ class RayCollector:
     def state_dict(self) -> dict:
         """Frame count, weight version and every actor's collector state (after the
         requests in flight are answered: their frames are counted here, their data is
-        dropped — call it between iterations)."""
+        dropped — call it between iterations). The actors first take the newest weights,
+        so a restored collector collects with the version it was saved at (not the one
+        before), and their RNG state is saved too."""
         for ref in list(self._pending):
             got = self._receive(ref)
             if got is not None:
                 self._accept(got[0])
-        states = self._gather([a.state_dict.remote() for a in self._actors], "state_dict")
+        w = None if self._weights_ref is None else [self._version, self._weights_ref]
+        states = self._gather([a.state_dict.remote(w) for a in self._actors], "state_dict")
         return {"frames": self._frames, "version": self._version, "seq": list(self._seq),
                 "collectors": states, "num_collectors": self.num_collectors} | (
                     {"total_frames": self.total_frames} if self.total_frames != math.inf else {})

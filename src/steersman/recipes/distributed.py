@@ -5,6 +5,7 @@ settings of a recipe's config) swaps the local collector and replay buffer for
 helpers return the local ones, so a recipe reads the same either way::
 
     steersman train sac distributed.backend=ray distributed.num_collectors=4 frames_per_batch=64
+    steersman train ppo distributed=ray distributed.num_collectors=2     # on-policy: always sync
 
 The run directory, metrics, checkpoints and ``steersman resume`` are those of a local
 run. ``distributed.address=auto`` joins a cluster started with ``ray start --head``
@@ -88,30 +89,43 @@ def _ray_init(d: DistributedConfig) -> dict:
 
 
 def make_collector(d: DistributedConfig, cfg: Any, env: Any, policy: Any, *, frames_per_batch: int, total_frames: int,
-                   init_random_frames: int = 0, replay_buffer: Any = None) -> Any:
+                   init_random_frames: int = 0, replay_buffer: Any = None, on_policy: bool = False) -> Any:
     """The recipe's collector of ``frames_per_batch`` frames per batch: a local
     ``SyncDataCollector`` over ``env``, or a :class:`~steersman.distributed.RayCollector`
     with ``num_collectors`` actors, each building ``cfg.env`` itself (seeded
     ``cfg.seed + 1000 * actor``). With ``sync`` a batch gathers ``frames_per_batch //
     num_collectors`` frames of every actor (``[num_collectors, num_envs, T]``); otherwise
     each batch comes from one actor. With a remote ``replay_buffer`` the actors write into
-    it (the random frames are shared out among them) and batches are ``None``."""
+    it (the random frames are shared out among them) and batches are ``None``.
+
+    ``on_policy=True`` (PPO): always sync, whatever ``distributed.sync`` says (every batch
+    is collected with the weights of the last update), and the ``env.num_envs`` sub-envs
+    are shared out among the actors (``num_envs / num_collectors`` each, ``T`` steps as
+    locally): a batch is ``[num_collectors, num_envs / num_collectors, T]``, the same
+    frames and trajectory length as a local batch ``[num_envs, T]`` (reshape it so)."""
     check_distributed(d)
     if d.backend == "none":
         return SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
                                  init_random_frames=init_random_frames)
     from steersman.distributed import RayCollector
 
-    per_actor = frames_per_batch // d.num_collectors if d.sync else frames_per_batch
-    if d.sync and (frames_per_batch % d.num_collectors or per_actor % cfg.env.num_envs):
+    sync = d.sync or on_policy
+    num_envs = cfg.env.num_envs
+    if on_policy:
+        if num_envs % d.num_collectors:
+            raise ConfigError(f"an on-policy recipe shares env.num_envs ({num_envs}) out among "
+                              f"distributed.num_collectors ({d.num_collectors}): it must be a multiple of it")
+        num_envs //= d.num_collectors
+    per_actor = frames_per_batch // d.num_collectors if sync else frames_per_batch
+    if sync and (frames_per_batch % d.num_collectors or per_actor % num_envs):
         raise ConfigError(f"with distributed.sync, frames per batch ({frames_per_batch}) must be a multiple of "
                           f"distributed.num_collectors x env.num_envs ({d.num_collectors} x {cfg.env.num_envs})")
-    env_fn = functools.partial(make_env, cfg.env.name, cfg.env.num_envs, max_episode_steps=cfg.env.max_episode_steps)
+    env_fn = functools.partial(make_env, cfg.env.name, num_envs, max_episode_steps=cfg.env.max_episode_steps)
     kwargs: dict[str, Any] = {"init_random_frames": math.ceil(init_random_frames / d.num_collectors)}
     if replay_buffer is not None:
         kwargs["postproc"] = SelectTransitions()
     return RayCollector(env_fn, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
-                        collector_kwargs=kwargs, num_collectors=d.num_collectors, sync=d.sync,
+                        collector_kwargs=kwargs, num_collectors=d.num_collectors, sync=sync,
                         remote_configs={"num_cpus": d.cpus_per_collector}, max_restarts=d.max_restarts,
                         replay_buffer=replay_buffer, seed=cfg.seed, ray_init_config=_ray_init(d))
 

@@ -10,6 +10,12 @@ Run it: ``steersman train ppo`` (or ``python -m steersman.recipes.ppo``); from P
     from steersman.recipes.ppo import PPOConfig, train
     summary = train(PPOConfig(total_frames=50_000), "runs/ppo")
 
+Distributed (``steersman train ppo distributed=ray distributed.num_collectors=N``, see
+:mod:`steersman.recipes.distributed`): N Ray collector actors share the ``env.num_envs``
+sub-envs out among them and collect in sync; each batch gathers all of theirs (the same
+``num_envs x n_steps`` frames as locally) and the new weights reach every actor before
+the next batch, so every batch is on-policy.
+
 The loop, top to bottom: collect ``num_envs x n_steps`` frames with the current policy;
 compute advantages once (GAE); run ``epochs`` passes of minibatch updates of the clipped
 surrogate + value loss (:class:`~steersman.objectives.ClipPPOLoss`); evaluate,
@@ -26,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from steersman.collectors import SyncDataCollector
 from steersman.data import Categorical
 from steersman.envs import EnvBase
 from steersman.modules import MLP, ProbabilisticActor, ValueOperator
@@ -40,7 +45,8 @@ from steersman.tensordict.nn import (
     shared_copy,
 )
 
-from .config import CheckpointConfig, EnvConfig, EvalConfig, LoggerConfig
+from .config import CheckpointConfig, ConfigError, EnvConfig, EvalConfig, LoggerConfig
+from .distributed import DistributedConfig, check_distributed, make_collector, shutdown
 from .envs import action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
 from .run import EVAL_SEED_OFFSET, Run, setup
@@ -126,6 +132,8 @@ class PPOConfig:
     """Evaluation schedule."""
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=50_000))
     """Checkpoint schedule."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Collection in Ray actors (backend=ray; always sync, env.num_envs shared out among them; docs/distributed.md)."""
 
 
 # ---------------------------------------------------------------- networks
@@ -178,6 +186,9 @@ def set_clip_epsilon(loss_fn: ClipPPOLoss, eps: float) -> None:
 def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains PPO as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else PPOConfig()
+    check_distributed(cfg.distributed)
+    if cfg.distributed.backend != "none" and (cfg.seeds != 1 or cfg.sweep):
+        raise ConfigError("distributed.backend=ray trains one agent: it cannot be combined with seeds > 1 or sweep")
     if cfg.seeds != 1 or cfg.sweep:  # many agents in one process (seeds < 1 is refused there)
         from . import multiseed
 
@@ -190,7 +201,6 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
                           normalize_advantage=cfg.loss.normalize_advantage,
                           diagnostics=False)  # logged once per batch below (loss_fn.diagnose)
     loss_fn.make_value_estimator(ValueEstimators.GAE, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)
-    gae = loss_fn.value_estimator
     params = [p for p in loss_fn.parameters() if p.requires_grad]
     lr = torch.tensor(cfg.optim.lr)  # annealed in place: a compiled update reads it, never recompiles
     if cfg.compile:  # a pure functional step (torch.func gradients, functional Adam), compiled whole
@@ -203,11 +213,25 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     minibatch_keys = ("observation", keys.action, keys.sample_log_prob, keys.advantage, keys.value_target)
     policy = shared_copy(actor)  # collection/eval twin: same parameters, never toggled
     run = Run("ppo", cfg, run_dir, resume=resume, frames_per_batch=frames_per_batch)
-    collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
+    collector = make_collector(cfg.distributed, cfg, env, policy, frames_per_batch=frames_per_batch,
+                               total_frames=run.total_frames, on_policy=True)
+    try:
+        _loop(cfg, run, collector, actor, policy, loss_fn, optimizer, params, lr, eval_env,
+              functional if cfg.compile else None, minibatch_keys, frames_per_batch)
+    finally:
+        shutdown(collector)  # the actors and a Ray started here, also on errors and Ctrl-C
+    return run.wrap_up(policy, eval_env)
+
+
+def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn.Module, loss_fn: ClipPPOLoss,
+          optimizer: Any, params: list, lr: torch.Tensor, eval_env: EnvBase, functional: FunctionalUpdate | None,
+          minibatch_keys: tuple, frames_per_batch: int) -> None:
+    remote = cfg.distributed.backend != "none"
+    gae = loss_fn.value_estimator
     episodes = EpisodeReturns()
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes)
 
-    compiled = CompiledUpdate(functional, optimizer, backend=cfg.compile_backend) if cfg.compile else None
+    compiled = CompiledUpdate(functional, optimizer, backend=cfg.compile_backend) if functional is not None else None
     if compiled is None:  # (made after track: it starts from the restored parameters)
         lr = optimizer.param_groups[0]["lr"]  # the group's own tensor (a restored one on resume)
 
@@ -225,6 +249,7 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
 
     frames = run.frames
     for batch in collector:
+        batch = batch.reshape(-1, batch.shape[-1])  # remote: [actors, envs, T] -> [num_envs, T], as locally
         frames += batch.numel()
         episodes.update(batch)
         progress_left = max(1.0 - frames / collector.total_frames, 0.0)  # as SB3's linear schedules
@@ -241,6 +266,8 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
                 grad_norm = update(flat, idx)
         if compiled is not None:
             compiled.sync()  # the modules (collection, eval, checkpoints, export) get the new parameters
+        if remote:  # one object-store put; every actor collects the next batch with these weights
+            collector.update_policy_weights_(policy)
         losses = loss_fn.diagnose(flat[idx])  # the last minibatch, after the epochs
 
         run.log(frames, {"train/return": episodes.last_mean, "train/loss_objective": losses["loss_objective"],
@@ -253,8 +280,6 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
             run.save()
         if run.stop_requested:
             break
-    collector.shutdown()
-    return run.wrap_up(policy, eval_env)
 
 
 if __name__ == "__main__":  # pragma: no cover
