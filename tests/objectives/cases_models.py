@@ -1,12 +1,17 @@
-"""Loss-battery cases (see ``_cases.py``) for TQC and the decision-transformer losses."""
+"""Loss-battery cases (see ``_cases.py``) for TQC and the decision-transformer losses.
+
+Also the small networks and batches of their own test files."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from steersman.objectives import TQCLoss
-from steersman.tensordict.nn import TensorDictModule
+from steersman.data import Bounded
+from steersman.modules import DTActor, OnlineDTActor, ProbabilisticActor, TanhDelta, TanhNormal
+from steersman.objectives import DTLoss, OnlineDTLoss, TQCLoss
+from steersman.tensordict import TensorDict
+from steersman.tensordict.nn import TensorDictModule, TensorDictSequential
 from tests.objectives import cases_sac as sac
 from tests.objectives._cases import LossCase, input_layer
 
@@ -34,6 +39,51 @@ def tqc(**kwargs) -> TQCLoss:
     return TQCLoss(sac.actor(), quantile_critic(), **kwargs)
 
 
+# ------------------------------------------------------------ decision transformers
+#: a tiny transformer: one layer, two heads, width 16 (dropout on: the battery seeds it)
+DT_CONFIG = dict(n_embd=16, n_layer=1, n_head=2, n_inner=32, activation="relu", n_positions=30,
+                 resid_pdrop=0.1, attn_pdrop=0.1)
+DT_OBS, DT_ACT, DT_EMB = 3, 2, 6
+WINDOWS = ["obs_embed", "action", "return_to_go"]
+
+
+def _encoder() -> TensorDictModule:
+    """``observation [*B, L, DT_OBS] -> obs_embed [*B, L, DT_EMB]`` (lazy in the battery's lazy run)."""
+    return TensorDictModule(input_layer(DT_OBS, DT_EMB), ["observation"], ["obs_embed"])
+
+
+def dt_actor() -> ProbabilisticActor:
+    """Windows -> the deterministic action ``[*B, L, DT_ACT]`` in ``[-1, 1]`` (TanhDelta)."""
+    net = TensorDictSequential(_encoder(), TensorDictModule(DTActor(DT_EMB, DT_ACT, DT_CONFIG), WINDOWS, ["param"]))
+    return ProbabilisticActor(net, in_keys=["param"], distribution_class=TanhDelta)
+
+
+def online_dt_actor() -> ProbabilisticActor:
+    """Windows -> a TanhNormal over ``[-1, 1]^DT_ACT`` per step (log-prob ``[*B, L]``)."""
+    net = TensorDictSequential(_encoder(),
+                               TensorDictModule(OnlineDTActor(DT_EMB, DT_ACT, DT_CONFIG), WINDOWS, ["loc", "scale"]))
+    return ProbabilisticActor(net, in_keys=["loc", "scale"], spec=Bounded(-1.0, 1.0, shape=(DT_ACT,)),
+                              distribution_class=TanhNormal)
+
+
+def windows(loss=None, shape: tuple[int, ...] = (3, 4)) -> TensorDict:
+    """Context windows with the step dim last in ``shape``; actions inside ``(-0.9, 0.9)``."""
+    return TensorDict({
+        "observation": torch.randn(*shape, DT_OBS),
+        "action": torch.rand(*shape, DT_ACT) * 1.8 - 0.9,
+        "return_to_go": torch.randn(*shape, 1),
+    }, list(shape))
+
+
+DT_SHAPES = [(3, 4), (2, 2, 3)]
+
 CASES = [
     LossCase("TQCLoss", tqc, sac.continuous_batch, sac.SAC_GRADS),
+    LossCase("DTLoss", lambda: DTLoss(dt_actor()), windows, {"loss": {"actor_network."}}, batch_shapes=DT_SHAPES,
+             required_key="action_target"),
+    LossCase("DTLoss-l1", lambda: DTLoss(dt_actor(), loss_function="l1"), windows, {"loss": {"actor_network."}},
+             batch_shapes=DT_SHAPES[:1], required_key="action_target"),
+    LossCase("OnlineDTLoss", lambda: OnlineDTLoss(online_dt_actor(), samples_mc_entropy=2), windows,
+             {"loss_log_likelihood": {"actor_network."}, "loss_entropy": {"actor_network."},
+              "loss_alpha": {"log_alpha"}}, batch_shapes=DT_SHAPES, required_key="action_target"),
 ]

@@ -31,6 +31,12 @@ from .actors import (
 )
 from .conv import Conv3dNet, ConvNet, SquashDims, Squeeze2dLayer, SqueezeLayer
 from .ddpg import DdpgCnnActor, DdpgCnnQNet, DdpgMlpActor, DdpgMlpQNet
+from .decision_transformer import (
+    DecisionTransformer,
+    DecisionTransformerInferenceWrapper,
+    DTActor,
+    OnlineDTActor,
+)
 from .distributions import (
     Delta,
     IndependentNormal,
@@ -191,4 +197,9 @@ __all__ = [
     "DistributionalQValueHook",
     "get_primers_from_module",
     "Conv3dNet",
+    # decision transformers
+    "DecisionTransformer",
+    "DTActor",
+    "OnlineDTActor",
+    "DecisionTransformerInferenceWrapper",
 ]

@@ -11,6 +11,7 @@ from .common import LossModule, total_loss
 from .cql import CQLLoss
 from .crossq import CrossQLoss
 from .ddpg import DDPGLoss
+from .decision_transformer import DTLoss, OnlineDTLoss
 from .discrete_cql import DiscreteCQLLoss
 from .discrete_iql import DiscreteIQLLoss
 from .dqn import DistributionalDQNLoss, DQNLoss
@@ -115,4 +116,6 @@ __all__ = [
     "CrossQLoss",
     "DiscreteIQLLoss",
     "TQCLoss",
+    "DTLoss",
+    "OnlineDTLoss",
 ]
