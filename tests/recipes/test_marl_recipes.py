@@ -81,23 +81,10 @@ def _flat(state, prefix=""):
         yield prefix, state
 
 
-def _collector_keeps_group_batch() -> bool:
-    """Whether a collector's saved state keeps a group's own batch dims ([B, n_agents])."""
-    from steersman.collectors.collector import td_from_state, td_state
-
-    td = TensorDict({"agents": TensorDict({"x": torch.zeros(2, 3)}, [2, 3])}, [2])
-    return td_from_state(td_state(td), None)["agents"].batch_size == (2, 3)
-
-
-# QMIX/VDN: a collector restored from a checkpoint gave its carried TensorDict's group "agents"
-# the batch [B] instead of [B, n_agents] (td_state kept no nested batch sizes), so the
-# epsilon-greedy coin of the first resumed step was drawn per env, not per agent, and the
-# RNG stream shifted. The fix is in collectors/collector.py (td_state); strict: the mark
-# goes away by itself once the collector keeps the group's batch dims.
-NESTED_BATCH = pytest.mark.xfail(not _collector_keeps_group_batch(), strict=True,
-                                 reason="the collector's td_state drops the group's batch dims [B, n_agents]")
-ALGOS_RESUME = ["ippo", "maddpg", "mappo", "masac", pytest.param("qmix", marks=NESTED_BATCH),
-                pytest.param("vdn", marks=NESTED_BATCH)]
+# QMIX/VDN's resume used to differ: the collector's saved state gave the group "agents" the
+# batch [B] instead of [B, n_agents], so the epsilon-greedy coin of the first resumed step
+# was drawn per env, not per agent, and the RNG stream shifted (fixed in the collector).
+ALGOS_RESUME = ["ippo", "maddpg", "mappo", "masac", "qmix", "vdn"]
 
 
 class _Killed(Exception):

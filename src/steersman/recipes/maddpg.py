@@ -18,7 +18,7 @@ each followed by a soft update of the critic's target; evaluate, checkpoint, log
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,18 @@ from steersman.modules import AdditiveGaussianModule, MultiAgentMLP
 from steersman.objectives import DDPGLoss, SoftUpdate, agent_batch
 from steersman.tensordict.nn import TensorDictModule, TensorDictSequential
 
-from .config import CheckpointConfig, EvalConfig, LoggerConfig
-from .marl_common import GroupReturns, MarlEnvConfig, evaluate_groups, setup_marl, wrap_up_marl
+from .marl_common import (
+    REPLAY_KEYS,
+    GroupReturns,
+    MarlOffPolicyConfig,
+    end_of_iteration,
+    make_centralised_critic,
+    marl_dims,
+    setup_marl,
+    wrap_up_marl,
+)
 from .marl_envs import GROUP
-from .run import EVAL_SEED_OFFSET, Run
+from .run import Run
 
 __all__ = ["MADDPGConfig", "make_policy", "train"]
 
@@ -43,69 +51,20 @@ G = GROUP
 
 
 @dataclass
-class MADDPGConfig:
-    """Configuration of the MADDPG recipe (defaults: the native navigation task, continuous forces)."""
+class MADDPGConfig(MarlOffPolicyConfig):
+    """Configuration of the MADDPG recipe (defaults: the native navigation task, continuous
+    forces); the replay, optimiser and run settings are :class:`MarlOffPolicyConfig`'s."""
 
-    env: MarlEnvConfig = field(default_factory=MarlEnvConfig)
-    """The training env (continuous actions)."""
-    total_frames: int = 200_000
-    """Frames (env steps summed over sub-envs) to train for."""
-    frames_per_batch: int = 1_600
-    """Frames collected between two rounds of updates."""
-    gradient_steps: int = 40
-    """Updates after each batch."""
-    batch_size: int = 256
-    """Transitions per update."""
-    buffer_size: int = 100_000
-    """Replay buffer capacity (transitions)."""
-    lr: float = 1e-3
-    """Adam learning rate (actor and critic)."""
-    gamma: float = 0.9
-    """Discount factor."""
-    tau: float = 0.01
-    """Soft update rate of the critic's target (after each update)."""
     exploration_noise: float = 0.3
     """Std of the Gaussian noise added to the actions while collecting."""
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    """Hidden layer widths of the actor and of the critic."""
-    share_params: bool = True
-    """One actor (and one critic) for all agents; False: one per agent (stacked, vmapped)."""
-    seed: int = 0
-    """Seed of torch, numpy, random and the envs."""
-    num_threads: int = 1
-    """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
-    quiet: bool = False
-    """No progress bar (CI, logs); the summary is still printed."""
-    export_format: str = "torch-export"
-    """Per-agent policy file written at the end: torch-export, onnx or none."""
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    """Metrics loggers."""
-    eval: EvalConfig = field(default_factory=lambda: EvalConfig(interval=20_000, episodes=16))
-    """Evaluation schedule."""
-    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=100_000))
-    """Checkpoint schedule (the replay buffer is included)."""
-
-
-def _dims(env: EnvBase) -> tuple[int, int, int]:
-    obs = env.observation_spec[G, "observation"]
-    return obs.shape[-1], env.full_action_spec[G, "action"].shape[-1], obs.shape[-2]
 
 
 def make_policy(cfg: MADDPGConfig, env: EnvBase) -> TensorDictModule:
     """The deterministic per-agent actor ``(agents, observation) -> (agents, action)`` in ``[-1, 1]``."""
-    obs_dim, act_dim, n_agents = _dims(env)
+    obs_dim, act_dim, n_agents = marl_dims(env)
     net = nn.Sequential(MultiAgentMLP(obs_dim, act_dim, n_agents, centralized=False, share_params=cfg.share_params,
                                       num_cells=cfg.hidden_sizes, activation_class=nn.ReLU), nn.Tanh())
     return TensorDictModule(net, [(G, "observation")], [(G, "action")])
-
-
-def make_critic(cfg: MADDPGConfig, env: EnvBase) -> TensorDictModule:
-    """The centralised critic on the agent batch: ``observation``, ``action`` ``[*B, n, ·]``
-    -> ``state_action_value [*B, n, 1]``, each agent's value reading every agent's pair."""
-    obs_dim, act_dim, n_agents = _dims(env)
-    net = MultiAgentMLP(obs_dim + act_dim, 1, n_agents, centralized=True, share_params=cfg.share_params,
-                        num_cells=cfg.hidden_sizes, activation_class=nn.ReLU)
-    return TensorDictModule(net, ["observation", "action"], ["state_action_value"])
 
 
 def train(cfg: MADDPGConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
@@ -114,14 +73,12 @@ def train(cfg: MADDPGConfig | None = None, run_dir: str | Path | None = None, *,
     env, eval_env = setup_marl(cfg)
     policy = make_policy(cfg, env)
     actor = TensorDictModule(policy.module, ["observation"], ["action"])  # the same network, on the agent batch
-    loss_fn = DDPGLoss(actor, make_critic(cfg, env), loss_function="l2")
+    loss_fn = DDPGLoss(actor, make_centralised_critic(cfg, env), loss_function="l2")
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
     optimizer = torch.optim.Adam([p for p in loss_fn.parameters() if p.requires_grad], lr=cfg.lr)
     noise = AdditiveGaussianModule(env.full_action_spec, sigma_init=cfg.exploration_noise,
                                    sigma_end=cfg.exploration_noise, annealing_num_steps=1, action_key=(G, "action"))
-    keep = [(G, "observation"), (G, "action"), ("next", G, "observation"), ("next", G, "reward"), ("next", "done"),
-            ("next", "terminated")]
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
     run = Run("maddpg", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
     collector = SyncDataCollector(env, TensorDictSequential(policy, noise), frames_per_batch=cfg.frames_per_batch,
@@ -129,11 +86,11 @@ def train(cfg: MADDPGConfig | None = None, run_dir: str | Path | None = None, *,
     returns = GroupReturns(G)
     run.track(policy=policy, loss=loss_fn, optim=optimizer, collector=collector, episodes=returns, buffer=rb)
 
-    frames, saved_frames = run.frames, -1
+    frames = run.frames
     for batch in collector:
         frames += batch.numel()
         returns.update(batch)
-        rb.extend(batch.select(*keep).reshape(-1))
+        rb.extend(batch.select(*REPLAY_KEYS).reshape(-1))
         for _ in range(cfg.gradient_steps):
             losses = loss_fn(agent_batch(rb.sample(), G))  # [batch_size, n_agents]: team dones expanded
             optimizer.zero_grad(set_to_none=True)
@@ -143,15 +100,9 @@ def train(cfg: MADDPGConfig | None = None, run_dir: str | Path | None = None, *,
 
         run.log(frames, {"train/return": returns.last_mean, f"train/return/{G}": returns.last_mean,
                          "train/loss_actor": losses["loss_actor"], "train/loss_value": losses["loss_value"]})
-        if run.eval_due(frames):
-            run.log_eval(frames, evaluate_groups(eval_env, policy, seed=cfg.seed + EVAL_SEED_OFFSET))
-        if run.checkpoint_due(frames):
-            run.save()
-            saved_frames = frames
-        if run.stop_requested:
+        if end_of_iteration(run, frames, policy, eval_env):
             break
-    collector.shutdown()
-    return wrap_up_marl(run, policy, eval_env, saved_frames)
+    return wrap_up_marl(run, policy, eval_env, collector)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -36,9 +36,9 @@ from steersman.objectives import IPPOLoss, MAPPOLoss, ValueEstimators
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule, shared_copy
 
 from .config import CheckpointConfig, ConfigError, EvalConfig, LoggerConfig
-from .marl_common import GroupReturns, MarlEnvConfig, evaluate_groups, setup_marl, wrap_up_marl
+from .marl_common import GroupReturns, MarlEnvConfig, end_of_iteration, setup_marl, wrap_up_marl
 from .marl_envs import GROUP
-from .run import EVAL_SEED_OFFSET, Run
+from .run import Run
 
 __all__ = ["MAPPOConfig", "make_critic", "make_policy", "train"]
 
@@ -171,7 +171,7 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
     returns = GroupReturns(G)
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=returns)
 
-    frames, saved_frames = run.frames, -1
+    frames = run.frames
     for batch in collector:
         frames += batch.numel()
         returns.update(batch)
@@ -192,15 +192,9 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
                          "train/loss_objective": diag["loss_objective"], "train/loss_critic": diag["loss_critic"],
                          "train/entropy": diag["entropy"], "train/kl_approx": diag["kl_approx"],
                          "train/clip_fraction": diag["clip_fraction"], "train/grad_norm": grad_norm})
-        if run.eval_due(frames):
-            run.log_eval(frames, evaluate_groups(eval_env, policy, seed=cfg.seed + EVAL_SEED_OFFSET))
-        if run.checkpoint_due(frames):
-            run.save()
-            saved_frames = frames
-        if run.stop_requested:
+        if end_of_iteration(run, frames, policy, eval_env):
             break
-    collector.shutdown()
-    return wrap_up_marl(run, policy, eval_env, saved_frames)
+    return wrap_up_marl(run, policy, eval_env, collector)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,24 +10,26 @@ end at the root ``done``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from steersman.envs import EnvBase
+from steersman.modules import MultiAgentMLP
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict.files import write_json_atomic
-from steersman.tensordict.nn import ExplorationType, set_exploration_type
+from steersman.tensordict.nn import ExplorationType, TensorDictModule, set_exploration_type
 
 from .checkpoint import seed_everything
-from .config import ConfigError, validate_config
+from .config import CheckpointConfig, ConfigError, EvalConfig, LoggerConfig, validate_config
 from .evaluation import EpisodeReturns, first_episode_returns
 from .marl_envs import GROUP, make_marl_env
 from .run import EVAL_SEED_OFFSET, Run, export_filename
 
-__all__ = ["MarlEnvConfig", "GroupReturns", "evaluate_groups", "setup_marl", "team_view", "wrap_up_marl"]
+__all__ = ["REPLAY_KEYS", "MarlEnvConfig", "MarlOffPolicyConfig", "GroupReturns", "end_of_iteration", "evaluate_groups",
+           "make_centralised_critic", "marl_dims", "setup_marl", "team_view", "wrap_up_marl"]
 
 
 @dataclass
@@ -42,6 +44,73 @@ class MarlEnvConfig:
     """Agents of the native tasks (and of VMAS scenarios that take n_agents)."""
     max_episode_steps: int = 50
     """Time limit per episode."""
+
+
+#: what MADDPG and MASAC store per transition (per-agent rewards; the root done ends the episode)
+REPLAY_KEYS = [(GROUP, "observation"), (GROUP, "action"), ("next", GROUP, "observation"), ("next", GROUP, "reward"),
+               ("next", "done"), ("next", "terminated")]
+
+
+@dataclass
+class MarlOffPolicyConfig:
+    """What the off-policy multi-agent recipes (QMIX/VDN, MADDPG, MASAC) share: the replay
+    schedule, the optimiser, the networks' sizes and the run settings. Each recipe's
+    config adds its own algorithm's fields."""
+
+    env: MarlEnvConfig = field(default_factory=MarlEnvConfig)
+    """The training env."""
+    total_frames: int = 200_000
+    """Frames (env steps summed over sub-envs) to train for."""
+    frames_per_batch: int = 1_600
+    """Frames collected between two rounds of updates."""
+    gradient_steps: int = 40
+    """Updates after each batch."""
+    batch_size: int = 256
+    """Transitions per update."""
+    buffer_size: int = 100_000
+    """Replay buffer capacity (transitions)."""
+    lr: float = 1e-3
+    """Adam learning rate (every network of the recipe)."""
+    gamma: float = 0.9
+    """Discount factor."""
+    tau: float = 0.01
+    """Soft update rate of the target networks (after each update)."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer widths of the networks."""
+    share_params: bool = True
+    """One network of each kind for all agents; False: one per agent (stacked, vmapped)."""
+    seed: int = 0
+    """Seed of torch, numpy, random and the envs."""
+    num_threads: int = 1
+    """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
+    quiet: bool = False
+    """No progress bar (CI, logs); the summary is still printed."""
+    export_format: str = "torch-export"
+    """Per-agent policy file written at the end: torch-export, onnx or none."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Metrics loggers."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(interval=20_000, episodes=16))
+    """Evaluation schedule."""
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=100_000))
+    """Checkpoint schedule (the replay buffer is included)."""
+
+
+def marl_dims(env: EnvBase, group: str = GROUP) -> tuple[int, int, int]:
+    """``(obs_dim, action_dim, n_agents)`` of a group with flat observations and
+    continuous actions ``[*B, n_agents, dim]``."""
+    obs = env.observation_spec[group, "observation"]
+    return obs.shape[-1], env.full_action_spec[group, "action"].shape[-1], obs.shape[-2]
+
+
+def make_centralised_critic(cfg: Any, env: EnvBase) -> TensorDictModule:
+    """The centralised Q critic of MADDPG and MASAC, on the agent batch
+    (:func:`~steersman.objectives.agent_batch`): ``observation``, ``action`` ``[*B, n, ·]``
+    -> ``state_action_value [*B, n, 1]``, each agent's value reading every agent's pair
+    (``cfg.hidden_sizes``, ``cfg.share_params``)."""
+    obs_dim, act_dim, n_agents = marl_dims(env)
+    net = MultiAgentMLP(obs_dim + act_dim, 1, n_agents, centralized=True, share_params=cfg.share_params,
+                        num_cells=cfg.hidden_sizes, activation_class=nn.ReLU)
+    return TensorDictModule(net, ["observation", "action"], ["state_action_value"])
 
 
 def setup_marl(cfg: Any, *, categorical_actions: bool = False) -> tuple[EnvBase, EnvBase]:
@@ -102,19 +171,32 @@ def evaluate_groups(env: EnvBase, policy: Callable[[TensorDictBase], TensorDictB
     return first_episode_returns(team_view(ro, group))
 
 
-def wrap_up_marl(run: Run, policy: Any, eval_env: EnvBase, saved_frames: int, group: str = GROUP) -> dict[str, Any]:
-    """The end of a multi-agent run: (unless a stop was requested) a final evaluation and
-    checkpoint if none was made at these frames (``saved_frames``: those of the loop's last
-    :meth:`Run.save`), the export of the per-agent policy
-    (``(group, "observation")`` ``[B, n_agents, obs_dim]`` -> ``(group, "action")``), then
+def end_of_iteration(run: Run, frames: int, policy: Any, eval_env: EnvBase, group: str = GROUP) -> bool:
+    """The end of a training iteration at ``frames``: the evaluation and the checkpoint when
+    they are due; returns whether to leave the loop (a stop was requested)."""
+    if run.eval_due(frames):
+        run.log_eval(frames, evaluate_groups(eval_env, policy, seed=run.cfg.seed + EVAL_SEED_OFFSET, group=group))
+    if run.checkpoint_due(frames):
+        run.save()
+    return run.stop_requested
+
+
+def wrap_up_marl(run: Run, policy: Any, eval_env: EnvBase, collector: Any = None, saved_frames: int | None = None,
+                 group: str = GROUP) -> dict[str, Any]:
+    """The end of a multi-agent run: the collector's shutdown; (unless a stop was requested)
+    a final evaluation and checkpoint if none was made at these frames (``saved_frames``:
+    those of the loop's last :meth:`Run.save`; by default the run's own record of it), the
+    export of the per-agent policy (``(group, "observation")`` ``[B, n_agents, obs_dim]`` -> ``(group, "action")``), then
     :meth:`Run.finish` (plot, summary)."""
     from steersman import record
 
+    if collector is not None:
+        collector.shutdown()
     if run.stop_requested:
         return run.finish()
     if not run.evals or run.evals[-1][0] != run.frames:
         run.log_eval(run.frames, evaluate_groups(eval_env, policy, seed=run.cfg.seed + EVAL_SEED_OFFSET, group=group))
-    if saved_frames != run.frames:
+    if (run._saved_frames if saved_frames is None else saved_frames) != run.frames:
         run.save()
     fmt = run.cfg.export_format
     summary = run.finish()

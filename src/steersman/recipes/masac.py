@@ -20,7 +20,7 @@ policy's mean action), checkpoint, log.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,18 @@ from steersman.modules import MultiAgentMLP, ProbabilisticActor
 from steersman.objectives import SACLoss, SoftUpdate, agent_batch
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule
 
-from .config import CheckpointConfig, EvalConfig, LoggerConfig
-from .marl_common import GroupReturns, MarlEnvConfig, evaluate_groups, setup_marl, wrap_up_marl
+from .marl_common import (
+    REPLAY_KEYS,
+    GroupReturns,
+    MarlOffPolicyConfig,
+    end_of_iteration,
+    make_centralised_critic,
+    marl_dims,
+    setup_marl,
+    wrap_up_marl,
+)
 from .marl_envs import GROUP
-from .run import EVAL_SEED_OFFSET, Run
+from .run import Run
 
 __all__ = ["MASACConfig", "make_policy", "train"]
 
@@ -45,52 +53,12 @@ G = GROUP
 
 
 @dataclass
-class MASACConfig:
-    """Configuration of the MASAC recipe (defaults: the native navigation task, continuous forces)."""
+class MASACConfig(MarlOffPolicyConfig):
+    """Configuration of the MASAC recipe (defaults: the native navigation task, continuous
+    forces); the replay, optimiser and run settings are :class:`MarlOffPolicyConfig`'s."""
 
-    env: MarlEnvConfig = field(default_factory=MarlEnvConfig)
-    """The training env (continuous actions)."""
-    total_frames: int = 200_000
-    """Frames (env steps summed over sub-envs) to train for."""
-    frames_per_batch: int = 1_600
-    """Frames collected between two rounds of updates."""
-    gradient_steps: int = 40
-    """Updates after each batch."""
-    batch_size: int = 256
-    """Transitions per update."""
-    buffer_size: int = 100_000
-    """Replay buffer capacity (transitions)."""
-    lr: float = 1e-3
-    """Adam learning rate (actor, critics and temperature)."""
-    gamma: float = 0.9
-    """Discount factor."""
-    tau: float = 0.01
-    """Soft update rate of the critics' targets (after each update)."""
     alpha_init: float = 0.1
     """Initial entropy temperature."""
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    """Hidden layer widths of the actor and of the critics."""
-    share_params: bool = True
-    """One actor (and one critic) for all agents; False: one per agent (stacked, vmapped)."""
-    seed: int = 0
-    """Seed of torch, numpy, random and the envs."""
-    num_threads: int = 1
-    """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
-    quiet: bool = False
-    """No progress bar (CI, logs); the summary is still printed."""
-    export_format: str = "torch-export"
-    """Per-agent policy file written at the end: torch-export, onnx or none."""
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    """Metrics loggers."""
-    eval: EvalConfig = field(default_factory=lambda: EvalConfig(interval=20_000, episodes=16))
-    """Evaluation schedule."""
-    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=100_000))
-    """Checkpoint schedule (the replay buffer is included)."""
-
-
-def _dims(env: EnvBase) -> tuple[int, int, int]:
-    obs = env.observation_spec[G, "observation"]
-    return obs.shape[-1], env.full_action_spec[G, "action"].shape[-1], obs.shape[-2]
 
 
 def _actor(net: nn.Module, obs_key: Any, action_key: Any, loc: Any, scale: Any) -> ProbabilisticActor:
@@ -101,45 +69,34 @@ def _actor(net: nn.Module, obs_key: Any, action_key: Any, loc: Any, scale: Any) 
 
 def make_policy(cfg: MASACConfig, env: EnvBase) -> ProbabilisticActor:
     """The per-agent tanh-Gaussian actor ``(agents, observation) -> (agents, action)``."""
-    obs_dim, act_dim, n_agents = _dims(env)
+    obs_dim, act_dim, n_agents = marl_dims(env)
     net = nn.Sequential(MultiAgentMLP(obs_dim, 2 * act_dim, n_agents, centralized=False, share_params=cfg.share_params,
                                       num_cells=cfg.hidden_sizes, activation_class=nn.ReLU), NormalParamExtractor())
     return _actor(net, (G, "observation"), (G, "action"), (G, "loc"), (G, "scale"))
-
-
-def make_critic(cfg: MASACConfig, env: EnvBase) -> TensorDictModule:
-    """The centralised critic on the agent batch: ``observation``, ``action`` ``[*B, n, ·]``
-    -> ``state_action_value [*B, n, 1]``."""
-    obs_dim, act_dim, n_agents = _dims(env)
-    net = MultiAgentMLP(obs_dim + act_dim, 1, n_agents, centralized=True, share_params=cfg.share_params,
-                        num_cells=cfg.hidden_sizes, activation_class=nn.ReLU)
-    return TensorDictModule(net, ["observation", "action"], ["state_action_value"])
 
 
 def train(cfg: MASACConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains MASAC as configured, writing ``run_dir``; returns the run's summary."""
     cfg = cfg if cfg is not None else MASACConfig()
     env, eval_env = setup_marl(cfg)
-    _, act_dim, _ = _dims(env)
+    _, act_dim, _ = marl_dims(env)
     policy = make_policy(cfg, env)
     actor = _actor(policy.module[0].module, "observation", "action", "loc", "scale")  # same network, agent batch
-    loss_fn = SACLoss(actor, make_critic(cfg, env), alpha_init=cfg.alpha_init, target_entropy=-float(act_dim))
+    loss_fn = SACLoss(actor, make_centralised_critic(cfg, env), alpha_init=cfg.alpha_init, target_entropy=-float(act_dim))
     loss_fn.make_value_estimator(gamma=cfg.gamma)
     target_updater = SoftUpdate(loss_fn, tau=cfg.tau)
     optimizer = torch.optim.Adam([p for p in loss_fn.parameters() if p.requires_grad], lr=cfg.lr)
-    keep = [(G, "observation"), (G, "action"), ("next", G, "observation"), ("next", G, "reward"), ("next", "done"),
-            ("next", "terminated")]
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), batch_size=cfg.batch_size)
     run = Run("masac", cfg, run_dir, resume=resume, frames_per_batch=cfg.frames_per_batch)
     collector = SyncDataCollector(env, policy, frames_per_batch=cfg.frames_per_batch, total_frames=run.total_frames)
     returns = GroupReturns(G)
     run.track(policy=policy, loss=loss_fn, optim=optimizer, collector=collector, episodes=returns, buffer=rb)
 
-    frames, saved_frames = run.frames, -1
+    frames = run.frames
     for batch in collector:
         frames += batch.numel()
         returns.update(batch)
-        rb.extend(batch.select(*keep).reshape(-1))
+        rb.extend(batch.select(*REPLAY_KEYS).reshape(-1))
         for _ in range(cfg.gradient_steps):
             losses = loss_fn(agent_batch(rb.sample(), G))  # [batch_size, n_agents]: team dones expanded
             optimizer.zero_grad(set_to_none=True)
@@ -150,15 +107,9 @@ def train(cfg: MASACConfig | None = None, run_dir: str | Path | None = None, *, 
         run.log(frames, {"train/return": returns.last_mean, f"train/return/{G}": returns.last_mean,
                          "train/loss_actor": losses["loss_actor"], "train/loss_qvalue": losses["loss_qvalue"],
                          "train/alpha": losses["alpha"]})
-        if run.eval_due(frames):
-            run.log_eval(frames, evaluate_groups(eval_env, policy, seed=cfg.seed + EVAL_SEED_OFFSET))
-        if run.checkpoint_due(frames):
-            run.save()
-            saved_frames = frames
-        if run.stop_requested:
+        if end_of_iteration(run, frames, policy, eval_env):
             break
-    collector.shutdown()
-    return wrap_up_marl(run, policy, eval_env, saved_frames)
+    return wrap_up_marl(run, policy, eval_env, collector)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,7 +23,7 @@ checkpoint, log.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,16 @@ from steersman.modules import EGreedyModule, MultiAgentMLP, QMixer, QValueModule
 from steersman.objectives import QMixerLoss, SoftUpdate
 from steersman.tensordict.nn import TensorDictModule, TensorDictSequential
 
-from .config import CheckpointConfig, ConfigError, EvalConfig, LoggerConfig
-from .marl_common import GroupReturns, MarlEnvConfig, evaluate_groups, setup_marl, wrap_up_marl
+from .config import ConfigError
+from .marl_common import (
+    GroupReturns,
+    MarlOffPolicyConfig,
+    end_of_iteration,
+    setup_marl,
+    wrap_up_marl,
+)
 from .marl_envs import GROUP
-from .run import EVAL_SEED_OFFSET, Run
+from .run import Run
 
 __all__ = ["QMIXConfig", "make_mixer", "make_policy", "train"]
 
@@ -51,57 +57,22 @@ G = GROUP
 CATEGORICAL_ACTIONS = True
 
 @dataclass
-class QMIXConfig:
-    """Configuration of the QMIX recipe (defaults: the native navigation task, 5 discrete moves)."""
+class QMIXConfig(MarlOffPolicyConfig):
+    """Configuration of the QMIX recipe (defaults: the native navigation task, 5 discrete
+    moves); the replay, optimiser and run settings are :class:`MarlOffPolicyConfig`'s."""
 
-    env: MarlEnvConfig = field(default_factory=MarlEnvConfig)
-    """The training env (discrete actions)."""
-    total_frames: int = 200_000
-    """Frames (env steps summed over sub-envs) to train for."""
-    frames_per_batch: int = 1_600
-    """Frames collected between two rounds of updates."""
-    gradient_steps: int = 40
-    """Updates after each batch."""
-    batch_size: int = 256
-    """Transitions per update."""
-    buffer_size: int = 100_000
-    """Replay buffer capacity (transitions)."""
-    lr: float = 1e-3
-    """Adam learning rate (agents' network and mixer)."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this value."""
-    gamma: float = 0.9
-    """Discount factor."""
-    tau: float = 0.01
-    """Soft update rate of the target networks (after each update)."""
     eps_init: float = 1.0
     """Initial epsilon of the epsilon-greedy exploration."""
     eps_end: float = 0.05
     """Final epsilon."""
     exploration_fraction: float = 0.3
     """Fraction of the run over which epsilon decays."""
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    """Hidden layer widths of the agents' Q-network."""
-    share_params: bool = True
-    """One Q-network for all agents; False: one per agent (stacked, vmapped)."""
     mixer: str = "qmix"
     """Value mixer: qmix (state-conditioned monotonic mixing) or vdn (sum)."""
     mixing_embed_dim: int = 32
     """Width of QMIX's mixing layer."""
-    seed: int = 0
-    """Seed of torch, numpy, random and the envs."""
-    num_threads: int = 1
-    """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
-    quiet: bool = False
-    """No progress bar (CI, logs); the summary is still printed."""
-    export_format: str = "torch-export"
-    """Per-agent policy file written at the end: torch-export, onnx or none."""
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    """Metrics loggers."""
-    eval: EvalConfig = field(default_factory=lambda: EvalConfig(interval=20_000, episodes=16))
-    """Evaluation schedule."""
-    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=100_000))
-    """Checkpoint schedule (the replay buffer is included)."""
 
 
 # ---------------------------------------------------------------- networks
@@ -171,7 +142,7 @@ def train(cfg: QMIXConfig | None = None, run_dir: str | Path | None = None, *, r
     run.track(policy=policy, loss=loss_fn, optim=optimizer, explore=explore, collector=collector, episodes=returns,
               buffer=rb)
 
-    frames, saved_frames = run.frames, -1
+    frames = run.frames
     for batch in collector:
         frames += batch.numel()
         returns.update(batch)
@@ -190,15 +161,9 @@ def train(cfg: QMIXConfig | None = None, run_dir: str | Path | None = None, *, r
 
         run.log(frames, {"train/return": returns.last_mean, f"train/return/{G}": returns.last_mean,
                          "train/loss": losses["loss"], "train/grad_norm": grad_norm, "train/epsilon": explore.eps})
-        if run.eval_due(frames):
-            run.log_eval(frames, evaluate_groups(eval_env, policy, seed=cfg.seed + EVAL_SEED_OFFSET))
-        if run.checkpoint_due(frames):
-            run.save()
-            saved_frames = frames
-        if run.stop_requested:
+        if end_of_iteration(run, frames, policy, eval_env):
             break
-    collector.shutdown()
-    return wrap_up_marl(run, policy, eval_env, saved_frames)
+    return wrap_up_marl(run, policy, eval_env, collector)
 
 
 if __name__ == "__main__":  # pragma: no cover
