@@ -69,6 +69,7 @@ from .layers import (
 )
 from .mlp import MLP
 from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
+from .multistep import MultiStepActorWrapper
 from .noisy import NoisyLazyLinear, NoisyLinear, reset_noise
 from .primers import get_primers_from_module
 from .qvalue import (
@@ -202,4 +203,5 @@ __all__ = [
     "DTActor",
     "OnlineDTActor",
     "DecisionTransformerInferenceWrapper",
+    "MultiStepActorWrapper",
 ]
