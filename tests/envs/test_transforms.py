@@ -27,6 +27,7 @@ from steersman.envs.transforms import (
     ActionDiscretizer,
     ActionMask,
     ActionScaling,
+    AutoResetTransform,
     BatchSizeTransform,
     BinarizeReward,
     CatFrames,
@@ -85,6 +86,7 @@ from steersman.envs.transforms import (
     TransformedEnv,
     UnaryTransform,
     UnsqueezeTransform,
+    VecGymEnvTransform,
     VecNorm,
     VecNormV2,
     gSDENoise,
@@ -302,6 +304,9 @@ CASES = [
         chunk_size=3, stack_rewards=False, stack_observations=True), identity_forward=True),
     Case("conditional_policy_switch", "pendulum", lambda: ConditionalPolicySwitch(_zero_action, _fast),
          identity_forward=True),
+    Case("auto_reset", "countdown", lambda: AutoResetTransform(), identity_forward=True),
+    Case("auto_reset_keep", "countdown", lambda: AutoResetTransform(replace=False), identity_forward=True),
+    Case("vec_gym", "countdown_final", lambda: VecGymEnvTransform(), identity_forward=True),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),
@@ -319,7 +324,7 @@ def _tenv(case: Case, batch_size: Any = (), base: Any = None) -> TransformedEnv:
 # replay-buffer-only transforms (refused in an env): tested in test_transforms_parity.py
 REPLAY_ONLY = ("Reward2GoTransform", "RandomCropTensorDict", "BurnInTransform", "MultiStepTransform",
                "NextStateReconstructor")
-NOT_TRANSFORMS = ("RunningMeanStd",)  # a statistics module (tested in test_transforms_new.py)
+NOT_TRANSFORMS = ("RunningMeanStd", "AutoResetEnv")  # a statistics module, an env (test_transforms_new.py)
 
 
 def test_every_transform_is_covered():

@@ -6,6 +6,7 @@ applies to a TensorDict outside any env with ``transform(td)``.
 """
 
 from .actions import ActionDiscretizer, ActionScaling, DiscreteActionProjection, FlattenAction
+from .autoreset import AutoResetEnv, AutoResetTransform, VecGymEnvTransform
 from .base import Compose, ObservationTransform, Transform, TransformedEnv, _apply_to_composite  # noqa: F401
 from .beliefs import MeanActionSelector, PolicyAgeFilter
 from .checks import FiniteTensorDictCheck
@@ -114,4 +115,7 @@ __all__ = [
     "ConditionalSkip",
     "MultiAction",
     "ConditionalPolicySwitch",
+    "AutoResetTransform",
+    "AutoResetEnv",
+    "VecGymEnvTransform",
 ]

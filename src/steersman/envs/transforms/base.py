@@ -935,6 +935,7 @@ class TransformedEnv(EnvBase):
         d["_pre_flags"] = [x._has_reset_pre for x in chain]
         d["_has_pre"] = any(d["_pre_flags"])
         d["_post_mdp_hooks"] = tuple(x for x in chain if hasattr(x, "_post_step_mdp"))
+        d["_auto_reset"] = any(getattr(x, "_skip_base_partial_reset", False) for x in chain)
         d["_has_skip"] = any(getattr(x, "_writes_step_mask", False) for x in chain)
         macros = [i for i, x in enumerate(chain) if hasattr(x, "_macro_step")]
         d["_macro"] = macros[-1] if macros else None
@@ -1159,7 +1160,11 @@ class TransformedEnv(EnvBase):
                 cur = tensordict.exclude(*d["_reset_drop"])
         if no_input and cur.is_empty():
             cur = None  # nothing for the base env: reset it as reset() would
-        td_reset = self._base_env.reset(cur, **kwargs)
+        if d["_auto_reset"] and tensordict is not None and "_reset" in tensordict.keys():
+            # the base env reset itself in the step that ended the episode (AutoResetTransform)
+            td_reset = tensordict.exclude("_reset")
+        else:
+            td_reset = self._base_env.reset(cur, **kwargs)
         empty = None
         for i in range(n):
             if levels is not None:
