@@ -58,6 +58,7 @@ from .exploration_wrappers import (
     EGreedyWrapper,
     OrnsteinUhlenbeckProcessWrapper,
 )
+from .helpers import canonicalize_rnn_subset, distributions_maps, get_env_transforms_from_module
 from .layers import (
     BatchRenorm1d,
     ConsistentDropout,
@@ -80,6 +81,12 @@ from .qvalue import (
 )
 from .random_policy import RandomPolicy
 from .rnn import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
+from .rnn_precision import (
+    RecurrentMatmulPrecision,
+    RecurrentMatmulPrecisionUserMode,
+    get_recurrent_matmul_precision,
+    set_recurrent_matmul_precision,
+)
 from .rnn_python import GRU, LSTM, GRUCell, LSTMCell
 from .value_norm import PercentileValueNorm, PopArtValueNorm, RunningValueNorm, ValueNorm
 from .value_transforms import (
@@ -204,4 +211,12 @@ __all__ = [
     "OnlineDTActor",
     "DecisionTransformerInferenceWrapper",
     "MultiStepActorWrapper",
+    # helpers
+    "distributions_maps",
+    "get_env_transforms_from_module",
+    "canonicalize_rnn_subset",
+    "RecurrentMatmulPrecision",
+    "RecurrentMatmulPrecisionUserMode",
+    "get_recurrent_matmul_precision",
+    "set_recurrent_matmul_precision",
 ]

@@ -7,7 +7,7 @@ or :class:`HardUpdate`.
 
 from .a2c import A2CLoss
 from .bc import BCLoss
-from .common import LossModule, total_loss
+from .common import LossModule, add_random_module, total_loss
 from .cql import CQLLoss
 from .crossq import CrossQLoss
 from .ddpg import DDPGLoss
@@ -118,4 +118,5 @@ __all__ = [
     "TQCLoss",
     "DTLoss",
     "OnlineDTLoss",
+    "add_random_module",
 ]

@@ -424,8 +424,56 @@ class LossModule(nn.Module):
         object.__setattr__(self, "_value_estimator", estimator)
         self._forward_keys_to_estimator()
 
+    # ------------------------------------------------------------- vmap randomness
+    _vmap_randomness: str | None = None
+
+    @property
+    def vmap_randomness(self) -> str:
+        """``torch.vmap``'s ``randomness`` for the loss's ensembles (stacked critics):
+        ``"different"`` when one of its networks holds a random module (dropout, or a type
+        registered with :func:`add_random_module`), else ``"error"``. Settable; computed
+        once, on first use."""
+        if self._vmap_randomness is None:
+            from .utils import RANDOM_MODULE_LIST
+
+            roots = [m for m in (*self.__dict__.values(), *self.children()) if isinstance(m, nn.Module)]
+            random = any(isinstance(sub, RANDOM_MODULE_LIST) for root in roots for sub in root.modules())
+            self._vmap_randomness = "different" if random else "error"
+        return self._vmap_randomness
+
+    @vmap_randomness.setter
+    def vmap_randomness(self, value: str) -> None:
+        if value not in ("error", "different", "same"):
+            raise ValueError(f"vmap_randomness must be 'error', 'different' or 'same', got {value!r}")
+        self._vmap_randomness = value
+
     def forward(self, td: TensorDictBase) -> TensorDictBase:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__}.forward")
+
+
+def add_random_module(module: type) -> None:
+    """Registers a module type as random: a loss whose networks hold one vmaps its
+    ensembles with ``randomness="different"`` (see :attr:`LossModule.vmap_randomness`).
+    Dropout layers are registered already. Affects losses whose ``vmap_randomness`` is
+    computed afterwards.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class NoisyIdentity(nn.Module):
+        ...     def forward(self, x):
+        ...         return x + torch.randn_like(x)
+        >>> add_random_module(NoisyIdentity)
+        >>> from steersman.objectives import utils
+        >>> NoisyIdentity in utils.RANDOM_MODULE_LIST
+        True
+    """
+    from . import utils
+
+    if not (isinstance(module, type) and issubclass(module, nn.Module)):
+        raise TypeError(f"add_random_module takes an nn.Module subclass, got {module!r}")
+    if module not in utils.RANDOM_MODULE_LIST:
+        utils.RANDOM_MODULE_LIST = (*utils.RANDOM_MODULE_LIST, module)
 
 
 def _reset_parameters(module: nn.Module) -> nn.Module:

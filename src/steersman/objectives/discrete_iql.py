@@ -74,7 +74,7 @@ class DiscreteIQLLoss(IQLLoss):
     def _critics(self, td: TensorDictBase, action: torch.Tensor, params: TensorDictBase) -> torch.Tensor:
         """Every critic's value of the dataset's action: ``[N, *batch, 1]``."""
         inputs = td.select(*self.qvalue_network.in_keys)
-        q_all = ensemble_call(self.qvalue_network, params, inputs).get(self.tensor_keys.state_action_value)
+        q_all = ensemble_call(self.qvalue_network, params, inputs, randomness=self.vmap_randomness).get(self.tensor_keys.state_action_value)
         if q_all.shape[1:-1] != td.batch_size:
             raise ValueError(
                 f"DiscreteIQLLoss: the critic's {self.tensor_keys.state_action_value!r} has shape "

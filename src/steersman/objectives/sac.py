@@ -349,7 +349,7 @@ class DiscreteSACLoss(LossModule):
 
     def _action_values(self, td: TensorDictBase, params: TensorDictBase) -> Tensor:
         inputs = td.select(*self.qvalue_network.in_keys)
-        return ensemble_call(self.qvalue_network, params, inputs).get(self.tensor_keys.action_value)
+        return ensemble_call(self.qvalue_network, params, inputs, randomness=self.vmap_randomness).get(self.tensor_keys.action_value)
 
     def _qvalue_loss(self, td: TensorDictBase, action: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
         with torch.no_grad():
@@ -398,7 +398,7 @@ def _call_critics(loss: LossModule, td: TensorDictBase, action: Tensor, params: 
     keys = loss.tensor_keys
     inputs = td.select(*(k for k in loss.qvalue_network.in_keys if k != keys.action))
     inputs.set(keys.action, action)
-    q = ensemble_call(loss.qvalue_network, params, inputs).get(keys.state_action_value)
+    q = ensemble_call(loss.qvalue_network, params, inputs, randomness=loss.vmap_randomness).get(keys.state_action_value)
     if q.shape[-1:] != (1,):
         raise ValueError(
             f"{type(loss).__name__}: the critic's {keys.state_action_value!r} has shape "

@@ -223,7 +223,7 @@ class TD3Loss(LossModule):
     def _qvalues(self, td: TensorDictBase, params: TensorDictBase) -> Tensor:
         """Every critic's ``Q_i(s, a)`` with stacked ``params``: ``[N, *B, 1]`` (``td`` is not written to)."""
         inputs = td.select(*self.qvalue_network.in_keys, strict=False)
-        q = ensemble_call(self.qvalue_network, params, inputs).get(self.tensor_keys.state_action_value, None)
+        q = ensemble_call(self.qvalue_network, params, inputs, randomness=self.vmap_randomness).get(self.tensor_keys.state_action_value, None)
         if q is None:
             raise KeyError(
                 f"TD3Loss: the qvalue network did not write {self.tensor_keys.state_action_value!r}; set its "

@@ -168,7 +168,7 @@ class TQCLoss(LossModule):
         keys = self.tensor_keys
         inputs = td.select(*(k for k in self.qvalue_network.in_keys if k != keys.action))
         inputs.set(keys.action, action)
-        z = ensemble_call(self.qvalue_network, params, inputs).get(keys.state_action_value)
+        z = ensemble_call(self.qvalue_network, params, inputs, randomness=self.vmap_randomness).get(keys.state_action_value)
         if z.dim() != td.batch_dims + 2:
             raise ValueError(
                 f"TQCLoss: the critic's {keys.state_action_value!r} has shape {list(z.shape[1:])}, expected "

@@ -45,6 +45,10 @@ class ValueEstimators(enum.Enum):
 
 
 #: What a loss bootstrapping Q-value targets accepts (GAE needs a state-value critic).
+#: Module types whose forward draws random numbers (extend with
+#: :func:`~steersman.objectives.common.add_random_module`): see ``LossModule.vmap_randomness``.
+RANDOM_MODULE_LIST: tuple[type, ...] = (torch.nn.modules.dropout._DropoutNd,)
+
 Q_TARGET_ESTIMATORS = (ValueEstimators.TD0, ValueEstimators.TD1, ValueEstimators.TDLambda)
 
 def default_value_kwargs(value_type: ValueEstimators) -> dict[str, Any]:
