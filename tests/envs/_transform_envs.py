@@ -195,6 +195,10 @@ def make_env(kind: str, batch_size: Any = ()) -> EnvBase:
         env = PixelToyEnv(batch_size, continuous=True)
         env.action_spec = Bounded(-1.0, 1.0, shape=(*env.batch_size, 2, 3))
         return env
+    if kind == "lives":  # a life counter (EndOfLifeTransform)
+        from steersman.envs.transforms.episodes import _LivesEnv
+
+        return _LivesEnv(batch_size)
     if kind in ("countdown", "countdown_final"):  # resets itself when an episode ends
         from steersman.envs.transforms.autoreset import _CountdownEnv
 

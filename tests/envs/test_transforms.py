@@ -24,6 +24,7 @@ from steersman.data import Unbounded
 from steersman.envs import check_env_specs
 from steersman.envs.batched import SerialEnv
 from steersman.envs.transforms import (
+    ActionChunkTransform,
     ActionDiscretizer,
     ActionMask,
     ActionScaling,
@@ -42,6 +43,7 @@ from steersman.envs.transforms import (
     DiscreteActionProjection,
     DoubleToFloat,
     DTypeCastTransform,
+    EndOfLifeTransform,
     ExcludeTransform,
     ExpandAs,
     FiniteTensorDictCheck,
@@ -103,6 +105,7 @@ class Case:
     # forward reproduction: (transform in the env, transform for forward, keys compared)
     repro: tuple[Callable[[], Transform], Callable[[], Transform], list] | None = None
     identity_forward: bool = False  # env-level transforms: forward returns the data as is
+    env_only: bool = False  # forward on a TensorDict raises a ValueError (the transform reads its env)
 
 
 def _embed_spec(spec):
@@ -307,6 +310,8 @@ CASES = [
     Case("auto_reset", "countdown", lambda: AutoResetTransform(), identity_forward=True),
     Case("auto_reset_keep", "countdown", lambda: AutoResetTransform(replace=False), identity_forward=True),
     Case("vec_gym", "countdown_final", lambda: VecGymEnvTransform(), identity_forward=True),
+    Case("end_of_life", "lives", lambda: EndOfLifeTransform(eol_attribute="lives"), env_only=True),
+    Case("action_chunk", "pendulum", lambda: ActionChunkTransform(4)),
     Case("compose_mixed", "cartpole64", lambda: Compose(
         StepCounter(max_steps=4), RewardSum(), InitTracker(), DoubleToFloat(),
         ObservationNorm(loc=0.0, scale=0.5), CatFrames(2, -1, in_keys=["observation"]))),
@@ -378,6 +383,10 @@ def test_forward_on_tensordict(case):
     torch.manual_seed(0)
     data = base.rollout(6, break_when_any_done=False)
     before = data.clone()
+    if case.env_only:
+        with pytest.raises(ValueError, match="env"):
+            t(data)
+        return
     out = t(data)
     if case.identity_forward:
         assert (out == before).all()

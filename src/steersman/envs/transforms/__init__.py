@@ -15,6 +15,7 @@ from .counters import InitTracker, StepCounter
 from .crop import Crop
 from .elementwise import ClipTransform, SignTransform
 from .empty_specs import RemoveEmptySpecs
+from .episodes import ActionChunkTransform, EndOfLifeTransform
 from .image import CenterCrop, GrayScale, Resize, ToTensorImage
 from .keys import (
     CatTensors,
@@ -118,4 +119,6 @@ __all__ = [
     "AutoResetTransform",
     "AutoResetEnv",
     "VecGymEnvTransform",
+    "EndOfLifeTransform",
+    "ActionChunkTransform",
 ]
