@@ -5,6 +5,17 @@ prioritized variants follow TorchRL's names and semantics.
 """
 
 from ._checkpoint import CheckpointError
+from .checkpointers import (
+    CompressedListStorageCheckpointer,
+    FlatStorageCheckpointer,
+    H5StorageCheckpointer,
+    ListStorageCheckpointer,
+    NestedStorageCheckpointer,
+    StorageCheckpointerBase,
+    StorageEnsembleCheckpointer,
+    TensorStorageCheckpointer,
+)
+from .ensemble import ReplayBufferEnsemble, SamplerEnsemble, StorageEnsemble, WriterEnsemble
 from .her import HERReplayBuffer, HindsightStrategy
 from .list_storages import CompressedListStorage, LazyStackStorage
 from .offline import prefill_replay_buffer
@@ -26,6 +37,7 @@ from .samplers import (
 )
 from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
+from .ted import Flat2TED, Nested2TED, TED2Flat, TED2Nested
 from .trajectories import find_start_stop_traj
 from .writers import (
     ImmutableDatasetWriter,
@@ -69,4 +81,20 @@ __all__ = [
     "find_start_stop_traj",
     "HERReplayBuffer",
     "HindsightStrategy",
+    "ReplayBufferEnsemble",
+    "StorageEnsemble",
+    "SamplerEnsemble",
+    "WriterEnsemble",
+    "StorageCheckpointerBase",
+    "ListStorageCheckpointer",
+    "TensorStorageCheckpointer",
+    "CompressedListStorageCheckpointer",
+    "FlatStorageCheckpointer",
+    "NestedStorageCheckpointer",
+    "H5StorageCheckpointer",
+    "StorageEnsembleCheckpointer",
+    "TED2Flat",
+    "Flat2TED",
+    "TED2Nested",
+    "Nested2TED",
 ]

@@ -176,11 +176,12 @@ class ReplayBuffer:
             pass the buffer's :class:`LazyMemmapStorage` folder instead.
         dim_extend: only ``None``/``0`` (extend along the first dim); with ``ndim=2``
             storages, pass ``[B, T]`` rows and they are written along dim 0.
-        checkpointer, consume_after_n_samples, sample_unit, service_backend,
-        service_backend_options, transport, transport_options: TorchRL features not
-            provided here (storage checkpointers, consuming sampling, sample units, remote
-            buffers); only their default ``None`` is accepted, anything else raises a
-            ``NotImplementedError`` that names the option.
+        checkpointer: a storage checkpointer, set as ``storage.checkpointer`` (how
+            :meth:`dumps`/:meth:`loads` write the storage).
+        consume_after_n_samples, sample_unit, service_backend, service_backend_options,
+            transport, transport_options: TorchRL features not provided here (consuming
+            sampling, sample units, remote buffers); only their default ``None`` is
+            accepted, anything else raises a ``NotImplementedError`` that names the option.
 
     Shapes: with a tensor storage of items ``[*item]``, ``sample(B)`` returns ``[B, *item]``
     (slice samplers: ``[num_slices * slice_len, *item]``).
@@ -206,7 +207,7 @@ class ReplayBuffer:
                  checkpointer: Any = None, consume_after_n_samples: int | None = None, sample_unit: Any = None,
                  service_backend: Any = None, service_backend_options: Any = None, transport: Any = None,
                  transport_options: Any = None) -> None:
-        _refuse_unsupported(checkpointer=checkpointer, consume_after_n_samples=consume_after_n_samples,
+        _refuse_unsupported(consume_after_n_samples=consume_after_n_samples,
                             sample_unit=sample_unit, service_backend=service_backend,
                             service_backend_options=service_backend_options, transport=transport,
                             transport_options=transport_options)
@@ -226,6 +227,8 @@ class ReplayBuffer:
         self._storage = storage if storage is not None else ListStorage(1000)
         if not isinstance(self._storage, Storage):
             raise TypeError(f"storage must be a Storage, got {type(self._storage).__name__}")
+        if checkpointer is not None:
+            self._storage.checkpointer = checkpointer  # TypeError unless a StorageCheckpointerBase
         self._sampler = sampler if sampler is not None else RandomSampler()
         if not isinstance(self._sampler, Sampler):
             raise TypeError(f"sampler must be a Sampler, got {type(self._sampler).__name__}")
@@ -555,6 +558,10 @@ class ReplayBuffer:
         raises :class:`CheckpointError` (a :class:`~steersman.tensordict.LoadError`, so a
         ``ValueError``) and leaves the buffer as it was.
         """
+        self._commit_loads(self._prepare_loads(path))
+
+    def _prepare_loads(self, path: Any) -> tuple[list, Any]:
+        """Reads and validates the checkpoint under ``path``; changes nothing."""
         root = Path(path)
         if not (root / _POINTER).exists():
             raise CheckpointError(f"{root} holds no replay-buffer checkpoint ({_POINTER} is missing)", file=root)
@@ -570,15 +577,19 @@ class ReplayBuffer:
                 raise CheckpointError(f"{d} was written with a {saved!r:.80}; this buffer's {part} is a "
                                       f"{type(obj).__name__}", file=d / "buffer.json", field=part)
         parts = []
-        for part, obj in (("storage", self._storage), ("sampler", self._sampler), ("writer", self._writer)):
-            types = obj._checkpoint_types() if part == "storage" else type(obj).__name__
-            m, t = read_component(d / part, types, root)
+        for part, obj in (("sampler", self._sampler), ("writer", self._writer)):
+            m, t = read_component(d / part, type(obj).__name__, root)
             parts.append((obj, prepared(d / part, obj._prepare_load, m, t, d / part)))
-        bs = meta.get("batch_size")
+        inside(root, d / "storage")
+        parts.insert(0, (self._storage, self._storage._prepare_loads(d / "storage")))
+        return parts, meta.get("batch_size")
+
+    def _commit_loads(self, ready: tuple[list, Any]) -> None:
+        parts, bs = ready
         with self._lock:
             self._clear_prefetch()
-            for obj, ready in parts:
-                obj._commit_load(ready)
+            for obj, state in parts:
+                obj._commit_load(state)
             if self._batch_size is None and type(bs) is int and bs > 0:
                 self._batch_size = bs
 

@@ -46,9 +46,6 @@ from ._checkpoint import (
     CheckpointError,
     get_cursor,
     get_field,
-    prepared,
-    read_component,
-    write_component,
 )
 
 __all__ = [
@@ -155,16 +152,18 @@ class Storage:
     """Base class of storages: a fixed capacity and the filled length.
 
     Subclasses implement :meth:`set` / :meth:`get`; writers call the private fast paths.
-    ``compilable`` is accepted for TorchRL compatibility (no effect); ``checkpointer`` only
-    as ``None`` (``dumps``/``loads`` always use steersman's format).
+    ``compilable`` is accepted for TorchRL compatibility (no effect). ``checkpointer`` (or
+    ``storage.checkpointer = ...``) picks how :meth:`dumps`/:meth:`loads` write and read the
+    storage (see :mod:`~steersman.data.replay_buffers.checkpointers`); ``None`` is the
+    kind's default, steersman's JSON + raw tensor files format.
     """
 
     ndim = 1
+    _checkpointer: Any = None
 
     def __init__(self, max_size: int, checkpointer: Any = None, compilable: bool = False) -> None:
         if checkpointer is not None:
-            raise NotImplementedError("Storage(checkpointer=...): storage checkpointers are not provided; "
-                                      "dumps/loads write steersman's own format")
+            self.checkpointer = checkpointer
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
         self.max_size = max_size
@@ -222,15 +221,34 @@ class Storage:
     def load_state_dict(self, state: dict[str, Any]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    @property
+    def checkpointer(self) -> Any:
+        """The storage checkpointer ``dumps``/``loads`` go through (``None``: the default)."""
+        return self._checkpointer
+
+    @checkpointer.setter
+    def checkpointer(self, value: Any) -> None:
+        from .checkpointers import StorageCheckpointerBase
+
+        if value is not None and not isinstance(value, StorageCheckpointerBase):
+            raise TypeError(f"checkpointer must be a StorageCheckpointerBase or None, got {type(value).__name__}")
+        self._checkpointer = value
+
     def dumps(self, path: Any) -> None:
-        """Writes the storage under the folder ``path`` (JSON + raw tensor files)."""
-        meta, tensors = self._checkpoint_state()
-        write_component(path, type(self).__name__, meta, tensors)
+        """Writes the storage under the folder ``path`` through its checkpointer (default:
+        JSON + raw tensor files)."""
+        from .checkpointers import _checkpointer_of
+
+        _checkpointer_of(self).dumps(self, path)
 
     def loads(self, path: Any) -> None:
         """Reads a folder written by :meth:`dumps`; on a bad folder raises and changes nothing."""
-        meta, tensors = read_component(path, self._checkpoint_types())
-        self._commit_load(prepared(path, self._prepare_load, meta, tensors, path))
+        self._commit_load(self._prepare_loads(path))
+
+    def _prepare_loads(self, path: Any) -> Any:
+        from .checkpointers import _checkpointer_of
+
+        return _checkpointer_of(self).prepare(self, path)
 
     def _checkpoint_types(self) -> tuple[str, ...]:
         return (type(self).__name__,)
@@ -966,10 +984,6 @@ class TensorStorage(Storage):
             raise CheckpointError(f"{path}: a pytree storage's tensors must be named 0..{spec.num_leaves - 1}",
                                   file=path, field="pytree")
         return (*self._prepare_data(tensors, filled, last, path, spec), spec)
-
-    def loads(self, path: Any) -> None:
-        meta, tensors = read_component(path, self._checkpoint_types())
-        self._commit_load(prepared(path, self._prepare_load, meta, tensors, path))
 
     def __repr__(self) -> str:
         if self._storage is None:
