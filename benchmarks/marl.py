@@ -1,7 +1,22 @@
-"""Multi-agent training speed: MAPPO/IPPO training frames/s, and the vmapped multi-agent MLP
-against a Python loop over the agents' networks.
+"""Multi-agent training speed: MAPPO/IPPO training frames/s, side by side with BenchMARL, and
+the vmapped multi-agent MLP against a Python loop over the agents' networks.
 
     python benchmarks/marl.py [--frames 16000] [--seeds 1] [--envs navigation vmas/navigation]
+    python benchmarks/marl.py --benchmarl PYTHON [--frames 12800] [--seeds 3]
+
+``--benchmarl PYTHON`` (a Python with ``benchmarl`` and ``vmas``, e.g. a side venv: BenchMARL
+1.5 pins torchrl < 0.12) runs the side-by-side instead: for each seed and algorithm,
+steersman's recipe and BenchMARL's experiment train on VMAS navigation with the same
+hyper-parameters (3 agents, 50-step episodes, shared reward; 64 sub-envs x 50 steps = 3,200
+frames per batch; 4 epochs of 800-transition minibatches = 16 minibatch iterations; Adam
+lr 3e-3, eps 1e-8; gamma 0.99, GAE lambda 0.9, clip 0.2, no entropy bonus, l2 critic loss,
+gradient norm clipped at 1; [64, 64] tanh MLPs, parameters shared by the agents, tanh-normal
+actor; centralised critic for MAPPO, per-agent for IPPO; CPU, one torch thread; no
+evaluation, checkpoints or loggers besides one CSV). BenchMARL runs in a subprocess of
+``PYTHON``, one run at a time (never two runs at once). Reported: the loop's frames/s
+(ours: the run summary's; BenchMARL: frames over the wall time of ``experiment.run()``)
+and the mean training episode return of the last batch (the team return; with the shared
+reward every agent's return).
 
 Part 1 trains each recipe (``steersman.recipes.mappo``/``ippo``) for ``--frames`` frames on
 each env id (64 sub-envs x 50 steps per batch, 4 epochs of 800-transition minibatches,
@@ -34,6 +49,97 @@ def train_fps(algo: str, env: str, frames: int, seed: int) -> float:
     cfg.logger.backends = ["csv"]
     summary = mod.train(cfg, tempfile.mkdtemp() + "/run")
     return float(summary["frames_per_s"])
+
+
+# ------------------------------------------------------------------ BenchMARL side by side
+SIDE = {"num_envs": 64, "n_steps": 50, "minibatch": 800, "epochs": 4, "lr": 3e-3, "max_steps": 50, "n_agents": 3}
+
+
+def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float]:
+    """(frames/s, last batch's mean training return) of our recipe on vmas/navigation."""
+    import importlib
+
+    mod = importlib.import_module(f"steersman.recipes.{algo}")
+    cfg = (mod.IPPOConfig if algo == "ippo" else mod.MAPPOConfig)()
+    cfg.env.name, cfg.env.num_envs, cfg.env.max_episode_steps = "vmas/navigation", SIDE["num_envs"], SIDE["max_steps"]
+    cfg.env.n_agents = SIDE["n_agents"]
+    cfg.total_frames, cfg.n_steps, cfg.epochs = frames, SIDE["n_steps"], SIDE["epochs"]
+    cfg.minibatch_size, cfg.lr, cfg.max_grad_norm, cfg.gamma, cfg.gae_lambda = SIDE["minibatch"], SIDE["lr"], 1.0, 0.99, 0.9
+    cfg.hidden_sizes = [64, 64]
+    cfg.seed, cfg.quiet, cfg.export_format = seed, True, "none"
+    cfg.eval.interval, cfg.eval.episodes, cfg.checkpoint.interval = 0, 2, 0
+    cfg.logger.backends = ["csv"]
+    run_dir = tempfile.mkdtemp() + "/run"
+    summary = mod.train(cfg, run_dir)
+    from steersman.record import read_metrics_csv
+
+    returns = read_metrics_csv(run_dir + "/metrics.csv")["train/return"]
+    return float(summary["frames_per_s"]), float(returns[-1])
+
+
+def benchmarl_worker(algo: str, frames: int, seed: int) -> None:  # pragma: no cover - runs in BenchMARL's venv
+    """Runs in ``--benchmarl PYTHON``: one BenchMARL experiment, prints a JSON line."""
+    import csv
+    import glob
+    import json
+
+    from benchmarl.algorithms import IppoConfig, MappoConfig
+    from benchmarl.environments import VmasTask
+    from benchmarl.experiment import Experiment, ExperimentConfig
+    from benchmarl.models.mlp import MlpConfig
+
+    torch.set_num_threads(1)
+    task = VmasTask.NAVIGATION.get_from_yaml()
+    task.config.update(max_steps=SIDE["max_steps"], n_agents=SIDE["n_agents"], shared_rew=True)  # VMAS' defaults
+    algorithm = (IppoConfig if algo == "ippo" else MappoConfig).get_from_yaml()
+    exp = ExperimentConfig.get_from_yaml()
+    batch = SIDE["num_envs"] * SIDE["n_steps"]
+    exp.sampling_device = exp.train_device = exp.buffer_device = "cpu"
+    exp.on_policy_collected_frames_per_batch, exp.on_policy_n_envs_per_worker = batch, SIDE["num_envs"]
+    exp.on_policy_minibatch_size = SIDE["minibatch"]
+    exp.on_policy_n_minibatch_iters = SIDE["epochs"] * batch // SIDE["minibatch"]
+    exp.lr, exp.adam_eps, exp.gamma, exp.clip_grad_norm, exp.clip_grad_val = SIDE["lr"], 1e-8, 0.99, True, 1.0
+    exp.share_policy_params, exp.max_n_frames, exp.max_n_iters = True, frames, None
+    exp.evaluation, exp.render, exp.loggers, exp.create_json = False, False, ["csv"], False
+    exp.checkpoint_interval, exp.checkpoint_at_end = 0, False
+    exp.save_folder = tempfile.mkdtemp()
+    model = MlpConfig(num_cells=[64, 64], activation_class=nn.Tanh, layer_class=nn.Linear)
+    experiment = Experiment(task=task, algorithm_config=algorithm, model_config=model, critic_model_config=model,
+                            seed=seed, config=exp)
+    t = time.perf_counter()
+    experiment.run()
+    wall = time.perf_counter() - t
+    path = glob.glob(f"{exp.save_folder}/**/collection_agents_reward_episode_reward_mean.csv", recursive=True)
+    with open(path[0]) as f:
+        last = float(list(csv.reader(f))[-1][-1])
+    print(json.dumps({"fps": experiment.total_frames / wall, "return": last}))
+
+
+def side_by_side(python: str, frames: int, seeds: int) -> None:
+    import json
+    import subprocess
+
+    rows = []
+    print("| algo | seed | steersman frames/s | BenchMARL frames/s | ratio | steersman return | BenchMARL return |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for seed in range(seeds):
+        for algo in ("mappo", "ippo"):
+            fps, ret = ours_on_vmas(algo, frames, seed)
+            out = subprocess.run([python, __file__, "--benchmarl-worker", algo, str(frames), str(seed)],
+                                 capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                raise RuntimeError(f"BenchMARL {algo} seed {seed} failed:\n{out.stderr[-3000:]}")
+            theirs = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append((algo, fps, theirs["fps"], ret, theirs["return"]))
+            print(f"| {algo} | {seed} | {fps:.0f} | {theirs['fps']:.0f} | {fps / theirs['fps']:.2f}x | {ret:.3f} "
+                  f"| {theirs['return']:.3f} |", flush=True)
+    for algo in ("mappo", "ippo"):
+        r = [row for row in rows if row[0] == algo]
+        ratios = [a / b for _, a, b, _, _ in r]
+        print(f"{algo}: frames/s ratio median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x); last-batch "
+              f"return steersman {statistics.mean(x[3] for x in r):.3f} +- {statistics.pstdev([x[3] for x in r]):.3f}, "
+              f"BenchMARL {statistics.mean(x[4] for x in r):.3f} +- {statistics.pstdev([x[4] for x in r]):.3f}",
+              flush=True)
 
 
 def time_ms(fn, repeats: int = 7, calls: int = 20) -> float:
@@ -70,8 +176,15 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=16_000)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--envs", nargs="+", default=["navigation", "vmas/navigation"])
+    parser.add_argument("--benchmarl", metavar="PYTHON", help="side by side with BenchMARL run by this Python")
+    parser.add_argument("--benchmarl-worker", nargs=3, metavar=("ALGO", "FRAMES", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.benchmarl_worker:
+        algo, frames, seed = args.benchmarl_worker
+        return benchmarl_worker(algo, int(frames), int(seed))
+    if args.benchmarl:
+        return side_by_side(args.benchmarl, args.frames, args.seeds)
 
     print("| algo | env | frames/s (median over seeds) |\n|---|---|---|")
     for env in args.envs:

@@ -202,11 +202,24 @@ def test_unknown_agent_is_a_clear_error_state_unchanged():
     assert all(torch.equal(obs[k], env._obs[k]) for k in obs)
 
 
-def test_mask_hiding_every_action_of_an_acting_agent():
-    env = PettingZooWrapper(ScriptedParallelEnv(n=2, final=5, no_legal_move=2))
-    td = env.rand_step(env.reset())["next"]
-    with pytest.raises(ValueError, match="'a_0' \\(group 'a'\\) allows no action"):
-        env.rand_step(td)
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "aec"])
+def test_mask_hiding_every_action_of_an_acting_agent(parallel):
+    """The error names the agent and its group, and the wrapper's buffers and done flags
+    are those of the last good step (turn-based: when that agent's turn comes)."""
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    pz = ScriptedParallelEnv(n=2, final=5, no_legal_move=2)
+    env = PettingZooWrapper(pz if parallel else parallel_to_aec(pz))
+    td = env.reset()
+    with pytest.raises(ValueError, match="'a_0' \\(group 'a'\\) allows no action.*state is unchanged"):
+        for _ in range(8):  # parallel: step 2; AEC: a_0's turn after 2 rounds
+            before = ({k: v.clone() for k, v in env._obs.items()}, {k: v.clone() for k, v in env._amask.items()},
+                      dict(env._term), dict(env._trunc), set(env._seen))
+            td = env.rand_step(td)["next"]
+    after = (env._obs, env._amask, env._term, env._trunc, env._seen)
+    for b, a in zip(before[:2], after[:2]):
+        assert b.keys() == a.keys() and all(torch.equal(b[k], a[k]) for k in b)
+    assert before[2:] == after[2:]
 
 
 def test_bad_group_map_and_wrong_agent_dim():

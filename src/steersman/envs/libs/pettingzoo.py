@@ -281,6 +281,19 @@ class PettingZooWrapper(EnvBase):
                 "Agents must be in env.possible_agents"
             )
 
+    def _check_masks(self, obs: Mapping[str, Any], acting: Any) -> None:
+        """A clear error, before anything is written, if the action mask of an agent that is
+        to act allows no action."""
+        for a in acting:
+            value = obs.get(a)
+            g = self._where[a][0]
+            if (self._groups_by_name[g].n_actions is not None and isinstance(value, Mapping)
+                    and "action_mask" in value and not np.asarray(value["action_mask"]).astype(bool).any()):
+                raise ValueError(
+                    f"PettingZooWrapper: the action mask of agent {a!r} (group {g!r}) allows no action "
+                    "while the agent is to act; the wrapper's state is unchanged"
+                )
+
     def _agent_obs(self, grp: _Group, value: Any) -> tuple[Any, Any]:
         """(observation, action mask or None) of one agent, converted."""
         mask = None
@@ -369,16 +382,20 @@ class PettingZooWrapper(EnvBase):
             res = self._env.reset(seed=seed, **kwargs)
             obs = res[0] if isinstance(res, tuple) else res
             self._check_agents("observations", obs)
+            self._check_masks(obs, self._env.agents)
             self._reset_buffers()
             for a, v in obs.items():
                 self._write_obs(a, v)
         else:
             self._env.reset(seed=seed, **kwargs)
-            self._reset_buffers()
-            if self._env.agents:
-                sel = self._env.agent_selection
+            sel = self._env.agent_selection if self._env.agents else None
+            if sel is not None:
                 self._check_agents("an acting agent", [sel])
-                self._write_obs(sel, self._env.observe(sel))
+                first = {sel: self._env.observe(sel)}
+                self._check_masks(first, [sel])
+            self._reset_buffers()
+            if sel is not None:
+                self._write_obs(sel, first[sel])
         self._seen = set(self._env.agents)
         self._check_agents("agents", self._seen)
         return self._output(None)
@@ -423,6 +440,7 @@ class PettingZooWrapper(EnvBase):
                             ("truncations", trunc)):
                 self._check_agents(what, d)
             self._check_agents("agents", env.agents)
+            self._check_masks(obs, env.agents)
             for a, v in obs.items():
                 self._write_obs(a, v)
             rewards = dict(rew)
@@ -463,10 +481,17 @@ class PettingZooWrapper(EnvBase):
             env.step(None)
             self._collect_aec(rewards)
         self._check_agents("agents", env.agents)
+        flags = dict(self._term), dict(self._trunc), set(self._seen)
         self._update_flags(prev, env.terminations, env.truncations)
         if env.agents and not self._episode_over():
             sel = env.agent_selection
-            self._write_obs(sel, env.observe(sel))
+            nxt = {sel: env.observe(sel)}
+            try:
+                self._check_masks(nxt, [sel])
+            except ValueError:
+                self._term, self._trunc, self._seen = flags  # the wrapper's state unchanged
+                raise
+            self._write_obs(sel, nxt[sel])
         return rewards
 
     def _collect_aec(self, rewards: dict[str, float]) -> None:
