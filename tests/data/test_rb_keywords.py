@@ -86,7 +86,7 @@ def test_no_op_keywords_are_accepted():
 
 @pytest.mark.parametrize("name,value,err", [
     ("checkpointer", object(), TypeError), ("consume_after_n_samples", 1, NotImplementedError),
-    ("sample_unit", object(), NotImplementedError), ("service_backend", "direct", NotImplementedError),
+    ("sample_unit", object(), TypeError), ("service_backend", "direct", NotImplementedError),
     ("service_backend_options", {}, NotImplementedError), ("transport", "tcp", NotImplementedError),
     ("transport_options", {}, NotImplementedError), ("shared", True, NotImplementedError),
     ("dim_extend", 1, ValueError),

@@ -15,6 +15,7 @@ from .checkpointers import (
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
+from .consuming import ConsumingSampler, StalenessAwareSampler
 from .ensemble import ReplayBufferEnsemble, SamplerEnsemble, StorageEnsemble, WriterEnsemble
 from .her import HERReplayBuffer, HindsightStrategy
 from .list_storages import CompressedListStorage, LazyStackStorage
@@ -26,6 +27,7 @@ from .replay_buffers import (
     TensorDictReplayBuffer,
     stack_anything,
 )
+from .sample_units import SampleUnit, Transition
 from .samplers import (
     PrioritizedSampler,
     PrioritizedSliceSampler,
@@ -97,4 +99,8 @@ __all__ = [
     "Flat2TED",
     "TED2Nested",
     "Nested2TED",
+    "ConsumingSampler",
+    "StalenessAwareSampler",
+    "SampleUnit",
+    "Transition",
 ]

@@ -399,6 +399,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
         if bad:
             raise TypeError(f"ReplayBufferEnsemble does not take {bad}; prefetch is not provided for ensembles")
         self._members = members
+        self._sample_unit = None
         self._storage = storages or StorageEnsemble(*[rb.storage for rb in members],
                                                     transforms=[rb.transform for rb in members])
         self._sampler = samplers

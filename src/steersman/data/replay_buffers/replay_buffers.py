@@ -47,6 +47,7 @@ from ._checkpoint import (
     read_component,
     read_json,
 )
+from .sample_units import SampleUnit
 from .samplers import PrioritizedSampler, RandomSampler, Sampler, SliceSampler
 from .storages import ListStorage, Storage, TensorStorage
 from .writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
@@ -178,9 +179,11 @@ class ReplayBuffer:
             storages, pass ``[B, T]`` rows and they are written along dim 0.
         checkpointer: a storage checkpointer, set as ``storage.checkpointer`` (how
             :meth:`dumps`/:meth:`loads` write the storage).
-        consume_after_n_samples, sample_unit, service_backend, service_backend_options,
-            transport, transport_options: TorchRL features not provided here (consuming
-            sampling, sample units, remote buffers); only their default ``None`` is
+        sample_unit: a :class:`SampleUnit` expanding each sampled index into the records
+            read (default: one transition each).
+        consume_after_n_samples, service_backend, service_backend_options, transport,
+            transport_options: TorchRL features not provided here (use a
+            :class:`ConsumingSampler`; remote buffers); only their default ``None`` is
             accepted, anything else raises a ``NotImplementedError`` that names the option.
 
     Shapes: with a tensor storage of items ``[*item]``, ``sample(B)`` returns ``[B, *item]``
@@ -207,8 +210,7 @@ class ReplayBuffer:
                  checkpointer: Any = None, consume_after_n_samples: int | None = None, sample_unit: Any = None,
                  service_backend: Any = None, service_backend_options: Any = None, transport: Any = None,
                  transport_options: Any = None) -> None:
-        _refuse_unsupported(consume_after_n_samples=consume_after_n_samples,
-                            sample_unit=sample_unit, service_backend=service_backend,
+        _refuse_unsupported(consume_after_n_samples=consume_after_n_samples, service_backend=service_backend,
                             service_backend_options=service_backend_options, transport=transport,
                             transport_options=transport_options)
         if shared:
@@ -223,6 +225,9 @@ class ReplayBuffer:
             if transform is not None:
                 raise ValueError("pass either transform or transform_factory, not both")
             transform = transform_factory()
+        if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
+            raise TypeError(f"sample_unit must be a SampleUnit, got {type(sample_unit).__name__}")
+        self._sample_unit = sample_unit
         self._generator = generator
         self._storage = storage if storage is not None else ListStorage(1000)
         if not isinstance(self._storage, Storage):
@@ -243,6 +248,9 @@ class ReplayBuffer:
             )
         if isinstance(self._sampler, SliceSampler) and not isinstance(self._storage, TensorStorage):
             raise TypeError("slice samplers need a tensor storage (LazyTensorStorage, LazyMemmapStorage, TensorStorage)")
+        if self._sampler._consumes and prefetch:
+            raise ValueError("prefetch cannot be used with a ConsumingSampler: prefetched batches would consume "
+                             "items that are never returned")
         if collate_fn is None and isinstance(self._storage, ListStorage):
             collate_fn = stack_anything
         self._collate_fn = collate_fn
@@ -292,6 +300,8 @@ class ReplayBuffer:
         return self._writer.write_count
 
     def __len__(self) -> int:
+        if self._sampler._consumes:
+            return self._sampler._num_sampleable(self._storage)
         return len(self._storage)
 
     def insert_transform(self, index: int, transform: Any, *, invert: bool = False) -> None:
@@ -320,6 +330,16 @@ class ReplayBuffer:
         if self._transform.transforms and self._transform.has_inv():
             data = self._transform.inv(data)
         with self._lock:
+            if self._sampler._consumes:
+                free = self._sampler.free_slots(self._storage)
+                if free.numel():
+                    slot = int(free[0])
+                    if isinstance(self._writer, RoundRobinWriter):
+                        data = self._writer._mark(self._writer._pre(data), slot)
+                    self._storage.set(slot, data)
+                    self._writer._write_count += 1
+                    self._sampler.add(torch.tensor([slot]))
+                    return slot
             index = self._writer.add(data)
             if index is not None:
                 self._sampler.add(self._storage._flat_index(torch.as_tensor(index)).reshape(-1))
@@ -331,11 +351,37 @@ class ReplayBuffer:
         if self._transform.transforms and self._transform.has_inv():
             data = self._transform.inv(data)
         with self._lock:
+            if self._sampler._consumes:
+                return self._extend_consumed(data)
             index = self._writer.extend(data)
             if index.numel():
                 st = self._storage
                 span = self._writer._last_span if st._row_len == 1 else None
                 self._sampler._written(st._flat_index(index), span)
+        return index
+
+    def _extend_consumed(self, data: Any) -> Tensor:
+        """``extend`` with a consuming sampler: consumed slots first, then the writer's cursor."""
+        free = self._sampler.free_slots(self._storage)
+        n = len(data) if isinstance(data, list) else data.shape[0] if isinstance(data, (Tensor, TensorDictBase)) else 0
+        k = min(n, free.numel())
+        parts = []
+        if k:
+            head = data[:k]
+            slots = free[:k]
+            if isinstance(self._writer, RoundRobinWriter):
+                head = self._writer._mark(self._writer._pre(head), slots)
+            self._storage.set(slots, head)
+            self._writer._write_count += k
+            parts.append(slots)
+        if k < n or not k:
+            rest = data[k:] if k else data
+            parts.append(self._writer.extend(rest))
+        index = torch.cat([p.reshape(-1).cpu().long() for p in parts])
+        self._sampler.extend(self._storage._flat_index(index))
+        if isinstance(self._writer, TensorDictRoundRobinWriter) and isinstance(data, TensorDictBase) \
+                and not data.is_locked and len(data.batch_size) == 1:
+            data.set("index", index.to(data.device) if data.device is not None else index)
         return index
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -384,6 +430,8 @@ class ReplayBuffer:
                 index, info = self._sampler.sample(self._storage, batch_size)
             else:
                 index, info = self._sample_with_generator(batch_size)
+            if self._sample_unit is not None:
+                index, info = self._sample_unit.expand(index, info, self._storage)
             data = self._storage._get_fast(index)
         info["index"] = index
         if self._collate_fn is not None:

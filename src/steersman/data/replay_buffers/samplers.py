@@ -37,6 +37,7 @@ class Sampler:
     """Base class of samplers. ``ran_out`` is True after the last batch of an epoch."""
 
     ran_out = False
+    _consumes = False  # a ConsumingSampler: len(buffer) counts unconsumed items, writes refill slots
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:  # pragma: no cover
         raise NotImplementedError
