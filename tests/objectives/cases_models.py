@@ -8,8 +8,15 @@ import torch
 from torch import nn
 
 from steersman.data import Bounded
-from steersman.modules import DTActor, OnlineDTActor, ProbabilisticActor, TanhDelta, TanhNormal
-from steersman.objectives import DTLoss, OnlineDTLoss, TQCLoss
+from steersman.modules import (
+    DTActor,
+    OnlineDTActor,
+    ProbabilisticActor,
+    TanhDelta,
+    TanhNormal,
+    WorldModel,
+)
+from steersman.objectives import DTLoss, OnlineDTLoss, TQCLoss, WorldModelLoss
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import TensorDictModule, TensorDictSequential
 from tests.objectives import cases_sac as sac
@@ -77,6 +84,47 @@ def windows(loss=None, shape: tuple[int, ...] = (3, 4)) -> TensorDict:
 
 DT_SHAPES = [(3, 4), (2, 2, 3)]
 
+
+# ------------------------------------------------------------ world model
+WM_OBS, WM_LATENT, WM_ACT = 5, 4, 2
+
+
+class _Dynamics(nn.Module):
+    """``(latent, action) -> (next latent, the same prediction as "predicted_latent")``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(WM_LATENT + WM_ACT, WM_LATENT)
+
+    def forward(self, latent: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        nxt = self.net(torch.cat([latent, action], -1))
+        return nxt, nxt
+
+
+def world_model() -> WorldModel:
+    """Encoder, dynamics, reward and done heads, a decoder and a latent target from the
+    next observation (all linear)."""
+    encoder = TensorDictModule(input_layer(WM_OBS, WM_LATENT), ["observation"], ["latent"])
+    dynamics = TensorDictSequential(
+        TensorDictModule(_Dynamics(), ["latent", "action"], [("next", "latent"), "predicted_latent"]),
+        TensorDictModule(nn.Linear(WM_OBS, WM_LATENT), [("next", "observation")], ["target_latent"]),
+    )
+    reward = TensorDictModule(nn.Linear(WM_LATENT, 1), [("next", "latent")], [("next", "reward")])
+    done = TensorDictModule(nn.Sequential(nn.Linear(WM_LATENT, 1), nn.Sigmoid()), [("next", "latent")],
+                            [("next", "done")])
+    decoder = TensorDictModule(nn.Linear(WM_LATENT, WM_OBS), ["latent"], ["reconstructed_observation"])
+    return WorldModel(encoder, dynamics, reward, done_head=done, decoder=decoder)
+
+
+def world_model_batch(loss=None, shape: tuple[int, ...] = (8,)) -> TensorDict:
+    done = torch.zeros(*shape, 1, dtype=torch.bool)
+    done.view(-1)[1] = True
+    return TensorDict({
+        "observation": torch.randn(*shape, WM_OBS), "action": torch.randn(*shape, WM_ACT),
+        "next": {"observation": torch.randn(*shape, WM_OBS), "reward": torch.randn(*shape, 1), "done": done,
+                 "terminated": done.clone()},
+    }, list(shape))
+
 CASES = [
     LossCase("TQCLoss", tqc, sac.continuous_batch, sac.SAC_GRADS),
     LossCase("DTLoss", lambda: DTLoss(dt_actor()), windows, {"loss": {"actor_network."}}, batch_shapes=DT_SHAPES,
@@ -86,4 +134,10 @@ CASES = [
     LossCase("OnlineDTLoss", lambda: OnlineDTLoss(online_dt_actor(), samples_mc_entropy=2), windows,
              {"loss_log_likelihood": {"actor_network."}, "loss_entropy": {"actor_network."},
               "loss_alpha": {"log_alpha"}}, batch_shapes=DT_SHAPES, required_key="action_target"),
+    LossCase("WorldModelLoss", lambda: WorldModelLoss(world_model(), losses=["reward", "done", "reconstruction"]),
+             world_model_batch,
+             {"loss_reward": {"world_model.encoder.", "world_model.dynamics.", "world_model.reward_head."},
+              "loss_done": {"world_model.encoder.", "world_model.dynamics.", "world_model.done_head."},
+              "loss_reconstruction": {"world_model.encoder.", "world_model.decoder."}},
+             required_key="observation"),
 ]

@@ -220,6 +220,7 @@ TORCHRL_PARAM_ATTRS["CrossQLoss"] = TORCHRL_PARAM_ATTRS["SACLoss"]
 TORCHRL_PARAM_ATTRS["DiscreteIQLLoss"] = TORCHRL_PARAM_ATTRS["IQLLoss"]
 TORCHRL_PARAM_ATTRS["TQCLoss"] = TORCHRL_PARAM_ATTRS["SACLoss"]
 TORCHRL_PARAM_ATTRS["DTLoss"] = TORCHRL_PARAM_ATTRS["OnlineDTLoss"] = {"actor_network_params", "target_actor_network_params"}
+TORCHRL_PARAM_ATTRS["WorldModelLoss"] = {"world_model_params"}
 TORCHRL_PARAM_ATTRS["QMixerLoss"] = {"local_value_network_params", "target_local_value_network_params",
                                      "mixer_network_params", "target_mixer_network_params"}
 

@@ -100,6 +100,16 @@ from .value_transforms import (
     symexp,
     symlog,
 )
+from .world_models import (
+    ObsDecoder,
+    ObsEncoder,
+    RSSMPosterior,
+    RSSMPrior,
+    RSSMRollout,
+    SymExpTwoHot,
+    WorldModel,
+    WorldModelWrapper,
+)
 from .wrappers import DistributionalQValueHook, QValueHook, VmapModule
 
 __all__ = [
@@ -219,4 +229,13 @@ __all__ = [
     "RecurrentMatmulPrecisionUserMode",
     "get_recurrent_matmul_precision",
     "set_recurrent_matmul_precision",
+    # world models
+    "ObsEncoder",
+    "ObsDecoder",
+    "RSSMPrior",
+    "RSSMPosterior",
+    "RSSMRollout",
+    "WorldModel",
+    "WorldModelWrapper",
+    "SymExpTwoHot",
 ]

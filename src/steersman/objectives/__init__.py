@@ -55,6 +55,7 @@ from .value import (
     ValueEstimatorBase,
     VTrace,
 )
+from .world_model import WorldModelLoss, categorical_kl_balanced, categorical_kl_terms
 
 __all__ = [
     "A2CLoss",
@@ -119,4 +120,7 @@ __all__ = [
     "DTLoss",
     "OnlineDTLoss",
     "add_random_module",
+    "WorldModelLoss",
+    "categorical_kl_terms",
+    "categorical_kl_balanced",
 ]
