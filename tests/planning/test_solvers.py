@@ -11,7 +11,12 @@ import torch
 from steersman.envs import ConnectFourEnv, TicTacToeEnv
 from steersman.envs.native._board import board_lines
 from steersman.planning import AlphaBetaPlayer, MinimaxPlayer, TicTacToeSolver
-from steersman.planning.solvers import WIN_SCORE, connect_four_heuristic, negamax_connect_four
+from steersman.planning.solvers import (
+    WIN_SCORE,
+    connect_four_heuristic,
+    games_against_minimax,
+    negamax_connect_four,
+)
 from steersman.tensordict import TensorDict
 
 TTT_LINES = [tuple(x) for x in board_lines(3, 3, 3).tolist()]
@@ -211,3 +216,70 @@ def test_alphabeta_player_wins_blocks_and_beats_random():
     assert float((outcome > 0).float().mean()) >= 0.9
     with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
         AlphaBetaPlayer(depth=0)
+
+
+def _ref_games(agent_move, seat: int) -> dict:
+    """Plain recursion: the distinct final boards of a deterministic agent in ``seat``
+    against every optimal move of the opponent, by outcome for the agent."""
+    finals: dict[tuple, int] = {}
+
+    def play(board: tuple) -> None:
+        sign = 1 if board.count(1) == board.count(-1) else -1
+        mover = 0 if sign == 1 else 1
+        w = _winner(board)
+        if w != 0 or 0 not in board:
+            agent_sign = 1 if seat == 0 else -1
+            finals[board] = 0 if w == 0 else (1 if w == agent_sign else -1)
+            return
+        if mover == seat:
+            moves = [agent_move(board)]
+        else:
+            qs = {i: -_ref_value(board[:i] + (sign,) + board[i + 1:]) for i in range(9) if board[i] == 0}
+            moves = [i for i, q in qs.items() if q == max(qs.values())]
+        for i in moves:
+            play(board[:i] + (sign,) + board[i + 1:])
+
+    play((0,) * 9)
+    return {name: sum(1 for v in finals.values() if v == val) for name, val in (("win", 1), ("draw", 0),
+                                                                                ("loss", -1))}
+
+
+@pytest.mark.parametrize("agent", ["first_free", "last_free", "perfect", "hashed"])
+def test_games_against_minimax_match_a_plain_recursion(agent):
+    """Every line a minimax opponent can choose (all its optimal moves), against agents
+    that lose, draw or win, equals a plain recursive enumeration of the final boards."""
+    solver = TicTacToeSolver()
+
+    def move(board: tuple) -> int:
+        free = [i for i in range(9) if board[i] == 0]
+        if agent == "first_free":
+            return free[0]
+        if agent == "last_free":
+            return free[-1]
+        if agent == "hashed":
+            return free[hash(board) % len(free)]
+        q = solver.qvalues(torch.tensor([board], dtype=torch.int8))[0]
+        return int(q.argmax())
+
+    def batched(board: torch.Tensor, player: torch.Tensor) -> torch.Tensor:
+        assert bool((((board != 0).sum(-1) % 2) == player).all())  # the player to move is passed right
+        return torch.tensor([move(tuple(b)) for b in board.tolist()])
+
+    out = games_against_minimax(batched)
+    ref = [_ref_games(move, seat) for seat in (0, 1)]
+    for name in ("win", "draw", "loss"):
+        assert int(out[name]) == ref[0][name] + ref[1][name], name
+    assert out["lost_boards"].shape == (int(out["loss"]), 9)
+    if agent == "perfect":
+        assert int(out["loss"]) == 0 and int(out["win"]) == 0
+    if agent == "first_free":
+        assert int(out["loss"]) > 0
+    one_seat = games_against_minimax(batched, sides=(1,))
+    assert int(one_seat["loss"]) == ref[1]["loss"]
+
+
+def test_games_against_minimax_rejects_an_illegal_agent_move():
+    with pytest.raises(ValueError, match="occupied cell"):
+        games_against_minimax(lambda board, player: torch.zeros(board.shape[0], dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"agent must return actions \[1\] in 0..8"):
+        games_against_minimax(lambda board, player: torch.full((board.shape[0],), 9), sides=(0,))

@@ -17,6 +17,7 @@ loss, 0 a draw with best play. Boards are the envs' int8 ``[B, rows * cols]`` (o
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -25,7 +26,8 @@ from steersman.envs.native._board import board_lines
 from steersman.envs.native.connect_four import ConnectFourEnv
 from steersman.tensordict import TensorDictBase
 
-__all__ = ["AlphaBetaPlayer", "MinimaxPlayer", "TicTacToeSolver", "connect_four_heuristic", "negamax_connect_four"]
+__all__ = ["AlphaBetaPlayer", "MinimaxPlayer", "TicTacToeSolver", "connect_four_heuristic", "games_against_minimax",
+           "negamax_connect_four"]
 
 _CELLS = 9
 _POW3 = 3 ** torch.arange(_CELLS)  # digit i of a code is cell i: 0 empty, 1 first player, 2 second player
@@ -165,6 +167,81 @@ class MinimaxPlayer:
         action = _pick(torch.where(finished, 0.0, q), self.generator)
         tensordict.set("action", torch.where(finished.squeeze(-1), 0, action))
         return tensordict
+
+
+def games_against_minimax(agent: Callable[[Tensor, Tensor], Tensor], sides: tuple[int, ...] = (0, 1)
+                          ) -> dict[str, Tensor]:
+    """Every tic-tac-toe game a deterministic ``agent`` can play against *every* minimax
+    player: the opponent branches into all of its optimal moves (each tie-break a perfect
+    player could make), the agent plays its one move. ``agent(board int8 [n, 9], player
+    int64 [n]) -> action [n]`` is called on batches of unfinished boards where it is to
+    move; ``sides`` are the agent's seats (0: it moves first, 1: second). Transpositions
+    are merged, so the results count distinct final boards per seat.
+
+    Returns ``{"win", "draw", "loss"}``: the number of distinct final boards of each
+    outcome for the agent, and ``"lost_boards"`` int8 ``[L, 9]`` (the lost final boards).
+    The agent never loses against a minimax player iff ``loss == 0``.
+
+    Example:
+        >>> import torch
+        >>> from steersman.planning import TicTacToeSolver
+        >>> from steersman.planning.solvers import games_against_minimax
+        >>> solver = TicTacToeSolver()
+        >>> perfect = lambda board, player: solver.qvalues(board).argmax(-1)
+        >>> out = games_against_minimax(perfect)
+        >>> int(out["loss"]), int(out["win"]), int(out["draw"]) > 0
+        (0, 0, True)
+        >>> int(games_against_minimax(lambda b, p: (b == 0).int().argmax(-1))["loss"]) > 0  # first free cell
+        True
+    """
+    solver = TicTacToeSolver()
+    board = torch.zeros(len(sides), _CELLS, dtype=torch.int8)
+    seat = torch.tensor(sides, dtype=torch.int64)
+    counts = {"win": 0, "draw": 0, "loss": 0}
+    lost = []
+    for ply in range(_CELLS + 1):
+        if board.shape[0] == 0:
+            break
+        to_move = ply % 2  # every board of the frontier has ``ply`` pieces
+        over = solver.terminal(board)
+        if bool(over.any()):
+            last_won = solver.value(board[over]) < 0  # the player to move lost: the last mover made a line
+            agent_moved_last = seat[over] != to_move
+            outcome = torch.where(last_won, torch.where(agent_moved_last, 1, -1), 0)
+            for name, v in (("win", 1), ("draw", 0), ("loss", -1)):
+                counts[name] += int((outcome == v).sum())
+            lost.append(board[over][outcome < 0])
+            board, seat = board[~over], seat[~over]
+        mine = seat == to_move
+        sign = 1 if to_move == 0 else -1
+        children, child_seat = [], []
+        if bool(mine.any()):
+            b = board[mine]
+            action = torch.as_tensor(agent(b.clone(), torch.full((b.shape[0],), to_move))).to(torch.int64)
+            if action.shape != (b.shape[0],) or bool(((action < 0) | (action >= _CELLS)).any()):
+                raise ValueError(f"games_against_minimax: agent must return actions [{b.shape[0]}] in 0..8, got "
+                                 f"{list(action.shape)} {action.tolist()[:8]}")
+            if not bool((b.gather(-1, action.unsqueeze(-1)) == 0).all()):
+                raise ValueError("games_against_minimax: the agent played on an occupied cell")
+            children.append(b.scatter(-1, action.unsqueeze(-1), torch.full_like(b[:, :1], sign)))
+            child_seat.append(seat[mine])
+        if bool((~mine).any()):
+            b = board[~mine]
+            q = solver.qvalues(b)
+            row, cell = (q == q.amax(-1, keepdim=True)).nonzero(as_tuple=True)  # every optimal move
+            children.append(b[row].scatter(-1, cell.unsqueeze(-1), torch.full_like(row, sign, dtype=torch.int8
+                                                                                   ).unsqueeze(-1)))
+            child_seat.append(seat[~mine][row])
+        if not children:
+            break
+        board, seat = torch.cat(children), torch.cat(child_seat)
+        key = torch.unique(_encode(board) * 2 + seat, return_inverse=True)[1]  # merge transpositions
+        first = torch.full((int(key.max()) + 1,), board.shape[0], dtype=torch.int64).scatter_reduce(
+            0, key, torch.arange(board.shape[0]), "amin")
+        board, seat = board[first], seat[first]
+    return {"win": torch.tensor(counts["win"]), "draw": torch.tensor(counts["draw"]),
+            "loss": torch.tensor(counts["loss"]),
+            "lost_boards": torch.cat(lost) if lost else torch.zeros(0, _CELLS, dtype=torch.int8)}
 
 
 # ---------------------------------------------------------------- connect four
