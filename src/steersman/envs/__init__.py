@@ -4,8 +4,9 @@ Gymnasium wrappers, vectorized envs and transforms."""
 from typing import Any
 
 from . import libs as _libs
-from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv
+from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv, get_env_metadata
 from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
+from .gym_like import BaseInfoDictReader, GymLikeEnv, default_info_dict_reader
 from .libs import (
     DMControlEnv,
     DMControlWrapper,
@@ -21,7 +22,9 @@ from .libs import (
     space_to_spec,
     to_pettingzoo,
 )
-from .libs.gym import gym_backend, set_gym_backend
+from .libs._available import get_available_libraries
+from .libs.gym import gym_backend, register_gym_spec_conversion, set_gym_backend
+from .model_based import ImaginedEnv, ModelBasedEnvBase, WorldModelEnv
 from .multiagent import (
     MarlGroupMapType,
     MultiAgentNativeEnv,
@@ -93,6 +96,15 @@ __all__ = [
     "terminated_or_truncated",
     "set_gym_backend",
     "gym_backend",
+    "GymLikeEnv",
+    "BaseInfoDictReader",
+    "default_info_dict_reader",
+    "get_env_metadata",
+    "get_available_libraries",
+    "register_gym_spec_conversion",
+    "ModelBasedEnvBase",
+    "WorldModelEnv",
+    "ImaginedEnv",
     *_transforms_all,
 ]
 

@@ -6,7 +6,7 @@ Both present ``num_workers`` copies of an env as one env of batch size
 """
 
 from ._base import BatchedEnvBase, EnvWorkerError
-from .env_creator import EnvCreator, EnvMetaData
+from .env_creator import EnvCreator, EnvMetaData, get_env_metadata
 from .parallel import ParallelEnv, default_start_method
 from .serial import SerialEnv
 
@@ -18,4 +18,5 @@ __all__ = [
     "EnvWorkerError",
     "BatchedEnvBase",
     "default_start_method",
+    "get_env_metadata",
 ]

@@ -13,7 +13,7 @@ from steersman.data import Composite
 from ..common import EnvBase
 from ._buffers import SPEC_NAMES
 
-__all__ = ["EnvCreator", "EnvMetaData"]
+__all__ = ["EnvCreator", "EnvMetaData", "get_env_metadata"]
 
 
 class EnvMetaData:
@@ -198,3 +198,40 @@ class EnvCreator:
 
     def __repr__(self) -> str:
         return f"EnvCreator({self.name}, create_env_kwargs={self.create_env_kwargs})"
+
+
+def get_env_metadata(env_or_creator: EnvBase | Callable, kwargs: dict | None = None, *,
+                     env_validator: Callable[[EnvBase], None] | None = None) -> EnvMetaData:
+    """The :class:`EnvMetaData` (specs, batch size, device) of an env or env factory.
+
+    Args:
+        env_or_creator: an env, an :class:`EnvCreator` or any callable returning an env
+            (a probe env is built with ``kwargs`` and closed afterwards).
+        kwargs: keyword arguments for the factory.
+        env_validator: called on the env (the probe) before its metadata is read; what it
+            raises propagates (the probe is closed either way).
+
+    Example:
+        >>> from steersman.envs import CartPoleEnv
+        >>> from steersman.envs.batched import get_env_metadata
+        >>> get_env_metadata(CartPoleEnv, {"batch_size": [3]}).batch_size
+        torch.Size([3])
+    """
+    if isinstance(env_or_creator, EnvBase):
+        if env_validator is not None:
+            env_validator(env_or_creator)
+        return EnvMetaData.from_env(env_or_creator)
+    if isinstance(env_or_creator, EnvCreator) and not kwargs and env_validator is None:
+        return env_or_creator.meta_data
+    if not callable(env_or_creator):
+        raise TypeError(f"get_env_metadata takes an env or a callable returning one, got "
+                        f"{type(env_or_creator).__name__}")
+    env = env_or_creator(**(kwargs or {}))
+    if not isinstance(env, EnvBase):
+        raise TypeError(f"get_env_metadata: the factory returned a {type(env).__name__}, not an EnvBase")
+    try:
+        if env_validator is not None:
+            env_validator(env)
+        return EnvMetaData.from_env(env)
+    finally:
+        env.close()

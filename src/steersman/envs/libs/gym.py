@@ -81,7 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "GymWrapper", "GymEnv", "space_to_spec", "gymnasium_available", "GYM_EXTRA_HINT",
-    "GymDependencyError", "set_gym_backend", "gym_backend",
+    "GymDependencyError", "set_gym_backend", "gym_backend", "register_gym_spec_conversion",
 ]
 
 #: how to install the optional Gymnasium dependency.
@@ -199,6 +199,54 @@ def _start_of(space: Any) -> np.ndarray | int:
     return int(start)
 
 
+#: user conversions: a space class (or its dotted name under ``gymnasium.spaces``) -> fn
+_SPEC_CONVERSIONS: dict[Any, Callable] = {}
+
+
+def register_gym_spec_conversion(spec_type: Any) -> Callable[[Callable], Callable]:
+    """Registers a function converting a Gymnasium space type to a spec (a decorator).
+
+    ``spec_type`` is the space class or its name under ``gymnasium.spaces`` (e.g.
+    ``"Graph"``, ``"Box"``). The function is called as ``fn(space, dtype=None, device=...,
+    categorical_action_encoding=..., remap_state_to_observation=None, batch_size=...)``
+    (unused keywords may be taken with ``**kwargs``) and returns a spec; it takes precedence
+    over the built-in conversions (:func:`space_to_spec`), also for sub-spaces of ``Dict``
+    and ``Tuple`` spaces.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from steersman.data import Unbounded
+        >>> from steersman.envs import register_gym_spec_conversion, space_to_spec
+        >>> @register_gym_spec_conversion("Graph")
+        ... def graph_to_spec(space, batch_size=(), device=None, **kwargs):
+        ...     return Unbounded(shape=(*batch_size, 5), device=device)
+        >>> g = gym.spaces.Graph(node_space=gym.spaces.Box(0, 1, (5,)), edge_space=None)
+        >>> space_to_spec(g).shape
+        torch.Size([5])
+    """
+    if not (isinstance(spec_type, str) or isinstance(spec_type, type)):
+        raise TypeError(f"register_gym_spec_conversion takes a space class or its name, got {spec_type!r}")
+
+    def decorator(fn: Callable) -> Callable:
+        if not callable(fn):
+            raise TypeError(f"register_gym_spec_conversion: {fn!r} is not callable")
+        key = spec_type.split(".")[-1] if isinstance(spec_type, str) else spec_type
+        _SPEC_CONVERSIONS[key] = fn
+        return fn
+
+    return decorator
+
+
+def _registered_conversion(space: Any) -> Callable | None:
+    if not _SPEC_CONVERSIONS:
+        return None
+    for cls in type(space).__mro__:
+        fn = _SPEC_CONVERSIONS.get(cls) or _SPEC_CONVERSIONS.get(cls.__name__)
+        if fn is not None:
+            return fn
+    return None
+
+
 def space_to_spec(
     space: Any,
     *,
@@ -233,6 +281,10 @@ def space_to_spec(
     spaces = gym.spaces
     bs = tuple(int(b) for b in batch_size)
     cae = categorical_action_encoding
+    custom = _registered_conversion(space)
+    if custom is not None:
+        return custom(space, dtype=None, device=device, categorical_action_encoding=cae,
+                      remap_state_to_observation=None, batch_size=bs)
     if isinstance(space, spaces.Box):
         dtype = _torch_dtype(space.dtype)
         shape = (*bs, *space.shape)
@@ -605,7 +657,8 @@ class GymWrapper(EnvBase):
 
     The step checks the action's shape and values (``check``); ``env.step(td,
     check=True)`` also checks dtypes and bounds. Outputs are fresh tensors at every step
-    (written into preallocated memory, never reused). Gymnasium's ``info`` dicts are not read.
+    (written into preallocated memory, never reused). Gymnasium's ``info`` dicts are read
+    only by the readers of :meth:`set_info_dict_reader`.
     ``env.env`` is the wrapped Gymnasium env, ``env.render()`` its ``render()``,
     ``env.autoreset_mode`` the vector env's autoreset mode.
 
@@ -715,6 +768,7 @@ class GymWrapper(EnvBase):
         self._pending_any = False
         self._seed: int | None = None
         self._same_step_cache: list[Tensor] | None = None
+        self._info_readers: list = []
         self._make_specs()
 
     # ------------------------------------------------------------------ specs
@@ -809,7 +863,7 @@ class GymWrapper(EnvBase):
         """CPU envs build their outputs in place; others move them to the device."""
         self._cpu = self.device.type == "cpu"
         # the fast path: rows 0..4 are observation, reward, done, terminated, truncated
-        self._fast = self._fast_layout and self._cpu
+        self._fast = self._fast_layout and self._cpu and not getattr(self, "_info_readers", None)
 
     def to(self, device: Any) -> GymWrapper:
         """Moves the specs and the outputs to ``device`` (Gymnasium itself stays on CPU)."""
@@ -915,13 +969,16 @@ class GymWrapper(EnvBase):
                 return TensorDict.from_trusted({}, self.batch_size, None)
             if self._is_vec and not m.all() or self._mode == "same_step":
                 return self._partial_reset(tensordict, m, seed, options)
-        obs, _ = self._env.reset(seed=self._seed_arg(seed), options=options)
+        obs, info = self._env.reset(seed=self._seed_arg(seed), options=options)
         self._pending[:] = False
         self._pending_any = False
         self._same_step_cache = None
         i = self._rows.next_row()
         vals = self._obs_values(obs, i)
-        return self._pack(vals, self._flag_values(i, False, False, False))
+        out = self._pack(vals, self._flag_values(i, False, False, False))
+        if self._info_readers:
+            self._read_info(info, out)
+        return out
 
     def _partial_reset(self, tensordict: TensorDictBase, m: np.ndarray, seed: Any,
                        options: Any) -> TensorDictBase:
@@ -932,6 +989,7 @@ class GymWrapper(EnvBase):
         cached = m & self._pending if self._mode == "same_step" else np.zeros_like(m)
         need = m & ~cached
         gym_obs = None
+        reset_info: Any = {}
         if need.any():
             if not self._mask_reset:
                 raise RuntimeError(
@@ -944,7 +1002,7 @@ class GymWrapper(EnvBase):
                 )
             opts = dict(options or {})
             opts["reset_mask"] = need
-            gym_obs, _ = self._env.reset(seed=self._seed_arg(seed), options=opts)
+            gym_obs, reset_info = self._env.reset(seed=self._seed_arg(seed), options=opts)
         keep = ~m
         any_keep = bool(keep.any())
         any_cached = bool(cached.any())
@@ -993,7 +1051,10 @@ class GymWrapper(EnvBase):
                 flags.append(False)
         self._pending &= keep
         self._pending_any = bool(self._pending.any())
-        return self._pack(vals, self._flag_values(i, *flags))
+        out = self._pack(vals, self._flag_values(i, *flags))
+        if self._info_readers:
+            self._read_info(reset_info, out, keep=torch.as_tensor(keep), old=tensordict)
+        return out
 
     # ------------------------------------------------------------------ step
     def _before_step(self) -> None:
@@ -1046,7 +1107,7 @@ class GymWrapper(EnvBase):
         else:
             rew = 0.0
             for _ in range(self.frame_skip):
-                obs, r, term, trunc, _ = env.step(action)
+                obs, r, term, trunc, info = env.step(action)
                 rew += r
                 if term or trunc:
                     break
@@ -1060,7 +1121,69 @@ class GymWrapper(EnvBase):
         rows = self._rows
         rows.np[self._slot_reward][i] = rew
         extra["reward"] = rows.t[self._slot_reward][i]
-        return self._pack(vals, extra)
+        out = self._pack(vals, extra)
+        if self._info_readers:
+            self._read_info(info, out)
+        return out
+
+    # ------------------------------------------------------------------ info dicts
+    def _read_info(self, info: Any, out: TensorDictBase, keep: Tensor | None = None,
+                   old: TensorDictBase | None = None) -> None:
+        info = info if isinstance(info, dict) else {}
+        for reader in self._info_readers:
+            res = reader(info, out)
+            if res is not None and res is not out:
+                out.update(res)
+        if keep is not None and old is not None and bool(keep.any()):
+            for reader in self._info_readers:
+                spec = getattr(reader, "info_spec", None)
+                for key in ([] if spec is None else spec.keys(True, True)):
+                    prev = old.get(key, None)
+                    if isinstance(prev, Tensor):
+                        new = out.get(key)
+                        m = keep.reshape(*keep.shape, *([1] * (new.ndim - keep.ndim)))
+                        out.set(key, torch.where(m.to(new.device), prev.to(new.device), new))
+
+    def set_info_dict_reader(self, info_dict_reader: Any = None, ignore_private: bool = True) -> GymWrapper:
+        """Reads entries of Gymnasium's ``info`` dicts into the outputs (TorchRL's method).
+
+        ``info_dict_reader``: a callable ``(info, td) -> td`` with an ``info_spec``
+        (default: :class:`~steersman.envs.default_info_dict_reader` of every non-private
+        key). A reader without a spec learns it from one reset and one random step (the
+        env is reset then: call this before collecting). Its specs join the observation
+        spec. Returns the env.
+        """
+        from ..gym_like import default_info_dict_reader
+
+        if info_dict_reader is None:
+            info_dict_reader = default_info_dict_reader(ignore_private=ignore_private)
+        if not callable(info_dict_reader):
+            raise TypeError(f"set_info_dict_reader takes a callable (info, td) -> td, got "
+                            f"{type(info_dict_reader).__name__}")
+        self._info_readers.append(info_dict_reader)
+        self._device_paths()  # no fast path with info readers
+        spec = getattr(info_dict_reader, "info_spec", None)
+        if spec is None:
+            self.rand_step(self.reset())
+            spec = getattr(info_dict_reader, "info_spec", None)
+        if spec is not None:
+            obs = self.full_observation_spec.clone()
+            obs.unlock_()
+            for k, sp in spec.items(include_nested=True, leaves_only=True):
+                if sp.shape[: len(self.batch_size)] != self.batch_size:
+                    sp = sp.expand(*self.batch_size, *sp.shape)
+                obs.set(k, sp.to(self.device))
+            self.observation_spec = obs
+        return self
+
+    def auto_register_info_dict(self, ignore_private: bool = True, info_dict_reader: Any = None) -> GymWrapper:
+        """Registers a reader of every info key (inferred from a reset and a step)."""
+        return self.set_info_dict_reader(info_dict_reader, ignore_private=ignore_private)
+
+    @property
+    def info_dict_reader(self) -> list:
+        """The registered info readers."""
+        return self._info_readers
 
     # ------------------------------------------------------------------ the fast path
     # A single env with one array observation, on CPU (``self._fast``; the common case):
