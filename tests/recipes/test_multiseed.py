@@ -317,15 +317,41 @@ def tiny_dqn(**kw):
     return DQNConfig(**base)
 
 
+def tiny_continuous(cls, **kw):
+    """SAC/TD3 on native Pendulum (20-step episodes), the same budget as tiny_dqn."""
+    base = dict(env=EnvConfig(name="Pendulum-v1", num_envs=2, max_episode_steps=20), frames_per_batch=8,
+                batch_size=8, buffer_size=32, learning_starts=16, hidden_sizes=[16, 16], total_frames=48, quiet=True,
+                logger=LoggerConfig(backends=["csv"]), export_format="none",
+                eval=EvalConfig(interval=32, episodes=2), checkpoint=CheckpointConfig(interval=16, keep=5))
+    base.update(kw)
+    return cls(**base)
+
+
+def tiny_sac(**kw):
+    from steersman.recipes.sac import SACConfig
+
+    return tiny_continuous(SACConfig, **kw)
+
+
+def tiny_td3(**kw):
+    from steersman.recipes.td3 import TD3Config
+
+    return tiny_continuous(TD3Config, **kw)
+
+
 TINY = {"a2c": (tiny_a2c, multiseed.train_a2c, ("train/loss_objective", "train/loss_critic", "train/grad_norm")),
-        "dqn": (tiny_dqn, multiseed.train_dqn, ("train/loss", "train/grad_norm", "train/epsilon"))}
+        "dqn": (tiny_dqn, multiseed.train_dqn, ("train/loss", "train/grad_norm", "train/epsilon")),
+        "sac": (tiny_sac, multiseed.train_sac, ("train/loss_actor", "train/loss_qvalue", "train/alpha")),
+        "td3": (tiny_td3, multiseed.train_td3, ("train/loss_qvalue", "train/loss_actor"))}
 
 
 def member_row(state: dict, k: int) -> dict:
     """Member k's slice of everything an A2C/DQN population checkpoint holds per member."""
     out = {}
-    for group in ("params", "target", "opt_state", "env_state"):
+    for group in ("params", "opt_state", "env_state"):
         out.update({f"{group}.{n}": v[k] for n, v in state.get(group, {}).items()})
+    for group, leaves in state.get("learn", {}).items():  # off-policy: parameters, targets, optimizer states
+        out.update({f"{group}.{n}": v[k] for n, v in leaves.items()})
     for n, v in state.get("buffer", {}).get("data", {}).items():
         out[f"buffer.{n}"] = v[k]
     for name in ("env_rng", "obs", "ep_return", "last_return", "metrics"):
@@ -337,7 +363,7 @@ def member_row(state: dict, k: int) -> dict:
 
 @pytest.fixture(scope="module")
 def singles_off(tmp_path_factory):
-    """A2C and DQN seeds 3..6 trained alone: final checkpoint rows and metrics."""
+    """A2C, DQN, SAC and TD3 seeds 3..6 trained alone: final checkpoint rows and metrics."""
     root = tmp_path_factory.mktemp("singles_off")
     out = {}
     for algo, (make, train, _) in TINY.items():
@@ -350,9 +376,10 @@ def singles_off(tmp_path_factory):
 
 @pytest.mark.parametrize("algo", list(TINY))
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_a2c_dqn_members_equal_their_runs_alone(algo, n, singles_off, tmp_path):
-    """(n=1: the ``singles_off`` runs themselves.) Parameters, optimizer states, the target network and replay buffer (DQN), env
-    streams, evaluations and logged metrics of member k: bitwise those of its seed alone."""
+def test_population_members_equal_their_runs_alone(algo, n, singles_off, tmp_path):
+    """(n=1: the ``singles_off`` runs themselves.) Parameters, optimizer states, target
+    networks and replay buffers (DQN, SAC, TD3), env streams, evaluations and logged
+    metrics of member k: bitwise those of its seed alone."""
     make, train, cols = TINY[algo]
     train(make(seed=3, seeds=n), tmp_path)
     state = final_state(tmp_path)
@@ -363,8 +390,9 @@ def test_a2c_dqn_members_equal_their_runs_alone(algo, n, singles_off, tmp_path):
         csv = read_metrics_csv(tmp_path / f"seed_{k}" / "metrics.csv")
         for col in ("step", *cols, "eval/return"):
             np.testing.assert_array_equal(csv[col], alone_csv[col])
-    name = next(iter(state["params"]))
-    assert all(not torch.equal(state["params"][name][0], state["params"][name][k]) for k in range(1, n))
+    params = state["params"] if "params" in state else state["learn"]["params" if algo != "td3" else "actor"]
+    name = next(n for n in params if n.endswith("weight"))
+    assert all(not torch.equal(params[name][0], params[name][k]) for k in range(1, n))
 
 
 def test_recipes_hand_populations_to_multiseed_and_sweep_lr(tmp_path):
@@ -411,8 +439,12 @@ def test_dqn_population_resume_is_bit_exact(tmp_path):
     ("dqn", dict(sweep={"buffer_size": [10, 20]}), "sweep.buffer_size cannot vary per member"),
     ("dqn", dict(seeds=2, frames_per_batch=9), r"frames_per_batch \(9\) must be a multiple of env.num_envs \(2\)"),
     ("a2c", dict(seeds=2, env=EnvConfig(name="Pendulum-v1", num_envs=2)), "discrete-action envs"),
+    ("sac", dict(seeds=2, env=EnvConfig(name="CartPole-v1", num_envs=2)), "continuous-action envs"),
+    ("td3", dict(seeds=2, env=EnvConfig(name="CartPole-v1", num_envs=2)), "bounded continuous action"),
+    ("sac", dict(sweep={"tau": [0.01, 0.005]}), "sweep.tau cannot vary per member"),
+    ("td3", dict(sweep={"optim": {"max_grad_norm": [1.0]}}), "the config has no field 'optim.max_grad_norm'"),
 ])
-def test_a2c_dqn_bad_config_is_refused_before_anything_is_written(algo, kw, match, tmp_path):
+def test_population_bad_config_is_refused_before_anything_is_written(algo, kw, match, tmp_path):
     make, train, _ = TINY[algo]
     with pytest.raises(ConfigError, match=match):
         train(make(**kw), tmp_path / "run")

@@ -1,6 +1,7 @@
-"""Many PPO agents in one process: N seeds (and a sweep of numeric settings), one vmapped update.
+"""Many agents in one process: N seeds (and a sweep of numeric settings), one vmapped update.
 
-``steersman train ppo seeds=8`` trains 8 independent agents at once, and
+``steersman train ppo seeds=8`` trains 8 independent agents at once (so do ``a2c``,
+``dqn``, ``sac`` and ``td3``), and
 ``steersman train ppo sweep.optim.lr=[1e-3,3e-4] seeds=2`` the 4 combinations
 (PureJaxRL's idea in PyTorch). Every *member* ``k`` has its own parameters, Adam state,
 ``num_envs`` sub-envs and random streams; what is shared is only the code path:
@@ -21,10 +22,10 @@
 
 So member ``k`` of a population run equals the run of that member alone (``seeds=1`` with
 its seed and swept values): the same data, shuffles and initial weights bit for bit, and
-the same parameters, bit for bit: the test proves it for 1 to 4 members. (A lone member
-runs as two identical rows: batched products with a single output column, the value
-head, take another CPU kernel for one matrix than for several and would differ in the
-last bits; from two rows on, a row's numbers do not depend on the count.)
+the same parameters, bit for bit: the test proves it for 1 to 4 members. (The members
+run as an even number of rows, the first one twice when their count is odd: CPU kernels
+take other paths for a lone matrix and for the last row of an odd count, which would
+change the last bits; see :class:`Population`.)
 
 The run directory::
 
@@ -39,8 +40,16 @@ The run directory::
       plots/learning_curve.png   the aggregate: mean, bootstrap 95% interval, IQM over seeds
       summary.json               per-member and aggregate final returns, frames/s
 
-Limits: torch-native envs with discrete actions (``CartPole-v1``, ``Acrobot-v1``,
-``MountainCar-v0``, ``GridWorld-v0``); sweepable fields :data:`SWEEPABLE`.
+The algorithms: :func:`train_ppo` and :func:`train_a2c` (on-policy: GAE on each batch,
+then PPO's epochs x minibatches or A2C's one RMSprop step), :func:`train_dqn`,
+:func:`train_sac` and :func:`train_td3` (off-policy: a replay buffer per member,
+:class:`MemberReplay`, sampled from each member's own stream; the policies' and the
+losses' noise drawn from the member's streams too: :class:`GivenNoiseTanhNormal`, TD3's
+target smoothing). :class:`Population` holds what they share.
+
+Limits: torch-native envs (``CartPole-v1``, ``Acrobot-v1``, ``MountainCar-v0``,
+``GridWorld-v0`` for PPO/A2C/DQN; ``Pendulum-v1``, ``MountainCarContinuous-v0`` for
+SAC/TD3); sweepable fields :data:`SWEEPABLE` (those the config has).
 
 Example::
 
@@ -67,10 +76,10 @@ from torch import Tensor, nn
 from steersman.data import Categorical
 from steersman.envs.native import NativeEnv, mix32
 from steersman.envs.native._base import lane_keys
-from steersman.objectives import ClipPPOLoss
+from steersman.objectives import ClipPPOLoss, TD3Loss
 from steersman.tensordict import TensorDict
 from steersman.tensordict.files import write_json_atomic
-from steersman.tensordict.nn import from_modules, optim
+from steersman.tensordict.nn import TanhNormal, from_modules, optim
 from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
@@ -86,13 +95,13 @@ from .run import (
     read_run_config,
 )
 
-__all__ = ["SWEEPABLE", "EpisodeStats", "MemberReplay", "Population", "Stacked", "Streams", "members_of", "train_a2c",
-           "train_dqn", "train_ppo"]
+__all__ = ["SWEEPABLE", "EpisodeStats", "GivenNoiseTanhNormal", "MemberReplay", "OffPolicy", "Population", "Stacked",
+           "Streams", "members_of", "train_a2c", "train_dqn", "train_ppo", "train_sac", "train_td3"]
 
 #: Fields a sweep may vary per member (numbers the vmapped update reads per member).
 SWEEPABLE = ("optim.lr", "optim.max_grad_norm")
 _GOLDEN = 0x9E3779B9
-_SALT_ACTIONS, _SALT_SHUFFLE = 1, 2
+_SALT_ACTIONS, _SALT_SHUFFLE, _SALT_NOISE = 1, 2, 3
 
 
 # ---------------------------------------------------------------- members and their random streams
@@ -232,10 +241,12 @@ class Population:
     and the greedy evaluation. An algorithm's trainer (:func:`train_ppo`,
     :func:`train_a2c`, :func:`train_dqn`) holds only its own collection and update.
 
-    ``P = max(M, 2)`` rows run for ``M`` members: a lone member runs with a copy of
-    itself, because batched matmuls with one output column (a value head) take another
-    CPU kernel for one matrix than for several, which would change the last bits; from 2
-    rows on, every row's numbers are the same whatever the count.
+    ``P`` rows run for ``M`` members, ``P`` the even number ``M`` or ``M + 1`` (the first
+    member runs twice when ``M`` is odd): CPU kernels take another path for a lone matrix
+    (batched matmuls with one output column, a value head) and for the last row of an odd
+    count (seen on SAC's update with 3 rows), which would change the last bits; with an
+    even row count every row's numbers are those of the member alone (tested for 1 to 4
+    members, and 5 and 6 for SAC).
     """
 
     def __init__(self, algo: str, cfg: Any, run_dir: str | Path | None, *, resume: bool, batch_frames: int,
@@ -252,7 +263,7 @@ class Population:
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
         self.M = len(self.members)
-        self.P = max(self.M, 2)
+        self.P = self.M + self.M % 2  # an even row count (see above)
         self.row_cfgs = self.member_cfgs + self.member_cfgs[:1] * (self.P - self.M)
         self.seeds = [mc.seed for mc in self.row_cfgs]
         self.env_cls = NATIVE_ENVS[cfg.env.name]
@@ -379,7 +390,7 @@ class Stacked:
 
     def __init__(self, modules: list[nn.Module], module: nn.Module) -> None:
         stacked = from_modules(*modules)
-        self.keys = list(stacked.keys(include_nested=True, leaves_only=True))
+        self.keys = [k if isinstance(k, tuple) else (k,) for k in stacked.keys(include_nested=True, leaves_only=True)]
         self.names = [".".join(k) for k in self.keys]
         self.params = tuple(stacked.get(k).detach().clone() for k in self.keys)
         self.module = module
@@ -400,10 +411,13 @@ def _dotted(k: Any) -> str:
     return ".".join(k) if isinstance(k, tuple) else k
 
 
-def _opt_step(opt: Any, keys: list, state_keys: list, p: tuple, grads: tuple, s: tuple, max_norm: Tensor
-              ) -> tuple[tuple, tuple, Tensor]:
-    """Global-norm clipping and one functional optimizer step on flat leaves."""
-    grads_td, grad_norm = clip_grad_norm(tree_from_leaves(keys, list(grads), []), max_norm)
+def _opt_step(opt: Any, keys: list, state_keys: list, p: tuple, grads: tuple, s: tuple, max_norm: Tensor | None
+              ) -> tuple[tuple, tuple, Tensor | None]:
+    """Global-norm clipping (``max_norm`` None: none) and one functional optimizer step on flat leaves."""
+    grads_td = tree_from_leaves(keys, list(grads), [])
+    grad_norm = None
+    if max_norm is not None:
+        grads_td, grad_norm = clip_grad_norm(grads_td, max_norm)
     new_p, new_s = opt.step(tree_from_leaves(keys, list(p), []), grads_td, tree_from_leaves(state_keys, list(s), []))
     return _leaves_of(new_p, keys), _leaves_of(new_s, state_keys), grad_norm
 
@@ -623,7 +637,7 @@ def _eval_and_log(pop: Population, frames: int, greedy: Callable[[Tensor], Tenso
     return returns.tolist()
 
 
-# ---------------------------------------------------------------- DQN (off-policy, a replay buffer per member)
+# ---------------------------------------------------------------- DQN, SAC, TD3 (off-policy, a replay buffer per member)
 class MemberReplay:
     """A circular replay buffer per member: every entry ``[P, capacity, ...]`` (one write
     cursor: the members collect the same number of frames), sampled uniformly with
@@ -659,137 +673,135 @@ class MemberReplay:
             self.data[k] = full
 
 
-def train_dqn(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
-    """Trains the population of ``cfg`` (a DQNConfig with ``seeds`` and ``sweep``) into
-    ``run_dir``: epsilon-greedy collection into a replay buffer per member, then
-    ``gradient_steps`` vmapped updates of :class:`~steersman.objectives.DQNLoss`, target
-    copied every ``target_update_interval`` batches; returns the summary."""
-    from steersman.objectives import DQNLoss
+_TRANSITION = ("obs", "action", "next_obs", "reward", "terminated", "done")
 
-    from . import dqn
 
-    E = cfg.env.num_envs
-    if cfg.frames_per_batch % E:
-        raise ConfigError(f"frames_per_batch ({cfg.frames_per_batch}) must be a multiple of env.num_envs ({E}) "
-                          "with seeds/sweep")
-    T, B = cfg.frames_per_batch // E, cfg.frames_per_batch
-    pop = Population("dqn", cfg, run_dir, resume=resume, batch_frames=B)
-    P = pop.P
-    losses = []
-    for mc in pop.row_cfgs:  # each member's Q-network (and its target copy), as dqn.train builds them
-        seed_everything(mc.seed)
-        shape_env = pop.shape_env(mc)
-        qnet = dqn.make_policy(mc, shape_env)
-        losses.append(DQNLoss(qnet, loss_function=cfg.loss_function, delay_value=True, double_dqn=cfg.double_dqn,
-                              action_space=shape_env.action_spec))
-    loss_fn = losses[0]
-    loss_fn.make_value_estimator(gamma=cfg.gamma)
-    qnet = loss_fn.value_network
-    q_module = qnet.module[0].module  # obs -> action values
-    st = Stacked(losses, loss_fn)
-    trained = [i for i, n in enumerate(st.names) if n.startswith("value_network.")]
-    frozen = [i for i, n in enumerate(st.names) if n.startswith("target_value_network.")]
-    keys, names = [st.keys[i] for i in trained], [st.names[i] for i in trained]
-    target_keys, target_names = [st.keys[i] for i in frozen], [st.names[i] for i in frozen]
-    params, target = tuple(st.params[i] for i in trained), tuple(st.params[i] for i in frozen)
-    state_keys, opt_state = st.opt_init(optim.Adam(lr=1.0), keys, params)
-    base = {name: torch.tensor([getattr(mc.optim, name) for mc in pop.row_cfgs], dtype=torch.float32)
-            for name in ("lr", "max_grad_norm")}
-    n_actions = action_spec_unbatched(pop.env).n
+def _minibatch(data: tuple, idx: Tensor, **extra: Tensor) -> TensorDict:
+    """One member's sampled transitions as the losses read them (``extra``: entries of the
+    root, ``next_<key>`` entries of ``"next"``)."""
+    obs, action, next_obs, reward, terminated, done = (v[idx] for v in data)
+    nxt = {"observation": next_obs, "reward": reward[:, None], "done": done[:, None],
+           "terminated": terminated[:, None]}
+    root = {"observation": obs, "action": action}
+    for k, v in extra.items():
+        (nxt if k.startswith("next_") else root)[k.removeprefix("next_")] = v
+    return TensorDict({**root, "next": nxt}, [idx.shape[0]])
 
-    def greedy(p: tuple, obs: Tensor) -> Tensor:
-        with st.swapped(p, keys):
-            return q_module(obs).argmax(-1)
 
-    def update(p: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
-        obs, action, next_obs, reward, terminated, done = (v[idx] for v in data)
-        mb = TensorDict({"observation": obs, "action": action,
-                         "next": {"observation": next_obs, "reward": reward[:, None], "done": done[:, None],
-                                  "terminated": terminated[:, None]}}, [idx.shape[0]])
+def _split(st: Stacked, groups: dict[str, Callable[[str], bool]]) -> dict[str, tuple[list, list[str], tuple]]:
+    """The stacked leaves by group: ``{group: (keys, names, leaves)}``; leaves in no group stay the module's."""
+    out = {}
+    for g, pred in groups.items():
+        idx = [i for i, n in enumerate(st.names) if pred(n)]
+        out[g] = ([st.keys[i] for i in idx], [st.names[i] for i in idx], tuple(st.params[i] for i in idx))
+    return out
 
-        def loss_of(q: tuple):
-            with st.swapped(q + tgt, keys + target_keys):
-                out = loss_fn(mb)
-            return out["loss"], out["loss"].detach()
 
-        grads, (_, loss) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
-        new_p, new_s, grad_norm = _opt_step(optim.Adam(lr=lr), keys, state_keys, p, grads, s, max_norm)
-        return new_p, new_s, torch.stack([loss, grad_norm])
+class OffPolicy:
+    """What one off-policy algorithm gives :func:`_train_off_policy`: its stacked leaves
+    per group (``learn``: parameters, targets, optimizer states), how it acts, and its
+    vmapped ``learn_step`` on one minibatch per member."""
 
-    v_update = pop.vmapped(update, "DQN update")
-    v_greedy = torch.vmap(greedy)
-    anneal_steps = max(int(cfg.exploration_fraction * cfg.total_frames), 1)
+    metric_names: tuple[str, ...] = ()
+    updates_per_batch: int = 1
+    loss_fn: nn.Module
+    actor: nn.Module  # the module whose parameters (after copying a member's in) are exported
+    names: dict[str, list[str]]
+    learn: dict[str, tuple]
 
-    act_stream, sample_stream = Streams(pop.seeds, _SALT_ACTIONS), Streams(pop.seeds, _SALT_SHUFFLE)
+    def act(self, obs: Tensor, frames: int, random_phase: bool) -> Tensor:
+        raise NotImplementedError
+
+    def greedy(self, obs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def learn_step(self, data: tuple, idx: Tensor, n_update: int) -> Tensor:
+        """Updates ``self.learn``; returns the metrics ``[P, len(metric_names)]``."""
+        raise NotImplementedError
+
+    def after_batch(self, learn_batches: int) -> None:
+        pass
+
+    def log_extra(self, frames: int) -> dict[str, float]:
+        return {}
+
+    def streams(self) -> dict[str, Streams]:
+        return {}
+
+    def export_params(self) -> tuple[list[str], tuple]:
+        return self.names["params"], self.learn["params"]
+
+
+def _uniform_box(u: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    return low + u * (high - low)
+
+
+def _train_off_policy(pop: Population, algo: OffPolicy, E: int, T: int) -> dict[str, Any]:
+    """The shared off-policy loop: collect ``T`` steps of every member's ``E`` sub-envs into
+    its replay buffer, then ``algo.updates_per_batch`` vmapped learning steps on each
+    member's own samples; evaluate, log, checkpoint; bit-exact resume."""
+    cfg, P, B = pop.cfg, pop.P, E * T
     env = pop.env
     obs = env.reset()["observation"]
     episodes, rb = EpisodeStats(P, E), MemberReplay(cfg.buffer_size)
-    frames, iteration, updates, evals = 0, 0, 0, []
-    metrics = torch.full((P, 2), math.nan)
+    sample_stream = Streams(pop.seeds, _SALT_SHUFFLE)
+    streams = {"sample": sample_stream, **algo.streams()}
+    frames, iteration, updates, learn_batches, evals = 0, 0, 0, 0, []
+    metrics = torch.full((P, len(algo.metric_names)), math.nan)
     saved_state = pop.open()
     if saved_state is not None:
         s_ = saved_state
-        params = tuple(s_["params"][n] for n in names)
-        target = tuple(s_["target"][n] for n in target_names)
-        opt_state = tuple(s_["opt_state"][_dotted(k)] for k in state_keys)
+        algo.learn = {g: tuple(s_["learn"][g][n] for n in algo.names[g]) for g in algo.learn}
         env.set_state(s_["env_state"])
         env.set_rng_state(s_["env_rng"])
         obs = s_["obs"]
         episodes.load(s_)
         rb.load(s_["buffer"])
-        act_stream.counter, sample_stream.counter = int(s_["act_counter"]), int(s_["sample_counter"])
-        frames, iteration, updates = int(s_["frames"]), int(s_["iteration"]), int(s_["updates"])
-        metrics = s_["metrics"]
+        for name, stream in streams.items():
+            stream.counter = int(s_["counters"][name])
+        frames, iteration = int(s_["frames"]), int(s_["iteration"])
+        updates, learn_batches, metrics = int(s_["updates"]), int(s_["learn_batches"]), s_["metrics"]
         evals = [(int(f), r.tolist()) for f, r in zip(s_["eval_frames"].tolist(), s_["eval_returns"])]
 
     def save() -> None:
-        pop.save({"params": dict(zip(names, params)), "target": dict(zip(target_names, target)),
-                  "opt_state": {_dotted(k): v for k, v in zip(state_keys, opt_state)},
+        pop.save({"learn": {g: dict(zip(algo.names[g], leaves)) for g, leaves in algo.learn.items()},
                   "env_state": env.get_state().to_dict(), "env_rng": env.rng_state, "obs": obs.clone(),
-                  **episodes.state(), "buffer": rb.state(), "act_counter": act_stream.counter,
-                  "sample_counter": sample_stream.counter, "updates": updates, "metrics": metrics,
+                  **episodes.state(), "buffer": rb.state(),
+                  "counters": {name: s.counter for name, s in streams.items()},
+                  "updates": updates, "learn_batches": learn_batches, "metrics": metrics,
                   "eval_frames": torch.tensor([f for f, _ in evals], dtype=torch.int64),
                   "eval_returns": [torch.tensor(r) for _, r in evals]}, frames, iteration)
 
     next_eval, next_ckpt = _schedule(frames, cfg.eval.interval), _schedule(frames, cfg.checkpoint.interval)
     t_start, frames0, saved = time.perf_counter(), frames, -1
     while frames < pop.total_frames:
-        # ---- collect: random actions before learning_starts, then epsilon-greedy (epsilon fixed per batch)
+        # ---- collect (random actions before learning_starts) into each member's buffer
         random_phase = frames < cfg.learning_starts
-        eps = cfg.eps_init + (cfg.eps_end - cfg.eps_init) * min(frames / anneal_steps, 1.0)
         with torch.no_grad():
-            def policy(o: Tensor, p: tuple = params, eps: float = eps, random_phase: bool = random_phase
-                       ) -> tuple[Tensor, dict]:
-                u = act_stream.uniform(2 * E)
-                rand = (u[:, E:] * n_actions).to(torch.int64).clamp(max=n_actions - 1)
-                if random_phase:
-                    return rand, {}
-                return torch.where(u[:, :E] < eps, rand, v_greedy(p, o)), {}
-
-            r, obs = _collect(env, obs, T, policy, episodes)
+            r, obs = _collect(env, obs, T, lambda o, f=frames, rp=random_phase: (algo.act(o, f, rp), {}), episodes)
         rb.extend({k: v.reshape(P, B, *v.shape[3:]) for k, v in r.items()})
         frames += B
         iteration += 1
 
-        # ---- gradient_steps vmapped updates on each member's own samples; then the target copy
+        # ---- learning steps, each vmapped over the members, on each member's own samples
         if frames >= cfg.learning_starts:
-            data = tuple(rb.data[k] for k in ("obs", "action", "next_obs", "reward", "terminated", "done"))
-            idx = sample_stream.randint(cfg.gradient_steps * cfg.batch_size, rb.size)
-            for g in range(cfg.gradient_steps):
-                params, opt_state, metrics = v_update(params, target, opt_state, data,
-                                                      idx[:, g * cfg.batch_size:(g + 1) * cfg.batch_size],
-                                                      base["lr"], base["max_grad_norm"])
-            updates += 1
-            if updates % cfg.target_update_interval == 0:
-                target = tuple(p.clone() for p in params)
+            data = tuple(rb.data[k] for k in _TRANSITION)
+            n, bs = algo.updates_per_batch, cfg.batch_size
+            idx = sample_stream.randint(n * bs, rb.size)
+            for g in range(n):
+                metrics = algo.learn_step(data, idx[:, g * bs:(g + 1) * bs], updates)
+                updates += 1
+            learn_batches += 1
+            algo.after_batch(learn_batches)
 
         if iteration % cfg.logger.log_interval == 0:
             fps = (frames - frames0) * pop.M / max(time.perf_counter() - t_start, 1e-9)
-            pop.log(frames, [{"train/loss": float(metrics[k, 0]), "train/grad_norm": float(metrics[k, 1]),
-                              "train/epsilon": eps, "time/fps": fps, "train/return": float(episodes.last_return[k])}
+            extra = algo.log_extra(frames)
+            pop.log(frames, [{**{f"train/{m}": float(metrics[k, i]) for i, m in enumerate(algo.metric_names)},
+                              **extra, "time/fps": fps, "train/return": float(episodes.last_return[k])}
                              for k in range(pop.M)])
         if frames >= next_eval or frames >= pop.total_frames:
-            evals.append((frames, _eval_and_log(pop, frames, lambda o, p=params: v_greedy(p, o))))
+            evals.append((frames, _eval_and_log(pop, frames, algo.greedy)))
             next_eval = _schedule(frames, cfg.eval.interval)
         if frames >= next_ckpt or frames >= pop.total_frames:
             save()
@@ -798,8 +810,389 @@ def train_dqn(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
         save()
     wall = time.perf_counter() - t_start
     pop.close()
-    return _finish(pop, names, params, loss_fn, qnet, evals, frames, (frames - frames0) * pop.M / max(wall, 1e-9),
-                   wall)
+    names, params = algo.export_params()
+    return _finish(pop, names, params, algo.loss_fn, algo.actor, evals, frames,
+                   (frames - frames0) * pop.M / max(wall, 1e-9), wall)
+
+
+def _off_policy_shape(cfg: Any) -> tuple[int, int]:
+    E = cfg.env.num_envs
+    if cfg.frames_per_batch % E:
+        raise ConfigError(f"frames_per_batch ({cfg.frames_per_batch}) must be a multiple of env.num_envs ({E}) "
+                          "with seeds/sweep")
+    return E, cfg.frames_per_batch // E
+
+
+def _row_tensor(pop: Population, field_name: str) -> Tensor:
+    """A per-member float tensor ``[P]`` of a (possibly swept) numeric config field."""
+    def get(mc: Any) -> float:
+        obj = mc
+        for part in field_name.split("."):
+            obj = getattr(obj, part)
+        return float(obj)
+    return torch.tensor([get(mc) for mc in pop.row_cfgs], dtype=torch.float32)
+
+
+class _DQN(OffPolicy):
+    """Epsilon-greedy Q-learning (:class:`~steersman.objectives.DQNLoss`), Adam with
+    global-norm clipping, the target copied every ``target_update_interval`` learning rounds."""
+
+    metric_names = ("loss", "grad_norm")
+
+    def __init__(self, pop: Population) -> None:
+        from steersman.objectives import DQNLoss
+
+        from . import dqn
+
+        cfg = self.cfg = pop.cfg
+        losses = []
+        for mc in pop.row_cfgs:  # each member's Q-network (and its target copy), as dqn.train builds them
+            seed_everything(mc.seed)
+            shape_env = pop.shape_env(mc)
+            losses.append(DQNLoss(dqn.make_policy(mc, shape_env), loss_function=cfg.loss_function, delay_value=True,
+                                  double_dqn=cfg.double_dqn, action_space=shape_env.action_spec))
+        loss_fn = self.loss_fn = losses[0]
+        loss_fn.make_value_estimator(gamma=cfg.gamma)
+        self.actor = loss_fn.value_network
+        q_module = self.actor.module[0].module  # obs -> action values
+        st = Stacked(losses, loss_fn)
+        g = _split(st, {"params": lambda n: n.startswith("value_network."),
+                        "target": lambda n: n.startswith("target_value_network.")})
+        keys, target_keys = g["params"][0], g["target"][0]
+        adam = optim.Adam(lr=1.0)
+        state_keys, opt_state = st.opt_init(adam, keys, g["params"][2])
+        self.names = {"params": g["params"][1], "target": g["target"][1], "opt": [_dotted(k) for k in state_keys]}
+        self.learn = {"params": g["params"][2], "target": g["target"][2], "opt": opt_state}
+        self.lr, self.max_norm = _row_tensor(pop, "optim.lr"), _row_tensor(pop, "optim.max_grad_norm")
+        self.n_actions = action_spec_unbatched(pop.env).n
+        self.anneal_steps = max(int(cfg.exploration_fraction * cfg.total_frames), 1)
+        self.updates_per_batch = cfg.gradient_steps
+        self.act_stream = Streams(pop.seeds, _SALT_ACTIONS)
+
+        def greedy(p: tuple, obs: Tensor) -> Tensor:
+            with st.swapped(p, keys):
+                return q_module(obs).argmax(-1)
+
+        def update(p: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
+            mb = _minibatch(data, idx)
+
+            def loss_of(q: tuple):
+                with st.swapped(q + tgt, keys + target_keys):
+                    out = loss_fn(mb)
+                return out["loss"], out["loss"].detach()
+
+            grads, (_, loss) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
+            new_p, new_s, grad_norm = _opt_step(optim.Adam(lr=lr), keys, state_keys, p, grads, s, max_norm)
+            return new_p, new_s, torch.stack([loss, grad_norm])
+
+        self.v_greedy, self.v_update = torch.vmap(greedy), pop.vmapped(update, "DQN update")
+
+    def epsilon(self, frames: int) -> float:
+        c = self.cfg
+        return c.eps_init + (c.eps_end - c.eps_init) * min(frames / self.anneal_steps, 1.0)
+
+    def act(self, obs: Tensor, frames: int, random_phase: bool) -> Tensor:
+        E = obs.shape[1]
+        u = self.act_stream.uniform(2 * E)
+        rand = (u[:, E:] * self.n_actions).to(torch.int64).clamp(max=self.n_actions - 1)
+        if random_phase:
+            return rand
+        return torch.where(u[:, :E] < self.epsilon(frames), rand, self.v_greedy(self.learn["params"], obs))
+
+    def greedy(self, obs: Tensor) -> Tensor:
+        return self.v_greedy(self.learn["params"], obs)
+
+    def learn_step(self, data: tuple, idx: Tensor, n_update: int) -> Tensor:
+        L = self.learn
+        p, s, metrics = self.v_update(L["params"], L["target"], L["opt"], data, idx, self.lr, self.max_norm)
+        self.learn = {**L, "params": p, "opt": s}
+        return metrics
+
+    def after_batch(self, learn_batches: int) -> None:
+        if learn_batches % self.cfg.target_update_interval == 0:
+            self.learn = {**self.learn, "target": tuple(p.clone() for p in self.learn["params"])}
+
+    def log_extra(self, frames: int) -> dict[str, float]:
+        return {"train/epsilon": self.epsilon(frames)}
+
+    def streams(self) -> dict[str, Streams]:
+        return {"actions": self.act_stream}
+
+
+def train_dqn(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains the population of ``cfg`` (a DQNConfig with ``seeds`` and ``sweep``) into
+    ``run_dir``: epsilon-greedy collection into a replay buffer per member, then
+    ``gradient_steps`` vmapped updates of :class:`~steersman.objectives.DQNLoss`, target
+    copied every ``target_update_interval`` batches; returns the summary."""
+    E, T = _off_policy_shape(cfg)
+    pop = Population("dqn", cfg, run_dir, resume=resume, batch_frames=E * T)
+    return _train_off_policy(pop, _DQN(pop), E, T)
+
+
+class GivenNoiseTanhNormal(TanhNormal):
+    """:class:`~steersman.tensordict.nn.TanhNormal` whose ``rsample`` uses the standard
+    normal draws ``eps`` it is given (a member's counter-based stream) instead of
+    ``torch.randn``: ``m + r * tanh(loc + scale * eps)``. Everything else is TanhNormal's."""
+
+    def __init__(self, loc: Tensor, scale: Tensor, eps: Tensor, **kwargs: Any) -> None:
+        super().__init__(loc, scale, **kwargs)
+        self.eps = eps
+
+    def rsample(self, sample_shape: Any = torch.Size()) -> Tensor:
+        if tuple(sample_shape):
+            raise ValueError("GivenNoiseTanhNormal draws exactly one sample per given noise (sample_shape=())")
+        return self._squash(self.loc + self.scale * self.eps)
+
+
+def _normals(stream: Streams, shape: tuple[int, ...]) -> Tensor:
+    """``[M, *shape]`` standard normal draws (Box-Muller on two uniforms each)."""
+    n = math.prod(shape)
+    u = stream.uniform(2 * n)
+    z = torch.sqrt(-2.0 * torch.log1p(-u[:, :n])) * torch.cos((2 * math.pi) * u[:, n:])
+    return z.reshape(-1, *shape)
+
+
+class _SAC(OffPolicy):
+    """Soft actor-critic (:class:`~steersman.objectives.SACLoss`, continuous actions): one
+    Adam step on actor + twin critics + temperature, then the soft target update, in one
+    vmapped function; the policy's noise comes from each member's own stream."""
+
+    metric_names = ("loss_actor", "loss_qvalue", "alpha", "entropy")
+
+    def __init__(self, pop: Population) -> None:
+        from steersman.modules import ProbabilisticActor
+        from steersman.objectives.sac import SACLoss
+
+        from . import sac
+
+        cfg = self.cfg = pop.cfg
+        box = action_spec_unbatched(pop.env)
+        self.low, self.high, self.act_dim = box.low, box.high, box.shape[-1]
+        target_entropy = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
+        losses = []
+        for mc in pop.row_cfgs:  # as sac.train builds them, the actor's noise given (key "noise")
+            seed_everything(mc.seed)
+            shape_env = pop.shape_env(mc)
+            plain, qvalue = sac.make_policy(mc, shape_env), sac.make_qvalue(mc, shape_env)
+            actor = ProbabilisticActor(plain.module[0], in_keys={"loc": "loc", "scale": "scale", "eps": "noise"},
+                                       spec=box, distribution_class=GivenNoiseTanhNormal)
+            losses.append(SACLoss(actor, qvalue, action_spec=box, loss_function=cfg.loss_function,
+                                  alpha_init=cfg.alpha_init, target_entropy=target_entropy))
+        loss_fn = self.loss_fn = losses[0]
+        loss_fn.make_value_estimator(gamma=cfg.gamma)
+        self.actor = sac.make_policy(cfg, pop.shape_env(cfg))  # exported: the recipe's own actor class
+        self._noisy_actor = loss_fn.actor_network
+        loc_scale = loss_fn.actor_network.module[0]  # "observation" -> "loc", "scale"
+        st = Stacked(losses, loss_fn)
+        trainable = {n for n, p in loss_fn.named_parameters() if p.requires_grad}
+        g = _split(st, {"params": lambda n: n in trainable, "target": lambda n: n.startswith("target_")})
+        keys, target_keys = g["params"][0], g["target"][0]
+        state_keys, opt_state = st.opt_init(optim.Adam(lr=1.0), keys, g["params"][2])
+        self.names = {"params": g["params"][1], "target": g["target"][1], "opt": [_dotted(k) for k in state_keys]}
+        self.learn = {"params": g["params"][2], "target": g["target"][2], "opt": opt_state}
+        self.lr, tau = _row_tensor(pop, "optim.lr"), cfg.tau
+        self.updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
+        self.act_stream, self.noise_stream = Streams(pop.seeds, _SALT_ACTIONS), Streams(pop.seeds, _SALT_NOISE)
+        mid, half = (box.high + box.low) / 2, (box.high - box.low) / 2
+
+        def sample(p: tuple, obs: Tensor, eps: Tensor) -> Tensor:
+            with st.swapped(p, keys):
+                td = loc_scale(TensorDict({"observation": obs}, obs.shape[:1]))
+            return mid + half * torch.tanh(td["loc"] + td["scale"] * eps)
+
+        def mode(p: tuple, obs: Tensor) -> Tensor:
+            with st.swapped(p, keys):
+                return mid + half * torch.tanh(loc_scale(TensorDict({"observation": obs}, obs.shape[:1]))["loc"])
+
+        def update(p: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, noise: Tensor, lr: Tensor):
+            mb = _minibatch(data, idx, noise=noise[0], next_noise=noise[1])
+
+            def loss_of(q: tuple):
+                with st.swapped(q + tgt, keys + target_keys):
+                    out = loss_fn(mb)
+                total = out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]
+                return total, torch.stack([out["loss_actor"], out["loss_qvalue"], out["alpha"],
+                                           out["entropy"]]).detach()
+
+            grads, (_, m) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
+            new_p, new_s, _ = _opt_step(optim.Adam(lr=lr), keys, state_keys, p, grads, s, None)
+            new_t = _soft_update(keys, new_p, target_keys, tgt, tau)
+            return new_p, new_t, new_s, m
+
+        self.v_sample, self.v_mode = torch.vmap(sample), torch.vmap(mode)
+        self.v_update = pop.vmapped(update, "SAC update")
+
+    def act(self, obs: Tensor, frames: int, random_phase: bool) -> Tensor:
+        E = obs.shape[1]
+        if random_phase:
+            u = self.act_stream.uniform(E * self.act_dim).reshape(-1, E, self.act_dim)
+            return _uniform_box(u, self.low, self.high)
+        return self.v_sample(self.learn["params"], obs, _normals(self.act_stream, (E, self.act_dim)))
+
+    def greedy(self, obs: Tensor) -> Tensor:
+        return self.v_mode(self.learn["params"], obs)
+
+    def learn_step(self, data: tuple, idx: Tensor, n_update: int) -> Tensor:
+        L = self.learn
+        noise = _normals(self.noise_stream, (2, idx.shape[1], self.act_dim))
+        p, t, s, metrics = self.v_update(L["params"], L["target"], L["opt"], data, idx, noise, self.lr)
+        self.learn = {"params": p, "target": t, "opt": s}
+        return metrics
+
+    def streams(self) -> dict[str, Streams]:
+        return {"actions": self.act_stream, "noise": self.noise_stream}
+
+    def export_params(self) -> tuple[list[str], tuple]:
+        names = [n for n in self.names["params"] if n.startswith("actor_network.")]
+        leaves = tuple(v for n, v in zip(self.names["params"], self.learn["params"]) if n.startswith("actor_network."))
+        return names, leaves
+
+
+def _soft_update(keys: list, params: tuple, target_keys: list, target: tuple, tau: float) -> tuple:
+    """``target <- (1 - tau) * target + tau * online`` for each ``target_<name>`` leaf (as SoftUpdate)."""
+    online = dict(zip(keys, params))
+    out = []
+    for k, t in zip(target_keys, target):
+        src = online.get((k[0].removeprefix("target_"), *k[1:]))
+        out.append(t if src is None else t.lerp(src, tau))  # (buffers, e.g. an action box, stay)
+    return tuple(out)
+
+
+class _TD3(OffPolicy):
+    """TD3 (:class:`~steersman.objectives.TD3Loss`): a critic step every update; every
+    ``policy_delay``-th one also the actor step and the soft target update (two vmapped
+    functions); exploration and target-smoothing noise from each member's own stream."""
+
+    metric_names = ("loss_qvalue", "loss_actor")
+
+    def __init__(self, pop: Population) -> None:
+
+        from . import td3
+
+        cfg = self.cfg = pop.cfg
+        box = td3.action_box(pop.env)
+        self.low, self.high, self.act_dim = box.low, box.high, box.shape[-1]
+        self.sigma = cfg.exploration_noise * float((box.high - box.low).max()) / 2  # as td3.train
+        losses = []
+        for mc in pop.row_cfgs:
+            seed_everything(mc.seed)
+            shape_env = pop.shape_env(mc)
+            losses.append(_GivenNoiseTD3Loss(td3.make_policy(mc, shape_env), td3.make_qvalue(mc, shape_env),
+                                             action_spec=box, policy_noise=cfg.policy_noise,
+                                             noise_clip=cfg.noise_clip, loss_function="l2"))
+        loss_fn = self.loss_fn = losses[0]
+        loss_fn.make_value_estimator(gamma=cfg.gamma)
+        self.actor = loss_fn.actor_network
+        st = Stacked(losses, loss_fn)
+        trainable = {n for n, p in loss_fn.named_parameters() if p.requires_grad}
+        g = _split(st, {"params": lambda n: n in trainable, "target": lambda n: n.startswith("target_")})
+        keys, target_keys = g["params"][0], g["target"][0]
+        critic_i = [i for i, k in enumerate(keys) if k[0] == "qvalue_network_params"]
+        actor_i = [i for i, k in enumerate(keys) if k[0] == "actor_network"]
+        ck, ak = [keys[i] for i in critic_i], [keys[i] for i in actor_i]
+        adam = optim.Adam(lr=1.0)
+        c_state_keys, c_state = st.opt_init(adam, ck, tuple(g["params"][2][i] for i in critic_i))
+        a_state_keys, a_state = st.opt_init(adam, ak, tuple(g["params"][2][i] for i in actor_i))
+        self.names = {"critic": [_dotted(k) for k in ck], "actor": [_dotted(k) for k in ak], "target": g["target"][1],
+                      "opt_critic": [_dotted(k) for k in c_state_keys], "opt_actor": [_dotted(k) for k in a_state_keys]}
+        self.learn = {"critic": tuple(g["params"][2][i] for i in critic_i),
+                      "actor": tuple(g["params"][2][i] for i in actor_i), "target": g["target"][2],
+                      "opt_critic": c_state, "opt_actor": a_state}
+        self.lr, tau = _row_tensor(pop, "optim.lr"), cfg.tau
+        self.updates_per_batch = max(int(cfg.frames_per_batch * cfg.utd_ratio), 1)
+        self.act_stream, self.noise_stream = Streams(pop.seeds, _SALT_ACTIONS), Streams(pop.seeds, _SALT_NOISE)
+        actor_module = loss_fn.actor_network.module  # obs -> action in the box
+
+        def mode(a: tuple, obs: Tensor) -> Tensor:
+            with st.swapped(a, ak):
+                return actor_module(obs)
+
+        def critic_step(c: tuple, a: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, noise: Tensor, lr: Tensor):
+            mb = _minibatch(data, idx)
+
+            def loss_of(q: tuple):
+                with st.swapped(q + a + tgt, ck + ak + target_keys):
+                    loss_fn.given_noise = noise
+                    loss, _ = loss_fn.value_loss(mb)
+                return loss, loss.detach()
+
+            grads, (_, loss) = torch.func.grad_and_value(loss_of, has_aux=True)(c)
+            new_c, new_s, _ = _opt_step(optim.Adam(lr=lr), ck, c_state_keys, c, grads, s, None)
+            return new_c, new_s, loss
+
+        def actor_step(c: tuple, a: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor):
+            mb = _minibatch(data, idx)
+
+            def loss_of(x: tuple):
+                with st.swapped(c + x, ck + ak):
+                    loss, _ = loss_fn.actor_loss(mb)
+                return loss, loss.detach()
+
+            grads, (_, loss) = torch.func.grad_and_value(loss_of, has_aux=True)(a)
+            new_a, new_s, _ = _opt_step(optim.Adam(lr=lr), ak, a_state_keys, a, grads, s, None)
+            new_t = _soft_update(ck + ak, c + new_a, target_keys, tgt, tau)
+            return new_a, new_s, new_t, loss
+
+        self.v_mode = torch.vmap(mode)
+        self.v_critic = pop.vmapped(critic_step, "TD3 critic update")
+        self.v_actor = pop.vmapped(actor_step, "TD3 actor update")
+        self._loss_actor = torch.full((pop.P,), math.nan)
+
+    def act(self, obs: Tensor, frames: int, random_phase: bool) -> Tensor:
+        E = obs.shape[1]
+        if random_phase:
+            u = self.act_stream.uniform(E * self.act_dim).reshape(-1, E, self.act_dim)
+            return _uniform_box(u, self.low, self.high)
+        noise = _normals(self.act_stream, (E, self.act_dim)) * self.sigma
+        return torch.maximum(torch.minimum(self.v_mode(self.learn["actor"], obs) + noise, self.high), self.low)
+
+    def greedy(self, obs: Tensor) -> Tensor:
+        return self.v_mode(self.learn["actor"], obs)
+
+    def learn_step(self, data: tuple, idx: Tensor, n_update: int) -> Tensor:
+        L = dict(self.learn)
+        noise = _normals(self.noise_stream, (idx.shape[1], self.act_dim))
+        L["critic"], L["opt_critic"], loss_q = self.v_critic(L["critic"], L["actor"], L["target"], L["opt_critic"],
+                                                             data, idx, noise, self.lr)
+        if (n_update + 1) % self.cfg.policy_delay == 0:  # delayed actor and target updates (as td3.train)
+            L["actor"], L["opt_actor"], L["target"], self._loss_actor = self.v_actor(
+                L["critic"], L["actor"], L["target"], L["opt_actor"], data, idx, self.lr)
+        self.learn = L
+        return torch.stack([loss_q, self._loss_actor], -1)
+
+    def streams(self) -> dict[str, Streams]:
+        return {"actions": self.act_stream, "noise": self.noise_stream}
+
+    def export_params(self) -> tuple[list[str], tuple]:
+        return self.names["actor"], self.learn["actor"]
+
+
+def train_sac(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains the population of ``cfg`` (a SACConfig with ``seeds`` and ``sweep``, a
+    continuous-action native env) into ``run_dir``; returns the summary."""
+    E, T = _off_policy_shape(cfg)
+    pop = Population("sac", cfg, run_dir, resume=resume, batch_frames=E * T, discrete=False)
+    if isinstance(action_spec_unbatched(pop.env), Categorical):
+        raise ConfigError(f"SAC seeds/sweep support continuous-action envs; {cfg.env.name} has discrete actions")
+    return _train_off_policy(pop, _SAC(pop), E, T)
+
+
+def train_td3(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """Trains the population of ``cfg`` (a TD3Config with ``seeds`` and ``sweep``, a
+    continuous-action native env) into ``run_dir``; returns the summary."""
+    E, T = _off_policy_shape(cfg)
+    pop = Population("td3", cfg, run_dir, resume=resume, batch_frames=E * T, discrete=False)
+    return _train_off_policy(pop, _TD3(pop), E, T)
+
+
+class _GivenNoiseTD3Loss(TD3Loss):
+    """TD3Loss whose target-smoothing noise is the standard normal draw ``given_noise``
+    (set before each ``value_loss``; a member's counter-based stream) instead of ``randn``."""
+
+    given_noise: Tensor
+
+    def _smoothing_noise(self, action: Tensor) -> Tensor:
+        return (self.given_noise.expand_as(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
 
 
 def _leaves_of(td: Any, keys: list | None = None) -> tuple[Tensor, ...]:

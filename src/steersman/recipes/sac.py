@@ -112,6 +112,10 @@ class SACConfig:
     """Env-specific defaults: auto (MuJoCo settings for gym MuJoCo ids), mujoco (always) or none."""
     seed: int = 0
     """Seed of torch, numpy, random and the envs."""
+    seeds: int = 1
+    """Agents trained at once in this process, seeds seed..seed+seeds-1 (> 1: recipes/multiseed.py, one vmapped update)."""
+    sweep: dict[str, Any] = field(default_factory=dict)
+    """Per-member values of numeric settings, e.g. sweep.optim.lr=[1e-3,3e-4]: every combination x seeds, in one process."""
     num_threads: int = 1
     """torch CPU threads (1 is fastest for small networks; 0: torch's default)."""
     quiet: bool = False
@@ -175,6 +179,10 @@ def make_qvalue(cfg: SACConfig, env: EnvBase) -> nn.Module:
 def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False) -> dict[str, Any]:
     """Trains SAC as configured, writing ``run_dir``; returns the run's summary."""
     cfg = resolve_preset(cfg if cfg is not None else SACConfig())
+    if cfg.seeds != 1 or cfg.sweep:  # many agents in one process (seeds < 1 is refused there)
+        from . import multiseed
+
+        return multiseed.train_sac(cfg, run_dir, resume=resume)
     env, eval_env = setup(cfg)
     actor, qvalue = make_policy(cfg, env), make_qvalue(cfg, env)
     target_entropy = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
