@@ -6,8 +6,8 @@
 * ``vmas/<scenario>``: a VMAS scenario (``vmas/navigation``, ``vmas/balance``...), batched
   and in torch (needs ``vmas``: ``pip install steersman[vmas]``);
 * ``pettingzoo/<task>``: a PettingZoo parallel env (``pettingzoo/sisl/multiwalker_v9``...),
-  ``num_envs`` copies stepped in turn by a :class:`~steersman.envs.SerialEnv` (needs
-  ``pettingzoo`` and the task's own extras).
+  ``num_envs`` copies stepped in turn by a :class:`~steersman.envs.SerialEnv`, every agent
+  in the group ``"agents"`` (needs ``pettingzoo`` and the task's own extras).
 
 Every env has the layout the recipes read: one group ``"agents"`` (``env.group_map``)
 holding ``("agents", "observation")`` ``[num_envs, n_agents, obs_dim]``, the actions and
@@ -99,17 +99,34 @@ def make_marl_env(
                            max_steps=max_steps, seed=seed, device=device, n_agents=n_agents)
         except ImportError as err:
             raise ConfigError(f"env.name={name}: {err}") from None
-    task = name[len("pettingzoo/"):]
-    try:
-        from steersman.envs import SerialEnv
-        from steersman.envs.libs.pettingzoo import PettingZooEnv
+    return _pettingzoo(name, num_envs, seed, max_steps=max_steps, categorical_actions=categorical_actions,
+                       device=device)
 
-        make = functools.partial(PettingZooEnv, task, parallel=True, categorical_actions=categorical_actions,
-                                 return_state=True, device=device)
-        make().close()  # a missing package or unknown task fails here, in one line
-    except (ImportError, ValueError, ModuleNotFoundError) as err:
+
+def _pettingzoo(name: str, num_envs: int, seed: int | None, *, max_steps: int | None, categorical_actions: bool,
+                device: Any) -> EnvBase:
+    """``num_envs`` copies of a PettingZoo parallel task in a :class:`~steersman.envs.SerialEnv`,
+    every agent in the group ``"agents"``; ``max_steps`` is the task's ``max_cycles``
+    where it takes one (MPE, SISL, butterfly), else the task's own episode end."""
+    from steersman.envs import MarlGroupMapType, SerialEnv
+    from steersman.envs.libs.pettingzoo import PettingZooEnv
+
+    task = name[len("pettingzoo/"):]
+    kw = dict(parallel=True, categorical_actions=categorical_actions, return_state=True, device=device,
+              group_map=MarlGroupMapType.ALL_IN_ONE_GROUP)
+    env_kwargs = {"max_cycles": max_steps} if max_steps is not None else {}
+    try:
+        try:
+            probe = PettingZooEnv(task, env_kwargs=env_kwargs, **kw)
+        except TypeError:  # a task without max_cycles (classic games)
+            env_kwargs = {}
+            probe = PettingZooEnv(task, **kw)
+    except (ImportError, ValueError, ModuleNotFoundError) as err:  # a missing package or unknown task: one line
         raise ConfigError(f"env.name={name}: {err}") from None
-    env = SerialEnv(num_envs, make)
+    group_map = probe.group_map
+    probe.close()
+    env = SerialEnv(num_envs, functools.partial(PettingZooEnv, task, env_kwargs=env_kwargs, **kw))
+    env.group_map = group_map  # the sub-envs' grouping (what the recipes check)
     if seed is not None:
         env.set_seed(seed)
     return env
