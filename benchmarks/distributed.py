@@ -22,6 +22,7 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -130,8 +131,10 @@ def bench_collect(n: int, frames: int, fpb: int) -> tuple[float, float]:
     return local_fps, ray_fps
 
 
-def bench_broadcast(n_actors: int = 4, reps: int = 20) -> tuple[int, float]:
-    """ms per update of a ~1M-parameter policy: put once + every actor has loaded it."""
+def bench_broadcast(n_actors: int = 4, reps: int = 20) -> dict[str, float]:
+    """ms per update of a ~1M-parameter policy: put once + every actor has loaded it, for
+    the previous message (a dict of one NumPy array per tensor) and the current one (one
+    flat byte buffer + its layout); plus the floor: an empty call to the 4 actors."""
     import ray
 
     class Holder(nn.Module):
@@ -148,36 +151,68 @@ def bench_broadcast(n_actors: int = 4, reps: int = 20) -> tuple[int, float]:
                              remote_configs={"num_cpus": 0.25})
     try:
         policy = collector.policy
-        n_params = sum(p.numel() for p in policy.parameters())
+        out = {"params": sum(p.numel() for p in policy.parameters())}
+
+        def per_tensor() -> Any:  # the message before: one array per tensor
+            return ray.put({k: v.detach().numpy() for k, v in policy.state_dict().items()})
+
+        def flat() -> Any:  # the message now
+            collector.update_policy_weights_()
+            return collector._weights_ref
+
+        for name, make in (("per_tensor", per_tensor), ("flat", flat), ("per_tensor", per_tensor), ("flat", flat)):
+            times, put_times = [], []
+            for k in range(reps):
+                with torch.no_grad():
+                    policy.net[0].bias.fill_(k)
+                t = time.perf_counter()
+                ref = make()
+                put_times.append(time.perf_counter() - t)
+                version = 10_000 + len(times) + 100 * len(out)  # always newer: every actor loads it
+                ray.get([a._apply_weights.remote([version, ref]) for a in collector._actors])
+                times.append(time.perf_counter() - t)
+            out[name] = 1e3 * statistics.median(times[2:])  # the second round of each wins (warm)
+            out[name + "_put"] = 1e3 * statistics.median(put_times[2:])
         times = []
-        for k in range(reps):
-            with torch.no_grad():
-                policy.net[0].bias.fill_(k)
+        for _ in range(reps):
             t = time.perf_counter()
-            v = collector.update_policy_weights_()
-            ray.get([a._apply_weights.remote([v, collector._weights_ref]) for a in collector._actors])
+            ray.get([a.ping.remote() for a in collector._actors])
             times.append(time.perf_counter() - t)
-        return n_params, 1e3 * statistics.median(times[2:])
+        out["empty_call"] = 1e3 * statistics.median(times[2:])
+        return out
     finally:
         collector.shutdown()
 
 
-def bench_buffer(reps: int = 50) -> tuple[float, float]:
+def bench_buffer(reps: int = 50) -> dict[str, float]:
+    """ms per ``sample(256)`` and per ``extend(1000 transitions)``: waiting for each call
+    (the protocol before) against prefetch=4 / writes in flight (now), in one run."""
     rb = RayReplayBuffer(storage=LazyTensorStorage(100_000), batch_size=256)
     try:
         data = TensorDict({"observation": torch.randn(1000, 4), "action": torch.randn(1000, 1),
                            ("next", "observation"): torch.randn(1000, 4), ("next", "reward"): torch.randn(1000, 1),
                            ("next", "done"): torch.zeros(1000, 1, dtype=torch.bool)}, [1000])
-        ext, smp = [], []
-        for _ in range(reps):
-            t = time.perf_counter()
-            rb.extend(data)
-            ext.append(time.perf_counter() - t)
-        for _ in range(reps):
-            t = time.perf_counter()
-            rb.sample(256)
-            smp.append(time.perf_counter() - t)
-        return 1e3 * statistics.median(smp), 1e3 * statistics.median(ext)
+        out = {}
+        for _ in range(2):  # the second round is reported (warm)
+            for mode, pending, prefetch in (("wait", 0, 0), ("async", 8, 4)):
+                rb.max_pending_writes, rb.prefetch = pending, prefetch
+                ext, smp = [], []
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    rb.extend(data)
+                    ext.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                rb.flush()
+                flush = time.perf_counter() - t
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    rb.sample(256)
+                    smp.append(time.perf_counter() - t)
+                out[f"extend_{mode}"] = 1e3 * statistics.median(ext)
+                out[f"extend_{mode}_mean_with_flush"] = 1e3 * (sum(ext) + flush) / reps
+                out[f"sample_{mode}"] = 1e3 * statistics.median(smp)
+                out[f"sample_{mode}_mean"] = 1e3 * statistics.mean(smp)
+        return out
     finally:
         rb.shutdown()
 
@@ -201,10 +236,17 @@ def main() -> None:
     print(f"collect, {args.collectors} collectors, CartPole[16], {args.frames_per_batch} frames/batch: "
           f"local MultiSync {local_fps:,.0f} frames/s, RayCollector {ray_fps:,.0f} frames/s, "
           f"ratio {ray_fps / local_fps:.2f}")
-    n_params, ms = bench_broadcast()
-    print(f"weight broadcast, {n_params / 1e6:.2f}M params to 4 actors: {ms:.1f} ms/update")
-    s_ms, e_ms = bench_buffer()
-    print(f"RayReplayBuffer: sample(256) {s_ms:.2f} ms, extend(1000) {e_ms:.2f} ms")
+    b = bench_broadcast()
+    print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms/update (put): one array per tensor "
+          f"{b['per_tensor']:.1f} ({b['per_tensor_put']:.1f}), one flat buffer {b['flat']:.1f} ({b['flat_put']:.1f}); "
+          f"ratio {b['per_tensor'] / b['flat']:.2f}x; floor (empty call to the 4 actors) {b['empty_call']:.1f}")
+    r = bench_buffer()
+    print(f"RayReplayBuffer sample(256), ms median (mean): waiting {r['sample_wait']:.2f} ({r['sample_wait_mean']:.2f}), "
+          f"prefetch=4 {r['sample_async']:.2f} ({r['sample_async_mean']:.2f}); ratio "
+          f"{r['sample_wait'] / r['sample_async']:.1f}x")
+    print(f"RayReplayBuffer extend(1000), ms median (mean incl. final flush): waiting {r['extend_wait']:.2f} "
+          f"({r['extend_wait_mean_with_flush']:.2f}), in flight {r['extend_async']:.2f} "
+          f"({r['extend_async_mean_with_flush']:.2f}); ratio {r['extend_wait'] / r['extend_async']:.1f}x")
 
 
 if __name__ == "__main__":

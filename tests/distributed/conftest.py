@@ -1,7 +1,9 @@
-"""One local Ray cluster of three 1-CPU "nodes" per test module (real Ray, no mocks).
+"""One local Ray cluster of two 1-CPU "nodes" for the whole session (real Ray, no mocks).
 
-Each node is a separate raylet with its own object store, so actors asking for one CPU
-land on different nodes, as on a real cluster. Tests that need it take ``ray_cluster``.
+Each node is a separate raylet with its own object store, so two actors asking for one
+CPU each land on different nodes, as on a real cluster. Tests that need it take
+``ray_cluster``. Starting nodes and actor processes (each imports torch) is what costs
+time here: the tests share this cluster and start as few actors as what they prove needs.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ ray = pytest.importorskip("ray", reason="the distributed tests need the ray extr
 STORE = 80 * 2**20  # per node: Ray's minimum is 75 MiB
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster():
     from ray.cluster_utils import Cluster
 
+    # workers at the driver's priority (Ray's default niceness 15 starves the actors on a busy machine)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE,
-                                                             "include_dashboard": False})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, object_store_memory=STORE)
+                                                             "include_dashboard": False,
+                                                             "_system_config": {"worker_niceness": 0}})
+    cluster.add_node(num_cpus=1, object_store_memory=STORE)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         yield cluster

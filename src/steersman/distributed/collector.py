@@ -70,6 +70,32 @@ def _episode_returns(batch: TensorDictBase, carry: torch.Tensor | None) -> tuple
     return out, carry
 
 
+_FLAT = "steersman-flat-weights"
+_ALIGN = 64  # byte offsets of the tensors in the flat buffer (any dtype can view its slice)
+
+
+def _layout(weights: dict) -> list[tuple[str, torch.dtype, tuple, int, int]] | None:
+    """``(name, dtype, shape, byte offset, bytes)`` of every tensor of a flat ``state_dict``
+    packed in one buffer; None if it holds anything else."""
+    out, offset = [], 0
+    for name, t in weights.items():
+        if not isinstance(t, torch.Tensor) or t.is_sparse or t.is_quantized:
+            return None
+        nbytes = t.numel() * t.element_size()
+        out.append((name, t.dtype, tuple(t.shape), offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    return out
+
+
+def _unpack(packed: tuple) -> dict[str, torch.Tensor]:
+    """The tensors of a flat buffer (read-only views of the object store: no copy here)."""
+    _, layout, array = packed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": only read
+        flat = torch.from_numpy(array)
+    return {name: flat[off:off + nbytes].view(dtype).view(shape) for name, dtype, shape, off, nbytes in layout}
+
+
 class _CollectorActor:
     """Runs one steersman collector in a Ray actor (the Ray options are set by RayCollector)."""
 
@@ -114,7 +140,9 @@ class _CollectorActor:
 
         if weights is not None and weights[0] > self.version:
             w = ray.get(weights[1])
-            if isinstance(w, dict):  # read-only views of the object store, copied into the policy
+            if isinstance(w, tuple) and w and w[0] == _FLAT:  # one buffer: views of it, copied into the policy
+                w = _unpack(w)
+            elif isinstance(w, dict):  # read-only views of the object store, copied into the policy
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)  # "non-writable array": only read here
                     w = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in w.items()}
@@ -511,12 +539,29 @@ class RayCollector:
             src = src.state_dict()
         if isinstance(src, TensorDictBase):
             src = src.detach().cpu()
-        else:  # numpy arrays: actors on the node read them from the object store without a copy
-            src = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 else v
-                   for k, v in src.items()}
+        else:
+            src = self._pack(src)
         self._weights_ref = ray.put(src)
         self._version += 1
         return self._version
+
+    def _pack(self, weights: dict) -> Any:
+        """A ``state_dict`` as one contiguous byte buffer (NumPy: actors on a node read it from
+        the object store without a copy, and it is serialised as one block, not per tensor)
+        plus its layout; the buffer is reused while the layout stays the same."""
+        key = tuple((k, v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else (k, id(v))
+                    for k, v in weights.items())
+        cache = getattr(self, "_pack_cache", None)
+        if cache is None or cache[0] != key:
+            layout = _layout(weights)
+            if layout is None:  # something else than tensors: sent as is
+                return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in weights.items()}
+            size = layout[-1][3] + layout[-1][4] if layout else 0
+            cache = self._pack_cache = (key, layout, torch.empty(size, dtype=torch.uint8))
+        _, layout, buf = cache
+        for (_, _, _, off, nbytes), t in zip(layout, weights.values()):
+            buf[off:off + nbytes].copy_(t.detach().reshape(-1).cpu().view(torch.uint8))
+        return (_FLAT, layout, buf.numpy())
 
     @property
     def policy_version(self) -> int:

@@ -13,6 +13,12 @@ the latest checkpoint; the handle then reports (a warning, and
 checkpoint were lost. Collector actors write with a ``(writer id, sequence number)``
 tag, and the buffer keeps the last number per writer with its checkpoints: a batch is
 never stored twice, even when a collector is restarted after writing it.
+
+Latency: ``extend`` does not wait for the actor (at most ``max_pending_writes`` writes
+in flight; Ray runs one handle's calls in order, so a later ``sample``/``len`` sees
+them); a write the actor died on is sent again with the same tag. With ``prefetch=k``
+the next ``k`` samples are requested while the learner works on the current one
+(TorchRL's ``prefetch``), so ``sample`` rarely waits for a round trip.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import time
 import uuid
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +71,15 @@ class _BufferActor:
         self._maybe_dump()
         return True, self.rb.write_count
 
-    def add(self, data: Any) -> int:
+    def add(self, data: Any, writer: str | None = None, seq: int | None = None) -> tuple[bool, int, Any]:
+        """Stores one item unless ``(writer, seq)`` was stored; returns ``(stored, write_count, index)``."""
+        if writer is not None:
+            if self.ledger.get(writer, -1) >= seq:
+                return False, self.rb.write_count, None
+            self.ledger[writer] = seq
         index = self.rb.add(data)
         self._maybe_dump()
-        return index
+        return True, self.rb.write_count, index
 
     def _maybe_dump(self) -> None:
         if self.ckpt_dir is not None and self.interval > 0 and self.rb.write_count - self._last_dump >= self.interval:
@@ -128,6 +140,13 @@ class RayReplayBuffer:
         checkpoint_interval: transitions written between two checkpoints (0: none).
         max_restarts: times Ray restarts the actor after it dies (it reloads the latest
             checkpoint).
+        prefetch: samples requested ahead (TorchRL's name; None or 0: none). A prefetched
+            batch was drawn when it was requested: it misses data written after that, and
+            (prioritized sampling) priority updates sent after that, as in Ape-X's learner.
+            Another ``batch_size``/``return_info``, ``empty`` or ``loads`` drops it.
+        max_pending_writes: ``extend``/``add`` calls in flight before ``extend`` waits for
+            the oldest (0: every call waits for the actor). An error of a write that did
+            not wait is raised by the next ``extend``, ``add`` or :meth:`flush`.
         ray_init_config: passed to :func:`~steersman.distributed.init_ray` if Ray is not
             running yet.
 
@@ -149,8 +168,12 @@ class RayReplayBuffer:
 
     def __init__(self, *, replay_buffer_cls: type = TensorDictReplayBuffer, remote_config: dict | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_interval: int = 0, max_restarts: int = 3,
-                 ray_init_config: dict | None = None, **kwargs: Any) -> None:
+                 ray_init_config: dict | None = None, prefetch: int | None = None, max_pending_writes: int = 8,
+                 **kwargs: Any) -> None:
         ray = require_ray()
+        for name, value in (("prefetch", prefetch or 0), ("max_pending_writes", max_pending_writes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"RayReplayBuffer: {name} must be a non-negative int, got {value!r}")
         if isinstance(checkpoint_interval, bool) or not isinstance(checkpoint_interval, int) or checkpoint_interval < 0:
             raise ValueError(f"RayReplayBuffer: checkpoint_interval must be a non-negative int, got {checkpoint_interval!r}")
         if checkpoint_interval and checkpoint_dir is None:
@@ -162,17 +185,28 @@ class RayReplayBuffer:
         self.checkpoint_interval = checkpoint_interval
         actor_cls = ray.remote(_BufferActor).options(max_restarts=max_restarts, max_task_retries=0, **opts)
         self._actor = actor_cls.remote(replay_buffer_cls, kwargs, self.checkpoint_dir, checkpoint_interval)
-        self.lost_transitions = 0
-        self._max_write_count = 0
-        self._restart_wait = 30.0
+        self._setup_client(prefetch or 0, max_pending_writes)
         info = self._call("info")  # builds it now: a bad argument fails here, with the remote traceback
         self._incarnation = info["incarnation"]
         self._max_write_count = info["write_count"]
         self.node = info["node"]
 
     # ---------------------------------------------------------------- plumbing
+    def _setup_client(self, prefetch: int, max_pending_writes: int) -> None:
+        """This handle's own state (also of a handle unpickled in another actor)."""
+        self.lost_transitions = 0
+        self._max_write_count = 0
+        self._restart_wait = 30.0
+        self._incarnation = getattr(self, "_incarnation", None)
+        self.prefetch, self.max_pending_writes = prefetch, max_pending_writes
+        self._samples: deque = deque()  # prefetched (key, ref), oldest first
+        self._writes: deque = deque()  # in-flight (seq, method, data, ref), oldest first
+        self._writer = f"handle-{uuid.uuid4().hex[:12]}"  # tags this handle's writes (stored once)
+        self._write_seq = 0
+
     def __reduce__(self) -> Any:  # other actors get a handle of the same actor
-        return (_rebuild, (self._actor, self.checkpoint_dir, self.checkpoint_interval))
+        return (_rebuild, (self._actor, self.checkpoint_dir, self.checkpoint_interval, self.prefetch,
+                           self.max_pending_writes))
 
     @property
     def actor(self) -> Any:
@@ -220,19 +254,82 @@ class RayReplayBuffer:
         if "write_count" in info:
             self._max_write_count = max(self._max_write_count, int(info["write_count"]))
 
+    # ---------------------------------------------------------------- writes in flight
+    def _write(self, method: str, data: Any) -> Any:
+        seq, self._write_seq = self._write_seq, self._write_seq + 1
+        if self.max_pending_writes == 0:
+            return self._done_write(self._call(method, data, self._writer, seq))
+        self._reap(0)
+        while len(self._writes) >= self.max_pending_writes:
+            self._reap(1, block=True)
+        self._writes.append((seq, method, data, getattr(self._actor, method).remote(data, self._writer, seq)))
+        return None
+
+    def _done_write(self, out: tuple) -> Any:
+        self._max_write_count = max(self._max_write_count, int(out[1]))
+        return out[2] if len(out) > 2 else None
+
+    def _reap(self, at_least: int, block: bool = False) -> None:
+        """Takes the answers of the finished writes, oldest first (``block``: waits for
+        ``at_least`` of them); a write whose actor died is sent again (same tag)."""
+        import ray
+
+        if not self._writes:
+            return
+        if not block:
+            done, _ = ray.wait([w[3] for w in self._writes], num_returns=len(self._writes), timeout=0)
+            done = set(done)
+        n = 0
+        while self._writes and (block and n < at_least or not block and self._writes[0][3] in done):
+            seq, method, data, ref = self._writes.popleft()
+            n += 1
+            try:
+                self._done_write(ray.get(ref))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self._done_write(self._call(method, data, self._writer, seq))  # waits for the restart
+            except ray.exceptions.RayTaskError as err:
+                self._drop_writes()
+                raise RuntimeError(f"RayReplayBuffer: an earlier {method} (not waited for) failed in the buffer "
+                                   f"actor; remote traceback:\n{err}") from None
+
+    def _drop_writes(self) -> None:
+        self._writes.clear()
+
+    def flush(self) -> None:
+        """Waits until every write sent so far is stored (raises the error of a failed one)."""
+        self._reap(len(self._writes), block=True)
+
     # ---------------------------------------------------------------- the buffer API
     def extend(self, data: Any) -> None:
-        """Appends the items of ``data`` (a batch; its first dim indexes items)."""
-        _, count = self._call("extend", data)
-        self._max_write_count = max(self._max_write_count, count)
+        """Appends the items of ``data`` (a batch; its first dim indexes items); returns once
+        sent (see ``max_pending_writes``)."""
+        self._write("extend", data)
 
     def add(self, data: Any) -> int:
-        """Appends one item; returns its index."""
-        return self._call("add", data)
+        """Appends one item; returns its index (waits for the actor)."""
+        self.flush()
+        seq, self._write_seq = self._write_seq, self._write_seq + 1
+        return self._done_write(self._call("add", data, self._writer, seq))
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
-        """A batch sampled in the actor (``return_info``: with the sampler's info, as locally)."""
-        return self._call("sample", batch_size, return_info)
+        """A batch sampled in the actor (``return_info``: with the sampler's info, as locally);
+        with ``prefetch``, one requested earlier (the next ones are requested now)."""
+        if not self.prefetch:
+            return self._call("sample", batch_size, return_info)
+        import ray
+
+        key = (batch_size, return_info)
+        if self._samples and self._samples[0][0] != key:
+            self._samples.clear()
+        while len(self._samples) <= self.prefetch:
+            self._samples.append((key, self._actor.sample.remote(batch_size, return_info)))
+        _, ref = self._samples.popleft()
+        self._samples.append((key, self._actor.sample.remote(batch_size, return_info)))
+        try:
+            return ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            self._samples.clear()  # the actor died: ask again once it is back
+            return self._call("sample", batch_size, return_info)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Sets the priorities of the items at ``index`` (prioritized samplers)."""
@@ -248,6 +345,8 @@ class RayReplayBuffer:
 
     def loads(self, path: str | os.PathLike) -> None:
         """Loads a checkpoint from ``path`` on the actor's node."""
+        self.flush()
+        self._samples.clear()
         self._call("loads", str(path))
 
     def checkpoint(self) -> int:
@@ -258,10 +357,13 @@ class RayReplayBuffer:
 
     def empty(self) -> None:
         """Removes every item."""
+        self.flush()
+        self._samples.clear()
         self._call("empty")
 
     def info(self) -> dict:
-        """``len``, ``write_count``, ``node``, ``pid`` of the actor (one round trip)."""
+        """``len``, ``write_count``, ``node``, ``pid`` of the actor (after the writes in flight)."""
+        self.flush()
         info = self._call("info")
         self.observe(info)
         return info
@@ -275,22 +377,29 @@ class RayReplayBuffer:
 
     def shutdown(self) -> None:
         """Kills the actor (idempotent)."""
-        actor, self._actor = getattr(self, "_actor", None), None
+        actor = getattr(self, "_actor", None)
         if actor is not None:
             import ray
 
             if ray.is_initialized():
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001 - shutting down: the write error was the caller's to see
+                    pass
                 ray.kill(actor, no_restart=True)
+        self._actor = None
+        self._samples, self._writes = deque(), deque()
 
     def __repr__(self) -> str:
         return f"RayReplayBuffer(node={getattr(self, 'node', None)}, checkpoint_dir={self.checkpoint_dir})"
 
 
-def _rebuild(actor: Any, checkpoint_dir: str | None, checkpoint_interval: int) -> RayReplayBuffer:
+def _rebuild(actor: Any, checkpoint_dir: str | None, checkpoint_interval: int, prefetch: int = 0,
+             max_pending_writes: int = 8) -> RayReplayBuffer:
     rb = RayReplayBuffer.__new__(RayReplayBuffer)
     rb._actor, rb.checkpoint_dir, rb.checkpoint_interval = actor, checkpoint_dir, checkpoint_interval
-    rb.lost_transitions, rb._max_write_count, rb._restart_wait = 0, 0, 30.0
     rb._incarnation, rb.node = None, None
+    rb._setup_client(prefetch, max_pending_writes)
     return rb
 
 

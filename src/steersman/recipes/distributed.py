@@ -29,6 +29,8 @@ from .envs import TRANSITION_KEYS, make_env
 __all__ = ["DistributedConfig", "check_distributed", "make_collector", "make_replay_buffer", "shutdown"]
 
 BACKENDS = ("none", "ray")
+PREFETCH = 2
+"""Samples the learner requests ahead from a remote buffer (hides the round trip of each update)."""
 
 
 @dataclass
@@ -72,7 +74,8 @@ class SelectTransitions:
 
 def make_replay_buffer(d: DistributedConfig, size: int, batch_size: int, run_dir: Path) -> Any:
     """A local ``TensorDictReplayBuffer`` of ``size`` transitions, or the same in a Ray actor
-    (checkpointed under ``run_dir/replay_actor`` every ``checkpoint_interval`` transitions)."""
+    (checkpointed under ``run_dir/replay_actor`` every ``checkpoint_interval`` transitions;
+    the learner's samples are requested :data:`PREFETCH` ahead)."""
     check_distributed(d)
     if d.backend == "none":
         return TensorDictReplayBuffer(storage=LazyTensorStorage(size), batch_size=batch_size)
@@ -81,7 +84,7 @@ def make_replay_buffer(d: DistributedConfig, size: int, batch_size: int, run_dir
     ckpt = (Path(run_dir) / "replay_actor") if d.checkpoint_interval else None
     return RayReplayBuffer(storage=LazyTensorStorage(size), batch_size=batch_size, checkpoint_dir=ckpt,
                            checkpoint_interval=d.checkpoint_interval, max_restarts=d.max_restarts,
-                           ray_init_config=_ray_init(d))
+                           ray_init_config=_ray_init(d), prefetch=PREFETCH)
 
 
 def _ray_init(d: DistributedConfig) -> dict:
