@@ -19,7 +19,7 @@ from .consuming import ConsumingSampler, StalenessAwareSampler
 from .ensemble import ReplayBufferEnsemble, SamplerEnsemble, StorageEnsemble, WriterEnsemble
 from .her import HERReplayBuffer, HindsightStrategy
 from .list_storages import CompressedListStorage, LazyStackStorage
-from .offline import prefill_replay_buffer
+from .offline import OfflineToOnlineReplayBuffer, prefill_replay_buffer
 from .replay_buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -41,6 +41,13 @@ from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegme
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
 from .ted import Flat2TED, Nested2TED, TED2Flat, TED2Nested
 from .trajectories import find_start_stop_traj
+from .trajectory_query import (
+    Trajectory,
+    TrajectoryPredicate,
+    filter_trajectories,
+    iter_trajectories,
+    traj,
+)
 from .writers import (
     ImmutableDatasetWriter,
     RoundRobinWriter,
@@ -103,4 +110,10 @@ __all__ = [
     "StalenessAwareSampler",
     "SampleUnit",
     "Transition",
+    "OfflineToOnlineReplayBuffer",
+    "Trajectory",
+    "TrajectoryPredicate",
+    "iter_trajectories",
+    "filter_trajectories",
+    "traj",
 ]
