@@ -182,3 +182,29 @@ def test_world_model_loss_against_its_formulas():
         WorldModelLoss(model, losses=["kl"])
     with pytest.raises(KeyError, match=r"set_keys\(reward="):
         WorldModelLoss(model)(td.exclude(("next", "reward")))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_expected_saturating_cost_matches_monte_carlo(weighted):
+    from steersman.objectives import ExponentialQuadraticCost
+
+    torch.manual_seed(0)
+    d = 3
+    m = torch.randn(4, d, dtype=torch.float64, requires_grad=True)
+    root = torch.randn(4, d, d, dtype=torch.float64) * 0.5
+    s = root @ root.transpose(-1, -2)
+    w = torch.diag(torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)) if weighted else None
+    target = torch.tensor([0.5, -0.5, 0.0], dtype=torch.float64)
+    cost = ExponentialQuadraticCost(target=target, weights=w, reduction="none")
+    out = cost(TensorDict({"observation": {"mean": m, "var": s}}, [4]))["loss_cost"]
+    x = D.MultivariateNormal(m.detach(), covariance_matrix=s + 1e-9 * torch.eye(d)).sample((50_000,))
+    diff = x - target
+    w_mat = w if w is not None else torch.eye(d, dtype=torch.float64)
+    mc = (1 - torch.exp(-0.5 * torch.einsum("...i,ij,...j->...", diff, w_mat, diff))).mean(0)
+    torch.testing.assert_close(out.detach(), mc, atol=1e-2, rtol=0)  # ~4.5 standard errors
+    out.sum().backward()
+    assert m.grad.abs().sum() > 0  # differentiable in the mean
+    with pytest.raises(ValueError, match="covariance has shape"):
+        cost(TensorDict({"observation": {"mean": m, "var": s[..., :2]}}, [4]))
+    with pytest.raises(ValueError, match="symmetric"):
+        ExponentialQuadraticCost(weights=torch.tensor([[1.0, 1.0], [0.0, 1.0]]))

@@ -19,6 +19,7 @@ from .functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
 from .gail import GAILLoss
 from .iql import IQLLoss
 from .multiagent import IPPOLoss, MAPPOLoss, QMixerLoss, agent_batch
+from .pilco import ExponentialQuadraticCost
 from .ppo import ClipPPOLoss, KLPENPPOLoss, PPOLoss
 from .redq import REDQLoss
 from .reinforce import ReinforceLoss
@@ -123,4 +124,5 @@ __all__ = [
     "WorldModelLoss",
     "categorical_kl_terms",
     "categorical_kl_balanced",
+    "ExponentialQuadraticCost",
 ]
