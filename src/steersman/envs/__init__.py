@@ -4,7 +4,16 @@ Gymnasium wrappers, vectorized envs and transforms."""
 from typing import Any
 
 from . import libs as _libs
-from .batched import EnvCreator, EnvWorkerError, ParallelEnv, SerialEnv, get_env_metadata
+from .batched import (
+    AsyncEnvPool,
+    EnvCreator,
+    EnvWorkerError,
+    ParallelEnv,
+    ProcessorAsyncEnvPool,
+    SerialEnv,
+    ThreadingAsyncEnvPool,
+    get_env_metadata,
+)
 from .common import EnvBase, EnvClosedError, InvalidActionError, action_problem
 from .gym_like import BaseInfoDictReader, GymLikeEnv, default_info_dict_reader
 from .libs import (
@@ -103,6 +112,9 @@ __all__ = [
     "get_available_libraries",
     "register_gym_spec_conversion",
     "ModelBasedEnvBase",
+    "AsyncEnvPool",
+    "ThreadingAsyncEnvPool",
+    "ProcessorAsyncEnvPool",
     "WorldModelEnv",
     "ImaginedEnv",
     *_transforms_all,

@@ -6,6 +6,7 @@ Both present ``num_workers`` copies of an env as one env of batch size
 """
 
 from ._base import BatchedEnvBase, EnvWorkerError
+from .async_pool import AsyncEnvPool, ProcessorAsyncEnvPool, ThreadingAsyncEnvPool
 from .env_creator import EnvCreator, EnvMetaData, get_env_metadata
 from .parallel import ParallelEnv, default_start_method
 from .serial import SerialEnv
@@ -19,4 +20,7 @@ __all__ = [
     "BatchedEnvBase",
     "default_start_method",
     "get_env_metadata",
+    "AsyncEnvPool",
+    "ThreadingAsyncEnvPool",
+    "ProcessorAsyncEnvPool",
 ]
