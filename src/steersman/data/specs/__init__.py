@@ -17,6 +17,14 @@ from .continuous import (
 )
 from .discrete import Binary, Categorical, MultiCategorical, MultiOneHot, OneHot
 from .nontensor import NonTensor
+from .stacked import (
+    Stacked,
+    StackedComposite,
+    check_no_exclusive_keys,
+    consolidate_spec,
+    contains_lazy_spec,
+    stack_specs,
+)
 
 # older TorchRL names
 BoundedTensorSpec = Bounded
@@ -58,4 +66,10 @@ __all__ = [
     "MultiOneHotDiscreteTensorSpec",
     "BinaryDiscreteTensorSpec",
     "NonTensorSpec",
+    "Stacked",
+    "StackedComposite",
+    "stack_specs",
+    "consolidate_spec",
+    "contains_lazy_spec",
+    "check_no_exclusive_keys",
 ]

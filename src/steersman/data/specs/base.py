@@ -226,6 +226,16 @@ class TensorSpec:
     #: names of other attributes compared by ``==``.
     _eq_fields: tuple[str, ...] = ()
 
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """``torch.stack(specs, dim)``: a dense spec if all are equal, else a lazy stack
+        (:class:`~steersman.data.Stacked`, :class:`~steersman.data.StackedComposite`)."""
+        if func is torch.stack:
+            from .stacked import stack_specs
+
+            return stack_specs(*args, **(kwargs or {}))
+        return NotImplemented
+
     def __init__(self, shape: ShapeLike, device: Any, dtype: torch.dtype | None) -> None:
         self._shape = as_shape(shape)
         self._device = as_device(device)
