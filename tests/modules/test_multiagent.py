@@ -227,3 +227,140 @@ def test_mixer_bad_shapes():
         mixer(torch.randn(4, N, 1), torch.randn(4, 6))
     with pytest.raises(TypeError, match="takes"):
         VDNMixer(N)(torch.randn(4, N, 1), torch.randn(4, 5))
+
+
+# ---------------------------------------------------------------------- CrossGroupCritic
+def _cross(share_params=False, detach=None, dims=((12, 3), (8, 2))):
+    from steersman.modules import CrossCriticGroupSpec, CrossGroupCritic
+
+    torch.manual_seed(0)
+    groups = {f"g{i}": CrossCriticGroupSpec(d, n, (f"g{i}", "observation"), (f"g{i}", "state_value"))
+              for i, (d, n) in enumerate(dims)}
+    return CrossGroupCritic(groups, d_model=8, trunk_depth=1, trunk_cells=16, share_params=share_params,
+                            detach_groups=detach)
+
+
+def _team_td(batch, dims=((12, 3), (8, 2)), seed=1):
+    from steersman.tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict({f"g{i}": TensorDict({"observation": torch.randn(*batch, n, d, generator=g)}, [*batch, n])
+                       for i, (d, n) in enumerate(dims)}, list(batch))
+
+
+def _cross_reference(critic, td):
+    """The documented computation written out with the critic's own weights."""
+    net = critic.module
+    emb = []
+    for name in net.names:
+        lin = net.encoders[name][0]
+        emb.append(torch.tanh(td[name, "observation"] @ lin.weight.T + lin.bias))
+    team = net.trunk(torch.cat(emb, -2).flatten(-2)).unflatten(-1, (net.n_total, -1))
+    out, start = {}, 0
+    for name, n in zip(net.names, net.n_agents):
+        head = net.shared_head if net.shared_head is not None else net.group_heads[name]
+        out[name] = team[..., start:start + n, :] @ head.weight.T + head.bias
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("share_params", [False, True])
+@pytest.mark.parametrize("batch", [(), (4,), (5, 2)])
+def test_cross_group_critic_matches_reference(share_params, batch):
+    critic = _cross(share_params)
+    td = critic(_team_td(batch))
+    want = _cross_reference(critic, td)
+    for name, n in (("g0", 3), ("g1", 2)):
+        assert td[name, "state_value"].shape == (*batch, n, 1)
+        assert torch.allclose(td[name, "state_value"], want[name], atol=1e-6)
+    heads = {k.split(".")[1] for k in critic.state_dict() if "head" in k}
+    assert heads == ({"shared_head"} if share_params else {"group_heads"})
+    assert (critic.module.group_heads is None) == share_params
+
+
+def test_cross_group_critic_every_value_reads_every_group():
+    critic = _cross()
+    td = _team_td((4,))
+    base = critic(td.clone())
+    td2 = td.clone()
+    td2["g1", "observation"][:, 1] += 1.0  # one agent of the other group
+    moved = critic(td2)
+    assert not torch.allclose(base["g0", "state_value"], moved["g0", "state_value"])
+    td3 = td.clone()
+    td3["g0", "observation"][0] += 1.0  # batch element 0 only: others unchanged
+    moved = critic(td3)
+    assert torch.equal(base["g1", "state_value"][1:], moved["g1", "state_value"][1:])
+    assert not torch.allclose(base["g1", "state_value"][0], moved["g1", "state_value"][0])
+
+
+def test_cross_group_critic_detach_groups():
+    critic, free = _cross(detach=["g1"]), _cross()
+    assert torch.equal(critic(_team_td((4,)))["g0", "state_value"], free(_team_td((4,)))["g0", "state_value"])
+    for net, g1_grad in ((critic, False), (free, True)):
+        td = _team_td((4,))
+        for key in ("g0", "g1"):
+            td[key, "observation"].requires_grad_(True)
+        obs = [td[k, "observation"] for k in ("g0", "g1")]
+        out = net(td)
+        (out["g0", "state_value"].sum() + out["g1", "state_value"].sum()).backward()
+        enc = net.module.encoders["g1"][0].weight.grad
+        assert (enc is not None and bool(enc.abs().sum() > 0)) == g1_grad
+        assert (obs[1].grad is not None and bool(obs[1].grad.abs().sum() > 0)) == g1_grad
+        assert obs[0].grad.abs().sum() > 0 and net.module.trunk[0].weight.grad.abs().sum() > 0
+
+
+def test_cross_group_critic_is_a_mappo_critic():
+    """As MAPPOLoss's critic: the value loss reaches every encoder, the trunk and the head."""
+    from steersman.modules import ProbabilisticActor
+    from steersman.objectives import MAPPOLoss
+    from steersman.tensordict.nn import TensorDictModule
+
+    critic = _cross()
+    module = TensorDictModule(nn.Linear(12, 4), [("g0", "observation")], [("g0", "logits")])
+    actor = ProbabilisticActor(module, in_keys={"logits": ("g0", "logits")}, out_keys=[("g0", "action")],
+                               distribution_class=torch.distributions.Categorical, return_log_prob=True,
+                               log_prob_key=("g0", "action_log_prob"))
+    loss = MAPPOLoss(actor, critic)
+    loss.set_keys(action=("g0", "action"), sample_log_prob=("g0", "action_log_prob"), value=("g0", "state_value"),
+                  advantage=("g0", "advantage"), value_target=("g0", "value_target"))
+    td = _team_td((6,))
+    with torch.no_grad():
+        actor(td)
+    td["g0", "advantage"], td["g0", "value_target"] = torch.randn(6, 3, 1), torch.randn(6, 3, 1)
+    out = loss(td)
+    out["loss_critic"].backward()
+    for name, p in critic.named_parameters():
+        if "g1" in name and "head" in name:  # group g1's own head: no g1 value in this loss
+            continue
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("build, err, words", [
+    (lambda C, S: C({}), ValueError, ["group_map is empty"]),
+    (lambda C, S: C({"a": (3, 2)}), TypeError, ["'a'", "CrossCriticGroupSpec"]),
+    (lambda C, S: C({"a": S(0, 2, "o", "v")}), ValueError, ["'a'", "obs_dim=0"]),
+    (lambda C, S: C({"a": S(3, 2, "o", "v")}, detach_groups=["b"]), ValueError, ["['b']", "['a']"]),
+])
+def test_cross_group_critic_constructor_errors(build, err, words):
+    from steersman.modules import CrossCriticGroupSpec, CrossGroupCritic
+
+    with pytest.raises(err) as info:
+        build(CrossGroupCritic, CrossCriticGroupSpec)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+@pytest.mark.parametrize("g1, words", [
+    ((4, 2, 7), ["'g1'", "[4, 2, 7]", "[*B, 2, 8]"]),   # wrong obs_dim
+    ((4, 3, 8), ["'g1'", "[4, 3, 8]", "[*B, 2, 8]"]),   # wrong number of agents
+    ((5, 2, 8), ["'g0'", "'g1'", "[4]", "[5]"]),         # batch dims differ between groups
+])
+def test_cross_group_critic_bad_observations_name_the_group(g1, words):
+    from steersman.tensordict import TensorDict
+
+    critic = _cross()
+    td = TensorDict({"g0": TensorDict({"observation": torch.randn(4, 3, 12)}, [4, 3]),
+                     "g1": TensorDict({"observation": torch.randn(*g1)}, list(g1[:-1]))}, [])
+    with pytest.raises(ValueError) as info:
+        critic(td)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert ("g0", "state_value") not in td.keys(True)

@@ -69,7 +69,16 @@ from .layers import (
     set_exploration_modules_spec_from_env,
 )
 from .mlp import MLP
-from .multiagent import Mixer, MultiAgentConvNet, MultiAgentMLP, MultiAgentNetBase, QMixer, VDNMixer
+from .multiagent import (
+    CrossCriticGroupSpec,
+    CrossGroupCritic,
+    Mixer,
+    MultiAgentConvNet,
+    MultiAgentMLP,
+    MultiAgentNetBase,
+    QMixer,
+    VDNMixer,
+)
 from .multistep import MultiStepActorWrapper
 from .noisy import NoisyLazyLinear, NoisyLinear, reset_noise
 from .primers import get_primers_from_module
@@ -166,6 +175,8 @@ __all__ = [
     "Mixer",
     "VDNMixer",
     "QMixer",
+    "CrossCriticGroupSpec",
+    "CrossGroupCritic",
     "ValueNorm",
     "PopArtValueNorm",
     "RunningValueNorm",

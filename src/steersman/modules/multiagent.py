@@ -28,16 +28,19 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..tensordict.nn import TensorDictModule
 from .conv import ConvNet
 from .mlp import MLP
 
-__all__ = ["MultiAgentNetBase", "MultiAgentMLP", "MultiAgentConvNet", "Mixer", "VDNMixer", "QMixer"]
+__all__ = ["MultiAgentNetBase", "MultiAgentMLP", "MultiAgentConvNet", "Mixer", "VDNMixer", "QMixer",
+           "CrossCriticGroupSpec", "CrossGroupCritic"]
 
 
 def _flat_name(name: str) -> str:
@@ -411,3 +414,148 @@ class QMixer(Mixer):
         w2 = self.hyper_w_final(s).abs().view(-1, self.embed_dim, 1)               # [N, E, 1]
         v = self.V(s).view(-1, 1, 1)
         return (torch.bmm(hidden, w2) + v).view(-1, 1)
+
+
+# ---------------------------------------------------------------------- critic over several groups
+@dataclass
+class CrossCriticGroupSpec:
+    """One agent group read by :class:`CrossGroupCritic`.
+
+    Args:
+        obs_dim: the length of each agent's observation vector.
+        n_agents: the group's number of agents.
+        obs_key: where the group's observations ``[*B, n_agents, obs_dim]`` are read,
+            e.g. ``("soldiers", "observation")``.
+        value_key: where the group's values ``[*B, n_agents, 1]`` are written, e.g.
+            ``("soldiers", "state_value")``.
+    """
+
+    obs_dim: int
+    n_agents: int
+    obs_key: Any
+    value_key: Any
+
+
+class _CrossGroupNet(nn.Module):
+    """Per-group encoders -> the whole team's embeddings through one trunk -> a value per agent."""
+
+    def __init__(self, specs: dict[str, CrossCriticGroupSpec], d_model: int, trunk_depth: int, trunk_cells: int,
+                 activation_class: type[nn.Module], share_params: bool, detach: frozenset[str], device: Any) -> None:
+        super().__init__()
+        self.names = list(specs)
+        self.specs = specs
+        self.n_agents = [spec.n_agents for spec in specs.values()]
+        self.n_total = sum(self.n_agents)
+        self.detach = detach
+        self.encoders = nn.ModuleDict({
+            name: nn.Sequential(nn.Linear(spec.obs_dim, d_model, device=device), activation_class())
+            for name, spec in specs.items()})
+        team = self.n_total * d_model
+        self.trunk = MLP(in_features=team, out_features=team, depth=trunk_depth, num_cells=trunk_cells,
+                         activation_class=activation_class, device=device)
+        if share_params:
+            self.shared_head, self.group_heads = nn.Linear(d_model, 1, device=device), None
+        else:
+            self.shared_head = None
+            self.group_heads = nn.ModuleDict({name: nn.Linear(d_model, 1, device=device) for name in specs})
+
+    def forward(self, *group_obs: Tensor) -> tuple[Tensor, ...]:
+        try:
+            embedded = []
+            for name, obs in zip(self.names, group_obs):
+                e = self.encoders[name](obs)  # [*B, n_g, d_model]
+                embedded.append(e.detach() if name in self.detach else e)
+            team = self.trunk(torch.cat(embedded, -2).flatten(-2))  # [*B, n_total * d_model]
+        except RuntimeError as err:  # shapes are checked only when something failed
+            raise self._shape_error(group_obs) from err
+        per_agent = team.unflatten(-1, (self.n_total, -1)).split(self.n_agents, -2)
+        if self.shared_head is not None:
+            return tuple(self.shared_head(x) for x in per_agent)
+        return tuple(self.group_heads[name](x) for name, x in zip(self.names, per_agent))
+
+    def _shape_error(self, group_obs: Sequence[Tensor]) -> ValueError:
+        batch = None
+        for name, obs in zip(self.names, group_obs):
+            spec = self.specs[name]
+            want = (spec.n_agents, spec.obs_dim)
+            if obs.ndim < 2 or tuple(obs.shape[-2:]) != want:
+                return ValueError(f"CrossGroupCritic: group {name!r} ({spec.obs_key!r}) has observations of shape "
+                                  f"{list(obs.shape)}, expected [*B, {want[0]}, {want[1]}] (n_agents, obs_dim)")
+            if batch is not None and obs.shape[:-2] != batch[1]:
+                return ValueError(f"CrossGroupCritic: groups {batch[0]!r} and {name!r} have different batch dims "
+                                  f"({list(batch[1])} and {list(obs.shape[:-2])})")
+            batch = batch or (name, obs.shape[:-2])
+        return ValueError("CrossGroupCritic: the groups' observations do not fit the network")
+
+
+class CrossGroupCritic(TensorDictModule):
+    """A centralised critic over several agent groups, each with its own observation size.
+
+    :class:`MultiAgentMLP` centralises within one group. This critic reads every group in
+    ``group_map``: each group's observations ``[*B, n_g, obs_dim_g]`` go through the group's
+    own encoder (``Linear(obs_dim_g, d_model)`` and the activation), the embeddings of all
+    agents of all groups, in the order of ``group_map``, are concatenated into one team
+    vector ``[*B, (sum n_g) * d_model]`` that a shared MLP trunk (``trunk_depth`` hidden
+    layers of ``trunk_cells``, output as wide as its input) maps to one ``d_model``
+    embedding per agent, and a linear head gives each agent's value ``[*B, n_g, 1]`` at the
+    group's ``value_key``. Every value therefore depends on every group's observations.
+
+    A plain :class:`~steersman.tensordict.nn.TensorDictModule` (in_keys: the groups'
+    ``obs_key``, out_keys: their ``value_key``): it is a critic for
+    :class:`~steersman.objectives.MAPPOLoss`/:class:`~steersman.objectives.IPPOLoss` as is.
+
+    Args:
+        group_map: ``{group: CrossCriticGroupSpec}``, in the order the groups enter the team
+            vector.
+
+    Keyword Args:
+        d_model: the embedding width of every agent (default 64).
+        trunk_depth: hidden layers of the shared trunk (default 2).
+        trunk_cells: width of the trunk's hidden layers (default 256).
+        activation_class: activation of the encoders and the trunk (default ``nn.Tanh``).
+        share_params: one value head for every group (``True``) or one per group
+            (``False``, default). Encoders are always per group, the trunk always shared.
+        detach_groups: groups whose embeddings are detached before the trunk: their
+            observations still shape every value, but no gradient reaches their encoders
+            (a group with a fixed policy whose observations inform the baseline).
+        device: where the parameters live.
+
+    Observations of the wrong shape raise a ``ValueError`` naming the group, its key and
+    the expected ``[*B, n_agents, obs_dim]`` (checked only when the network fails).
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict
+        >>> critic = CrossGroupCritic({
+        ...     "soldiers": CrossCriticGroupSpec(12, 3, ("soldiers", "observation"), ("soldiers", "state_value")),
+        ...     "medics": CrossCriticGroupSpec(8, 2, ("medics", "observation"), ("medics", "state_value")),
+        ... }, d_model=16, trunk_depth=1, trunk_cells=32)
+        >>> td = TensorDict({"soldiers": TensorDict({"observation": torch.randn(4, 3, 12)}, [4, 3]),
+        ...                  "medics": TensorDict({"observation": torch.randn(4, 2, 8)}, [4, 2])}, [4])
+        >>> td = critic(td)
+        >>> td["soldiers", "state_value"].shape, td["medics", "state_value"].shape
+        (torch.Size([4, 3, 1]), torch.Size([4, 2, 1]))
+    """
+
+    def __init__(self, group_map: Mapping[str, CrossCriticGroupSpec], *, d_model: int = 64, trunk_depth: int = 2,
+                 trunk_cells: int = 256, activation_class: type[nn.Module] = nn.Tanh, share_params: bool = False,
+                 detach_groups: Iterable[str] | None = None, device: Any = None) -> None:
+        specs = dict(group_map)
+        if not specs:
+            raise ValueError("CrossGroupCritic: group_map is empty; give at least one {group: CrossCriticGroupSpec}")
+        for name, spec in specs.items():
+            if not isinstance(spec, CrossCriticGroupSpec):
+                raise TypeError(f"CrossGroupCritic: group {name!r} maps to a {type(spec).__name__}, expected a "
+                                "CrossCriticGroupSpec")
+            if spec.obs_dim < 1 or spec.n_agents < 1:
+                raise ValueError(f"CrossGroupCritic: group {name!r} needs obs_dim >= 1 and n_agents >= 1, got "
+                                 f"obs_dim={spec.obs_dim}, n_agents={spec.n_agents}")
+        detach = frozenset(detach_groups or ())
+        unknown = sorted(detach - set(specs))
+        if unknown:
+            raise ValueError(f"CrossGroupCritic: detach_groups names {unknown}, which are not in group_map "
+                             f"({list(specs)})")
+        net = _CrossGroupNet(specs, d_model, trunk_depth, trunk_cells, activation_class, share_params, detach, device)
+        super().__init__(net, in_keys=[s.obs_key for s in specs.values()],
+                         out_keys=[s.value_key for s in specs.values()])
+        self.group_map = specs
