@@ -28,7 +28,8 @@ from steersman.tensordict import TensorDict
 
 def tiny(game: str = "tictactoe", **overrides) -> AlphaZeroConfig:
     cfg = AlphaZeroConfig(total_frames=64, frames_per_batch=32, updates_per_batch=2, batch_size=16, learning_starts=16,
-                          num_simulations=4, eval_simulations=4, hidden_sizes=[16], quiet=True, export_format="none")
+                          num_simulations=4, eval_simulations=4, hidden_sizes=[16], quiet=True, export_format="none",
+                          random_opening_moves=0, temperature_moves=0, value_mix=0.0)  # options: tested on their own
     cfg.env.name, cfg.env.num_envs = game, 8
     cfg.eval.episodes, cfg.eval.interval = 2, 0
     cfg.checkpoint.interval = 0
