@@ -34,6 +34,7 @@ from .libs import (
 from .libs._available import get_available_libraries
 from .libs.gym import gym_backend, register_gym_spec_conversion, set_gym_backend
 from .model_based import ImaginedEnv, ModelBasedEnvBase, WorldModelEnv
+from .mujoco import AntEnv, HopperEnv, HumanoidEnv, MujocoEnv, Walker2dEnv
 from .multiagent import (
     MarlGroupMapType,
     MultiAgentNativeEnv,
@@ -112,6 +113,11 @@ __all__ = [
     "get_available_libraries",
     "register_gym_spec_conversion",
     "ModelBasedEnvBase",
+    "MujocoEnv",
+    "AntEnv",
+    "HopperEnv",
+    "HumanoidEnv",
+    "Walker2dEnv",
     "AsyncEnvPool",
     "ThreadingAsyncEnvPool",
     "ProcessorAsyncEnvPool",
