@@ -9,6 +9,9 @@ import sys
 import time
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_import_does_not_import_ray_and_use_without_ray_names_the_extra():
@@ -38,3 +41,36 @@ def test_dead_address_fails_within_seconds():
     with pytest.raises(ConnectionError, match=rf"no Ray cluster answers at 127.0.0.1:{port}.*ray start --head"):
         init_ray(address=f"127.0.0.1:{port}", connect_timeout=2.0)
     assert time.monotonic() - t < 10
+
+
+def _loop_reference(reward, done, carry):
+    """The plain loop: add each step's reward, emit and reset the rows whose episode ends."""
+    carry = carry.clone()
+    out = []
+    for t in range(reward.shape[1]):
+        carry += reward[:, t]
+        for row in range(reward.shape[0]):
+            if done[row, t]:
+                out.append(float(carry[row]))
+                carry[row] = 0.0
+    return out, carry
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), steps=st.integers(1, 12), batches=st.integers(1, 3), p_done=st.floats(0.0, 0.6),
+       seed=st.integers(0, 2**16))
+def test_actor_episode_returns_equal_a_loop(rows, steps, batches, p_done, seed):
+    """The returns the actors compute (vectorised) equal a plain loop's, across batches."""
+    from steersman import TensorDict
+    from steersman.distributed.collector import _episode_returns
+
+    g = torch.Generator().manual_seed(seed)
+    carry, ref_carry = None, torch.zeros(rows, dtype=torch.float64)
+    for _ in range(batches):
+        reward = torch.randint(-3, 4, (rows, steps, 1), generator=g).float()  # exact sums in any order
+        done = torch.rand(rows, steps, 1, generator=g) < p_done
+        batch = TensorDict({"next": {"reward": reward, "done": done}}, [rows, steps])
+        got, carry = _episode_returns(batch, carry)
+        want, ref_carry = _loop_reference(reward[..., 0].double(), done[..., 0], ref_carry)
+        assert got == want
+        assert torch.equal(carry, ref_carry)

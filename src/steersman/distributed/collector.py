@@ -53,21 +53,29 @@ def _first_line(err: BaseException) -> str:
 
 
 def _episode_returns(batch: TensorDictBase, carry: torch.Tensor | None) -> tuple[list[float], torch.Tensor]:
-    """Returns of the episodes ending in ``batch`` ``[*B, T]`` (time is the last batch dim)
-    and the running sums carried to the next batch."""
-    reward = batch.get(("next", "reward")).reshape(-1, batch.shape[-1])
+    """Returns of the episodes ending in ``batch`` ``[*B, T]`` (time is the last batch dim),
+    in the order they end (by step, then row), and the running sums carried to the next
+    batch. Vectorised (one cumulative sum per batch: no Python loop over the steps)."""
+    reward = batch.get(("next", "reward")).reshape(-1, batch.shape[-1]).double()
     done = batch.get(("next", "done")).reshape(-1, batch.shape[-1])
-    if carry is None or carry.shape[0] != reward.shape[0]:
-        carry = torch.zeros(reward.shape[0], dtype=torch.float64)
-    carry = carry.clone()
-    out = []
-    for t in range(reward.shape[1]):
-        carry += reward[:, t].double()
-        ended = done[:, t]
-        if ended.any():
-            out.extend(carry[ended].tolist())
-            carry[ended] = 0.0
-    return out, carry
+    rows = reward.shape[0]
+    if carry is None or carry.shape[0] != rows:
+        carry = torch.zeros(rows, dtype=torch.float64)
+    running = reward.cumsum(1) + carry.unsqueeze(1)  # the running sum, carried in
+    if not done.any():
+        return [], running[:, -1].clone()
+    r, t = done.nonzero(as_tuple=True)  # row-major: the ends of a row in step order
+    total = running[r, t]
+    first = torch.ones_like(r, dtype=torch.bool)
+    first[1:] = r[1:] != r[:-1]  # the first end of its row: the episode started with the carry
+    before = torch.where(first, torch.zeros_like(total), total.roll(1))
+    returns = total - before
+    order = torch.argsort(t * rows + r)  # the order they end: by step, then row
+    new_carry = running[:, -1].clone()
+    last = torch.ones_like(first)
+    last[:-1] = r[:-1] != r[1:]  # the last end of its row: what follows it is carried
+    new_carry[r[last]] -= total[last]
+    return returns[order].tolist(), new_carry
 
 
 _FLAT = "steersman-flat-weights"
