@@ -110,3 +110,36 @@ def test_random_critics_are_vmapped_with_different_draws(monkeypatch):
     loss = loss_with(nn.Identity())
     loss.vmap_randomness = "same"
     assert loss.vmap_randomness == "same"
+
+
+@pytest.mark.parametrize("cls", [LSTMModule, GRUModule])
+def test_recurrent_backend_options(cls):
+    """TorchRL's recurrent-mode keywords: same values for pad/scan/auto, recompute='full'
+    gives the same values and gradients, bad combinations are refused."""
+    torch.manual_seed(0)
+    base = cls(input_size=3, hidden_size=4, in_key="obs", out_key="h", default_recurrent_mode=True)
+    rnn = base.lstm if cls is LSTMModule else base.gru
+    key = "lstm" if cls is LSTMModule else "gru"
+    is_init = torch.zeros(2, 5, 1, dtype=torch.bool)
+    is_init[:, 0] = is_init[0, 2] = True
+    td = TensorDict({"obs": torch.randn(2, 5, 3), "is_init": is_init}, [2, 5])
+    ref = base(td.clone())["h"]
+    ref.sum().backward()
+    grads = [p.grad.clone() for p in rnn.parameters()]
+    for backend, recompute in (("scan", "none"), ("auto", "full")):
+        rnn.zero_grad()
+        other = cls(**{key: rnn}, in_keys=base.in_keys, out_keys=base.out_keys, default_recurrent_mode=True,
+                    recurrent_backend=backend, recurrent_recompute=recompute, recurrent_matmul_precision="tf32x3")
+        out = other(td.clone())["h"]
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        for g, p in zip(grads, rnn.parameters()):
+            torch.testing.assert_close(p.grad, g)
+        twin = other.set_recurrent_mode(False)
+        assert twin.recurrent_recompute == recompute and twin.recurrent_matmul_precision == "tf32x3"
+    with pytest.raises(ValueError, match="triton"):
+        cls(input_size=3, hidden_size=4, in_key="obs", out_key="h", recurrent_backend="triton")
+    with pytest.raises(ValueError, match="'scan' or 'auto'"):
+        cls(input_size=3, hidden_size=4, in_key="obs", out_key="h", recurrent_recompute="full")
+    with pytest.raises(ValueError, match="recurrent_matmul_precision"):
+        cls(input_size=3, hidden_size=4, in_key="obs", out_key="h", recurrent_matmul_precision="fp8")

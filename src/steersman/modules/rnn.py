@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -156,6 +157,7 @@ class _RecurrentModule(TensorDictModuleBase):
         if len(out_keys) != n + 1:
             raise ValueError(f"{name} expects out_keys [output, {n} next-state key(s)]; got {out_keys}")
         setattr(self, self._rnn_name, rnn)
+        self._options: dict[str, Any] = {}
         self.in_keys = in_keys
         self.out_keys = out_keys
         self._default_recurrent_mode = bool(default_recurrent_mode)
@@ -189,7 +191,37 @@ class _RecurrentModule(TensorDictModuleBase):
             in_keys=self.in_keys,
             out_keys=self.out_keys,
             default_recurrent_mode=mode,
+            **self._options,
         )
+
+    def _set_options(self, backend: str, compute_dtype: Any, recompute: str, precision: str) -> None:
+        """TorchRL's recurrent-mode options (see :class:`LSTMModule`), checked and kept."""
+        name = type(self).__name__
+        if backend not in ("auto", "pad", "scan", "triton"):
+            raise ValueError(f"{name}: recurrent_backend must be 'auto', 'pad', 'scan' or 'triton', got {backend!r}")
+        if backend == "triton":
+            raise ValueError(
+                f"{name}: recurrent_backend='triton' (TorchRL's prototype CUDA kernels) is not built here; "
+                "'pad', 'scan' and 'auto' give the same values"
+            )
+        if recompute not in ("none", "full"):
+            raise ValueError(f"{name}: recurrent_recompute must be 'none' or 'full', got {recompute!r}")
+        if recompute == "full" and backend == "pad":
+            raise ValueError(
+                f"{name}: recurrent_recompute='full' needs recurrent_backend='scan' or 'auto' (the 'pad' "
+                "backend's cuDNN kernels keep their own backward buffers), as in TorchRL"
+            )
+        if not isinstance(compute_dtype, torch.dtype):
+            raise TypeError(f"{name}: recurrent_compute_dtype must be a torch.dtype, got {compute_dtype!r}")
+        from .rnn_precision import _CONCRETE, _PRESETS  # noqa: PLC0415 (a sibling; kept out of import time)
+
+        if precision not in ("auto", *_CONCRETE, *_PRESETS):
+            raise ValueError(f"{name}: recurrent_matmul_precision must be one of "
+                             f"{['auto', *_CONCRETE, *_PRESETS]}, got {precision!r}")
+        self._options = {"recurrent_backend": backend, "recurrent_compute_dtype": compute_dtype,
+                         "recurrent_recompute": recompute, "recurrent_matmul_precision": precision}
+        self.recurrent_backend, self.recurrent_compute_dtype = backend, compute_dtype
+        self.recurrent_recompute, self.recurrent_matmul_precision = recompute, precision
 
     # -- specs for the environment -------------------------------------------------
     def recurrent_state_specs(self) -> Composite:
@@ -274,7 +306,11 @@ class _RecurrentModule(TensorDictModuleBase):
 
     def forward(self, tensordict: Any) -> Any:
         x, states, is_init = self._read(tensordict)
-        if self.recurrent_mode:
+        if self.recurrent_mode and self._options.get("recurrent_recompute") == "full":
+            # activations are recomputed in the backward pass instead of kept (less memory)
+            y, nxt = torch.utils.checkpoint.checkpoint(
+                self._forward_sequence, x, states, is_init, tensordict.batch_size, use_reentrant=False)
+        elif self.recurrent_mode:
             y, nxt = self._forward_sequence(x, states, is_init, tensordict.batch_size)
         else:
             y, nxt = self._forward_step(x, states, is_init)
@@ -403,6 +439,16 @@ class LSTMModule(_RecurrentModule):
         lstm: an existing ``nn.LSTM`` (``batch_first=True``) instead of the size arguments.
         default_recurrent_mode: the mode outside of a :class:`set_recurrent_mode` block
             (default ``False``: single steps).
+        recurrent_backend: TorchRL's recurrent-mode implementation: ``"pad"`` (default),
+            ``"scan"`` and ``"auto"`` compute the same values here (the trajectories of a
+            batch are run segment by segment through the torch RNN); ``"triton"`` (TorchRL's
+            prototype CUDA kernels) is refused.
+        recurrent_recompute: ``"full"`` (with ``"scan"``/``"auto"``): recurrent mode keeps no
+            activations for the backward pass and recomputes them (activation checkpointing);
+            ``"none"`` (default).
+        recurrent_compute_dtype, recurrent_matmul_precision: options of TorchRL's triton
+            kernels (ignored by its other backends, as here); checked and kept as attributes
+            (see :func:`~steersman.modules.set_recurrent_matmul_precision`).
 
     See the module docstring for the two modes and ``is_init``. A missing state is taken
     as zeros.
@@ -452,6 +498,10 @@ class LSTMModule(_RecurrentModule):
         device: Any = None,
         lstm: nn.LSTM | None = None,
         default_recurrent_mode: bool | None = None,
+        recurrent_backend: str = "pad",
+        recurrent_compute_dtype: torch.dtype = torch.float32,
+        recurrent_recompute: str = "none",
+        recurrent_matmul_precision: str = "auto",
     ) -> None:
         if python_based:
             raise ValueError("LSTMModule: python_based=True is not supported; use nn.LSTM")
@@ -467,6 +517,7 @@ class LSTMModule(_RecurrentModule):
         if not isinstance(lstm, nn.LSTM):
             raise TypeError(f"LSTMModule wraps an nn.LSTM, got {type(lstm).__name__}")
         super().__init__(lstm, in_key, in_keys, out_key, out_keys, default_recurrent_mode)
+        self._set_options(recurrent_backend, recurrent_compute_dtype, recurrent_recompute, recurrent_matmul_precision)
 
 
 class GRUModule(_RecurrentModule):
@@ -487,6 +538,8 @@ class GRUModule(_RecurrentModule):
         device: where the parameters are created.
         gru: an existing ``nn.GRU`` (``batch_first=True``) instead of the size arguments.
         default_recurrent_mode: the mode outside of a :class:`set_recurrent_mode` block.
+        recurrent_backend, recurrent_recompute, recurrent_compute_dtype,
+        recurrent_matmul_precision: as :class:`LSTMModule`.
 
     Shapes: as :class:`LSTMModule`, with one state ``[*B, num_layers, hidden]``.
 
@@ -523,6 +576,10 @@ class GRUModule(_RecurrentModule):
         device: Any = None,
         gru: nn.GRU | None = None,
         default_recurrent_mode: bool | None = None,
+        recurrent_backend: str = "pad",
+        recurrent_compute_dtype: torch.dtype = torch.float32,
+        recurrent_recompute: str = "none",
+        recurrent_matmul_precision: str = "auto",
     ) -> None:
         if python_based:
             raise ValueError("GRUModule: python_based=True is not supported; use nn.GRU")
@@ -538,3 +595,4 @@ class GRUModule(_RecurrentModule):
         if not isinstance(gru, nn.GRU):
             raise TypeError(f"GRUModule wraps an nn.GRU, got {type(gru).__name__}")
         super().__init__(gru, in_key, in_keys, out_key, out_keys, default_recurrent_mode)
+        self._set_options(recurrent_backend, recurrent_compute_dtype, recurrent_recompute, recurrent_matmul_precision)
