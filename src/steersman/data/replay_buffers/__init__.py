@@ -39,6 +39,7 @@ from .samplers import (
 )
 from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
+from .streaming import StreamingSliceSampler
 from .ted import Flat2TED, Nested2TED, TED2Flat, TED2Nested
 from .trajectories import find_start_stop_traj
 from .trajectory_query import (
@@ -116,4 +117,5 @@ __all__ = [
     "iter_trajectories",
     "filter_trajectories",
     "traj",
+    "StreamingSliceSampler",
 ]

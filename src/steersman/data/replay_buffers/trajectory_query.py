@@ -40,6 +40,8 @@ class Trajectory:
 
     Args:
         data: a TensorDict with one batch dim (the steps, in order).
+        batch_size: if given, must be ``data``'s (``[T]``); device: moves ``data`` there;
+            names: accepted for TorchRL compatibility (dim names are not kept).
 
     Example:
         >>> import torch
@@ -54,10 +56,14 @@ class Trajectory:
 
     __slots__ = ("data",)
 
-    def __init__(self, data: TensorDictBase) -> None:
+    def __init__(self, data: TensorDictBase, *, batch_size: Any = None, device: Any = None, names: Any = None) -> None:
         if not isinstance(data, TensorDictBase) or len(data.batch_size) != 1:
             raise TypeError(f"a Trajectory wraps a TensorDict with one batch dim, got {type(data).__name__} "
                             f"{list(getattr(data, 'batch_size', []))}")
+        if batch_size is not None and torch.Size(batch_size) != data.batch_size:
+            raise ValueError(f"batch_size {list(batch_size)} does not match the data's {list(data.batch_size)}")
+        if device is not None:
+            data = data.to(device)
         object.__setattr__(self, "data", data)
 
     @property
