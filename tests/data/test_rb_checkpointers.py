@@ -12,6 +12,8 @@ from steersman.data.replay_buffers import (
     CompressedListStorageCheckpointer,
     Flat2TED,
     FlatStorageCheckpointer,
+    H5Combine,
+    H5Split,
     H5StorageCheckpointer,
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -188,3 +190,19 @@ def test_flat2ted_refuses_parts_that_do_not_fit():
         Flat2TED()(flat)
     with pytest.raises(ValueError, match="is_end"):
         Flat2TED()(TensorDict({"obs": torch.zeros(3)}, []))
+
+
+def test_h5_split_and_combine_through_an_hdf5_file(tmp_path):
+    from steersman.tensordict import from_h5, to_h5
+
+    ted = _random_ted(12, 3)
+    split = H5Split()(TED2Nested()(ted))
+    assert sorted(split.keys(), key=lambda k: int(k[5:])) == [f"traj_{i}" for i in range(len(split.keys()))]
+    to_h5(split, tmp_path / "trajs.h5").close()
+    stored = from_h5(tmp_path / "trajs.h5")
+    try:
+        assert (H5Combine()(stored) == ted).all()
+    finally:
+        stored.close()
+    with pytest.raises(ValueError, match="traj_<i>"):
+        H5Combine()(TensorDict({"other": TensorDict({}, [])}, []))

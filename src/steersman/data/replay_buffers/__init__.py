@@ -40,7 +40,7 @@ from .samplers import (
 from .segment_tree import MaxSegmentTree, MinSegmentTree, PriorityTree, SumSegmentTree
 from .storages import LazyMemmapStorage, LazyTensorStorage, ListStorage, Storage, TensorStorage
 from .streaming import StreamingSliceSampler
-from .ted import Flat2TED, Nested2TED, TED2Flat, TED2Nested
+from .ted import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested
 from .trajectories import find_start_stop_traj
 from .trajectory_query import (
     Trajectory,
@@ -118,4 +118,6 @@ __all__ = [
     "filter_trajectories",
     "traj",
     "StreamingSliceSampler",
+    "H5Split",
+    "H5Combine",
 ]

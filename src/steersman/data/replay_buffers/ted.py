@@ -27,8 +27,9 @@ import torch
 from torch import Tensor
 
 from steersman.tensordict import NestedKey, TensorDict, TensorDictBase, unravel_key
+from steersman.tensordict import cat as td_cat
 
-__all__ = ["TED2Flat", "Flat2TED", "TED2Nested", "Nested2TED", "trajectory_ends"]
+__all__ = ["TED2Flat", "Flat2TED", "TED2Nested", "Nested2TED", "H5Split", "H5Combine", "trajectory_ends"]
 
 DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
 
@@ -260,3 +261,64 @@ class Nested2TED(Flat2TED):
         for k, v in flat.items():
             ted.set(k, v)
         return ted
+
+
+class H5Split(TED2Flat):
+    """Splits :class:`TED2Nested`'s output into one sub-TensorDict per trajectory: a TensorDict
+    ``[]`` with entries ``"traj_0"``, ``"traj_1"``... each ``[T_i]``, whose leaves are views of
+    the nested tensors' rows (the layout an HDF5 file of trajectories keeps, one group per
+    trajectory). :class:`H5Combine` joins them back.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> ted = TensorDict({"obs": torch.arange(5.0), "next": {"done": torch.tensor([0, 1, 0, 0, 1]).bool()}}, [5])
+        >>> split = H5Split()(TED2Nested()(ted))
+        >>> sorted(split.keys()), split["traj_1"].batch_size
+        (['traj_0', 'traj_1'], torch.Size([3]))
+        >>> bool((H5Combine()(split) == ted).all())
+        True
+    """
+
+    def __call__(self, data: TensorDictBase, path: Any = None, **kwargs: Any) -> TensorDict:
+        if not isinstance(data, TensorDictBase) or len(data.batch_size) != 1:
+            raise TypeError("H5Split takes the TensorDict of trajectories made by TED2Nested")
+        leaves = {key: data.get(key) for key in data.keys(include_nested=True, leaves_only=True)}
+        rows = {key: (v.unbind() if v.is_nested else v.unbind(0)) for key, v in leaves.items()}
+        out = TensorDict({}, [])
+        for i in range(data.batch_size[0]):
+            lengths = {r[i].shape[0] for r in rows.values()}
+            if len(lengths) != 1:
+                raise ValueError(f"H5Split: trajectory {i} has entries of different lengths {sorted(lengths)}")
+            td = TensorDict({}, [lengths.pop()])
+            for key, r in rows.items():
+                td.set(key, r[i])
+            out.set(f"traj_{i}", td)
+        return out
+
+
+class H5Combine:
+    """Joins per-trajectory sub-TensorDicts (``"traj_0"``, ``"traj_1"``... as :class:`H5Split`
+    writes them; any TensorDict of trajectory groups, e.g. a ``PersistentTensorDict`` over an
+    HDF5 file) into one TED TensorDict ``[N]``, trajectories in index order.
+
+    Example:
+        >>> import torch
+        >>> from steersman import TensorDict
+        >>> parts = TensorDict({"traj_1": TensorDict({"x": torch.ones(2)}, [2]),
+        ...                     "traj_0": TensorDict({"x": torch.zeros(3)}, [3])}, [])
+        >>> H5Combine()(parts)["x"].tolist()
+        [0.0, 0.0, 0.0, 1.0, 1.0]
+    """
+
+    def __call__(self, data: TensorDictBase, out: Any = None) -> TensorDict:
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(f"H5Combine takes a TensorDict of trajectory groups, got {type(data).__name__}")
+        names = list(data.keys())
+        bad = [n for n in names if not (n.startswith("traj_") and n[5:].isdigit())]
+        if bad:
+            raise ValueError(f"H5Combine: entries {bad[:3]} are not trajectory groups named traj_<i>")
+        parts = [data.get(n) for n in sorted(names, key=lambda n: int(n[5:]))]
+        if not parts:
+            return TensorDict({}, [0])
+        return td_cat([p.to_tensordict() if hasattr(p, "to_tensordict") else p for p in parts], 0)
