@@ -23,6 +23,9 @@ TINY: dict[str, dict[str, Any]] = {
 TINY["alphazero"] = {"total_frames": 64, "frames_per_batch": 32, "updates_per_batch": 2, "batch_size": 16,
                      "learning_starts": 16, "num_simulations": 4, "eval_simulations": 4, "hidden_sizes": [16],
                      "env.num_envs": 8}
+TINY["muzero"] = {"total_frames": 64, "frames_per_batch": 32, "updates_per_batch": 2, "batch_size": 16,
+                  "learning_starts": 16, "num_simulations": 4, "eval_simulations": 4, "hidden_sizes": [16],
+                  "latent_size": 8, "env.num_envs": 8}
 _MARL = {"env.num_envs": 4, "env.max_episode_steps": 10, "hidden_sizes": [16]}
 TINY["mappo"] = TINY["ippo"] = {**_MARL, "total_frames": 64, "n_steps": 8, "epochs": 2, "minibatch_size": 16}
 TINY["qmix"] = TINY["vdn"] = TINY["maddpg"] = TINY["masac"] = {

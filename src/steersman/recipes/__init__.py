@@ -1,8 +1,8 @@
 """L6: recipes — one readable training script per algorithm, built from the library's parts.
 
 Each recipe module (``ppo``, ``a2c``, ``dqn``, ``sac``, ``td3``, ``ddpg``, ``iql``, and the
-multi-agent ``mappo``, ``ippo``, ``qmix``, ``vdn``, ``maddpg``, ``masac``, and ``alphazero``) has one
-config dataclass (``PPOConfig``...) whose fields carry a one-line docstring, and:
+multi-agent ``mappo``, ``ippo``, ``qmix``, ``vdn``, ``maddpg``, ``masac``, and the planning ``alphazero``
+and ``muzero``) has one config dataclass (``PPOConfig``...) whose fields carry a one-line docstring, and:
 
 * ``train(cfg=None, run_dir=None, *, resume=False) -> dict``: trains, writing a run
   directory (see :class:`~steersman.recipes.run.Run`), and returns the run's summary;
@@ -15,7 +15,7 @@ and the Python API share (see :mod:`steersman.recipes.launch`).
 
 Example:
     >>> sorted(ALGOS)
-    ['a2c', 'alphazero', 'ddpg', 'dqn', 'ippo', 'iql', 'maddpg', 'mappo', 'masac', 'ppo', 'qmix', 'sac', 'td3', 'vdn']
+    ['a2c', 'alphazero', 'ddpg', 'dqn', 'ippo', 'iql', 'maddpg', 'mappo', 'masac', 'muzero', 'ppo', 'qmix', 'sac', 'td3', 'vdn']
     >>> get_recipe("ppo").PPOConfig().env.name
     'CartPole-v1'
 """
@@ -38,6 +38,7 @@ ALGOS: dict[str, tuple[str, str]] = {
     "ddpg": ("DDPGConfig", "Deep Deterministic Policy Gradient, off-policy (default: Pendulum-v1)"),
     "iql": ("IQLConfig", "Implicit Q-Learning, offline from a replay-buffer file (default: Pendulum-v1)"),
     "alphazero": ("AlphaZeroConfig", "AlphaZero with Gumbel MuZero self-play search (default: tictactoe)"),
+    "muzero": ("MuZeroConfig", "MuZero: Gumbel MuZero search on a learned model (default: tictactoe; cartpole)"),
     "mappo": ("MAPPOConfig", "Multi-agent PPO, centralised critic (default: native navigation, 3 agents)"),
     "ippo": ("IPPOConfig", "Independent PPO, per-agent critic (default: native navigation, 3 agents)"),
     "qmix": ("QMIXConfig", "QMIX, monotonic value mixing, discrete actions (default: native navigation)"),
