@@ -4,6 +4,7 @@ frames in a compressed buffer, variable-length items in a lazy-stack buffer, a s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from steersman.data import (
@@ -59,3 +60,54 @@ def test_variable_length_items_and_a_seeded_sampler():
         assert batch[i]["tokens"].shape == (int(batch[i]["length"]),)
     goal = Choice([Bounded(-1.0, 0.0, shape=(2,)), Bounded(5.0, 6.0, shape=(2,))])
     assert goal.is_in(goal.rand())
+
+
+def test_her_ensemble_and_checkpointed_storage_script(tmp_path):
+    # the way TorchRL's docs write them, imports changed only
+    from steersman.data import (
+        FlatStorageCheckpointer,
+        HERReplayBuffer,
+        LazyMemmapStorage,
+        ReplayBufferEnsemble,
+        filter_trajectories,
+        traj,
+    )
+
+    def reward_fn(td):
+        dist = (td["achieved_goal"] - td["desired_goal"]).norm(dim=-1, keepdim=True)
+        return (dist < 0.05).float()
+
+    rb = HERReplayBuffer(reward_fn=reward_fn, storage=LazyMemmapStorage(10_000, scratch_dir=tmp_path / "her"),
+                         batch_size=256)
+    for i in range(4):
+        td = TensorDict({"observation": torch.randn(4), "desired_goal": torch.zeros(3),
+                         "achieved_goal": torch.randn(3), "action": torch.randn(2),
+                         "next": {"observation": torch.randn(4), "desired_goal": torch.zeros(3),
+                                  "achieved_goal": torch.randn(3), "reward": torch.zeros(1),
+                                  "done": torch.tensor([i == 3])}}, batch_size=[])
+        rb.add(td)
+    batch = rb.sample(4)
+    assert batch["desired_goal"].shape == (4, 3) and batch["next", "reward"].shape == (4, 1)
+
+    rb0 = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    rb1 = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    ens = ReplayBufferEnsemble(rb0, rb1, p=[0.5, 0.5], num_buffer_sampled=2)
+    ens[0].extend(TensorDict({"a": torch.arange(10.0)}, [10]))
+    ens[1].extend(TensorDict({"a": torch.arange(10.0) + 100}, [10]))
+    sample = ens.sample(10)
+    assert sample.shape == (2, 5) and sample["index", "buffer_ids"].shape == (2, 5)
+
+    storage = LazyTensorStorage(100)
+    storage.checkpointer = FlatStorageCheckpointer()
+    flat_rb = ReplayBuffer(storage=storage)
+    obs = torch.arange(20.0).unsqueeze(-1)
+    flat_rb.extend(TensorDict({"obs": obs, "next": {"obs": obs + 1, "reward": torch.ones(20, 1),
+                                                    "done": (obs % 5 == 4)}}, [20]))
+    flat_rb.dumps(tmp_path / "flat")
+    restored = ReplayBuffer(storage=LazyTensorStorage(100))
+    restored.storage.checkpointer = FlatStorageCheckpointer()
+    restored.loads(tmp_path / "flat")
+    assert (restored[:] == flat_rb[:]).all()
+    with pytest.warns(UserWarning, match="trajectory ids"):  # split at done flags: TorchRL warns too
+        good = filter_trajectories(restored[:], traj.reward.sum() >= 5)
+    assert [t.length for t in good] == [5, 5, 5, 5]
