@@ -10,6 +10,7 @@ steersman's recipe and BenchMARL's experiment train on VMAS navigation with the 
 hyper-parameters (3 agents, 50-step episodes, shared reward; 64 sub-envs x 50 steps = 3,200
 frames per batch; 4 epochs of 800-transition minibatches = 16 minibatch iterations; Adam
 lr 3e-3, eps 1e-8; gamma 0.99, GAE lambda 0.9, clip 0.2, no entropy bonus, l2 critic loss,
+advantages not standardized (BenchMARL's setting),
 gradient norm clipped at 1; [64, 64] tanh MLPs, parameters shared by the agents, tanh-normal
 actor; centralised critic for MAPPO, per-agent for IPPO; CPU, one torch thread; no
 evaluation, checkpoints or loggers besides one CSV). BenchMARL runs in a subprocess of
@@ -65,7 +66,7 @@ def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float]:
     cfg.env.n_agents = SIDE["n_agents"]
     cfg.total_frames, cfg.n_steps, cfg.epochs = frames, SIDE["n_steps"], SIDE["epochs"]
     cfg.minibatch_size, cfg.lr, cfg.max_grad_norm, cfg.gamma, cfg.gae_lambda = SIDE["minibatch"], SIDE["lr"], 1.0, 0.99, 0.9
-    cfg.hidden_sizes = [64, 64]
+    cfg.hidden_sizes, cfg.normalize_advantage = [64, 64], False  # BenchMARL's PPO losses do not standardize
     cfg.seed, cfg.quiet, cfg.export_format = seed, True, "none"
     cfg.eval.interval, cfg.eval.episodes, cfg.checkpoint.interval = 0, 2, 0
     cfg.logger.backends = ["csv"]

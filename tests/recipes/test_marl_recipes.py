@@ -17,29 +17,11 @@ from steersman.recipes.run import Run
 from steersman.record import read_metrics_csv
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import ExplorationType, set_exploration_type
+from tests.recipes._tiny import tiny_config as config
+from tests.recipes.test_resume import _flat
 
 CONFIGS = {"mappo": "MAPPOConfig", "ippo": "IPPOConfig", "qmix": "QMIXConfig", "vdn": "VDNConfig",
            "maddpg": "MADDPGConfig", "masac": "MASACConfig"}
-COMMON = {"quiet": True, "eval.episodes": 2, "eval.interval": 0, "logger.backends": ["csv"],
-          "checkpoint.interval": 0, "env.num_envs": 4, "env.max_episode_steps": 10, "hidden_sizes": [16]}
-TINY = {
-    "mappo": {"total_frames": 64, "n_steps": 8, "epochs": 2, "minibatch_size": 16},
-    "qmix": {"total_frames": 64, "frames_per_batch": 16, "gradient_steps": 2, "batch_size": 16},
-}
-TINY["ippo"], TINY["vdn"] = TINY["mappo"], TINY["qmix"]
-TINY["maddpg"] = TINY["masac"] = TINY["qmix"]
-
-
-def config(algo, **overrides):
-    cfg = getattr(importlib.import_module(f"steersman.recipes.{algo}"), CONFIGS[algo])()
-    for key, value in {**COMMON, **TINY[algo], **overrides}.items():
-        obj = cfg
-        *path, last = key.split(".")
-        for part in path:
-            obj = getattr(obj, part)
-        assert hasattr(obj, last), key
-        setattr(obj, last, value)
-    return cfg
 
 
 def recipe(algo):
@@ -68,17 +50,6 @@ def test_recipe_smoke(algo, tmp_path):
             want = policy(TensorDict({"agents": TensorDict({"observation": obs}, [3, 3])}, [3]))["agents", "action"]
         got = torch.export.load(policy_file).module()(obs)
         assert got.shape == want.shape and torch.allclose(got.to(want.dtype), want, atol=1e-6)
-
-
-def _flat(state, prefix=""):
-    if isinstance(state, dict):
-        for k, v in state.items():
-            yield from _flat(v, f"{prefix}/{k}")
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            yield from _flat(v, f"{prefix}/{i}")
-    else:
-        yield prefix, state
 
 
 # QMIX/VDN's resume used to differ: the collector's saved state gave the group "agents" the

@@ -81,6 +81,8 @@ class MAPPOConfig:
     """Weight of the entropy bonus."""
     critic_coef: float = 1.0
     """Weight of the value loss."""
+    normalize_advantage: bool = True
+    """Standardize the advantages of each minibatch, per agent (TorchRL's MAPPOLoss default; BenchMARL: off)."""
     value_norm: str = "none"
     """Normalize the critic's targets: none, popart or running."""
     seed: int = 0
@@ -155,6 +157,7 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
     loss_cls = IPPOLoss if algo == "ippo" else MAPPOLoss
     loss_fn = loss_cls(actor, critic, clip_epsilon=cfg.clip_epsilon, entropy_coeff=cfg.entropy_coef,
                        critic_coeff=cfg.critic_coef, loss_critic_type="l2", value_norm=make_value_norm(cfg.value_norm),
+                       normalize_advantage=cfg.normalize_advantage,
                        diagnostics=False)  # logged once per batch below (loss_fn.diagnose)
     loss_fn.set_keys(action=(G, "action"), sample_log_prob=(G, "action_log_prob"), value=(G, "state_value"),
                      advantage=(G, "advantage"), value_target=(G, "value_target"), reward=(G, "reward"),
