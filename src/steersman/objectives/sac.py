@@ -82,6 +82,16 @@ class SACLoss(LossModule):
             (see :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (per-sample losses in a
             TensorDict with the batch's shape; no ``alpha``/``entropy`` entries).
+        use_prioritized_weights: ``"auto"``/``True`` (default ``"auto"``): when the batch has
+            ``priority_weight`` (a prioritized buffer's importance weights, ``[*batch]``),
+            every term is weighted by it (``"mean"``: ``sum(w * l) / sum(w)``); ``False``: never.
+        scalar_output_mode: with ``reduction="none"``, ``None``/``"exclude"`` leave ``alpha``
+            and ``entropy`` out; ``"non_tensor"`` adds them as non-tensor entries.
+        skip_done_states: TorchRL's option to run the actor only on non-terminal next
+            states; their value is multiplied by zero either way, so the loss is the same
+            (accepted, no effect).
+        priority_key, gamma: TorchRL's deprecated keywords (warn): ``set_keys(priority=...)``
+            and ``make_value_estimator(gamma=...)``.
 
     Reads ``observation`` keys, ``action``, ``("next", <obs keys>)``, ``("next", "reward")``,
     ``("next", "done")`` and ``("next", "terminated")`` (``[*batch, 1]``); writes
@@ -125,6 +135,7 @@ class SACLoss(LossModule):
         state_action_value: NestedKey = "state_action_value"
         log_prob: NestedKey = "action_log_prob"
         priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "priority_weight"
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
@@ -153,10 +164,16 @@ class SACLoss(LossModule):
         separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        skip_done_states: bool = False,
+        use_prioritized_weights: str | bool = "auto",
+        scalar_output_mode: str | None = None,
+        priority_key: NestedKey | None = None,
+        gamma: float | None = None,
     ) -> None:
         super().__init__()
         torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
         _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
+        _sac_options(self, skip_done_states, use_prioritized_weights, scalar_output_mode, priority_key, gamma)
         if delay_actor:
             self.make_target("actor_network")
         self._version = 1 if value_network is not None else 2
@@ -283,6 +300,7 @@ class DiscreteSACLoss(LossModule):
         action_value: NestedKey = "action_value"
         log_prob: NestedKey = "log_prob"
         priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "priority_weight"
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
@@ -310,10 +328,15 @@ class DiscreteSACLoss(LossModule):
         separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        skip_done_states: bool = False,
+        use_prioritized_weights: str | bool = "auto",
+        scalar_output_mode: str | None = None,
+        priority_key: NestedKey | None = None,
     ) -> None:
         super().__init__()
         torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
         _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
+        _sac_options(self, skip_done_states, use_prioritized_weights, scalar_output_mode, priority_key, None)
         self.action_space, spec_n = _find_action_space(action_space)
         num_actions = num_actions if num_actions is not None else spec_n
         if target_entropy == "auto":
@@ -523,12 +546,51 @@ def _find_action_space(action_space: Any) -> tuple[str, int | None]:
     )
 
 
+def _sac_options(loss: LossModule, skip_done_states: bool, use_prioritized_weights: str | bool,
+                 scalar_output_mode: str | None, priority_key: NestedKey | None, gamma: float | None) -> None:
+    """TorchRL's SAC-family keywords (see :class:`SACLoss`), checked and stored."""
+    name = type(loss).__name__
+    if use_prioritized_weights not in ("auto", True, False):
+        raise ValueError(f"{name}: use_prioritized_weights must be 'auto', True or False, got {use_prioritized_weights!r}")
+    if scalar_output_mode not in (None, "exclude", "non_tensor"):
+        raise ValueError(f"{name}: scalar_output_mode must be None, 'exclude' or 'non_tensor', got {scalar_output_mode!r}")
+    loss.skip_done_states = skip_done_states
+    loss.use_prioritized_weights = use_prioritized_weights
+    loss.scalar_output_mode = scalar_output_mode
+    if priority_key is not None:
+        warnings.warn(f"{name}(priority_key=...) is deprecated; use loss.set_keys(priority=...)",
+                      DeprecationWarning, stacklevel=3)
+        loss.set_keys(priority=priority_key)
+    if gamma is not None:
+        warnings.warn(f"{name}(gamma=...) is deprecated; use loss.make_value_estimator(gamma=...)",
+                      DeprecationWarning, stacklevel=3)
+        loss.make_value_estimator(gamma=gamma)
+
+
 def _output(loss: LossModule, td: TensorDictBase, losses: dict[str, Tensor],
             diagnostics: dict[str, Tensor]) -> TensorDictBase:
     """The loss TensorDict: reduced ``loss_*`` terms plus detached scalar diagnostics, or,
-    with ``reduction="none"``, the per-sample terms with the batch's shape."""
+    with ``reduction="none"``, the per-sample terms with the batch's shape. Losses with
+    ``use_prioritized_weights`` weight every term by the batch's ``priority_weight``."""
+    weights = None
+    if getattr(loss, "use_prioritized_weights", False) in ("auto", True):
+        key = getattr(loss.tensor_keys, "priority_weight", None)
+        weights = td.get(key, None) if key is not None else None
+    if weights is not None:
+        weights = weights.detach().reshape(td.batch_size).to(next(iter(losses.values())).dtype)
+        losses = {k: v * weights for k, v in losses.items()}
     if loss.reduction == "none":
-        return TensorDict(losses, td.batch_size)
+        out_none = TensorDict(losses, td.batch_size)
+        if getattr(loss, "scalar_output_mode", None) == "non_tensor":
+            for k, v in diagnostics.items():
+                if k in ("alpha", "entropy"):
+                    out_none.set_non_tensor(k, v.detach())
+        return out_none
+    if weights is not None and loss.reduction == "mean":
+        total = weights.sum()
+        out = {k: v.sum() / total for k, v in losses.items()}
+        out.update({k: v.detach() for k, v in diagnostics.items()})
+        return TensorDict(out, [])
     out = {k: reduce_loss(v, loss.reduction) for k, v in losses.items()}
     out.update({k: v.detach() for k, v in diagnostics.items()})
     return TensorDict(out, [])

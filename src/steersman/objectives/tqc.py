@@ -34,6 +34,7 @@ from .sac import (
     _clamp_log_alpha,
     _output,
     _register_alpha,
+    _sac_options,
     _sample,
 )
 from .utils import ValueEstimators
@@ -74,8 +75,8 @@ class TQCLoss(LossModule):
         top_quantiles_to_drop_per_net: atoms dropped from the pooled target per critic
             (default 2; ``N`` times this must be below ``N * M``).
         alpha_init, min_alpha, max_alpha, action_spec, fixed_alpha, target_entropy,
-        delay_qvalue, separate_losses, reduction, deactivate_vmap: as for
-        :class:`~steersman.objectives.SACLoss`.
+        delay_qvalue, separate_losses, reduction, deactivate_vmap, skip_done_states,
+        use_prioritized_weights, scalar_output_mode: as for :class:`~steersman.objectives.SACLoss`.
 
     Only the TD(0) target exists (as in TorchRL). Returns ``loss_actor``, ``loss_qvalue``,
     ``loss_alpha`` and the detached ``alpha`` and ``entropy``; writes ``td_error``
@@ -146,20 +147,10 @@ class TQCLoss(LossModule):
             raise ValueError(
                 f"TQCLoss: top_quantiles_to_drop_per_net must be >= 0, got {top_quantiles_to_drop_per_net}"
             )
-        if scalar_output_mode not in (None, "exclude"):
-            raise ValueError(
-                f"TQCLoss: scalar_output_mode must be None or 'exclude' (reduction='none' leaves alpha and "
-                f"entropy out of the output), got {scalar_output_mode!r}"
-            )
         _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, "smooth_l1",
                            reduction or "mean")
         self.top_quantiles_to_drop_per_net = int(top_quantiles_to_drop_per_net)
-        #: TorchRL's option to skip the actor on terminal next states: their value is
-        #: multiplied by zero either way, so the loss is the same (accepted, no effect).
-        self.skip_done_states = skip_done_states
-        #: weights the per-sample losses by the batch's ``_weight`` entry when present
-        #: (``"auto"``/``True``), as TorchRL does for prioritized replay.
-        self.use_prioritized_weights = use_prioritized_weights
+        _sac_options(self, skip_done_states, use_prioritized_weights, scalar_output_mode, None, None)
         entropy = _auto_target_entropy(self, target_entropy, action_spec, actor_network)
         _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha, entropy)
 
@@ -213,10 +204,6 @@ class TQCLoss(LossModule):
             error = (target.unsqueeze(0).unsqueeze(-2) - z.unsqueeze(-1)).abs().mean((-1, -2))
             td.set(self.tensor_keys.priority, error.max(0).values)
         losses = {"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_alpha": loss_alpha}
-        weight = td.get("_weight", None) if self.use_prioritized_weights in ("auto", True) else None
-        if weight is not None:
-            weight = weight.reshape(td.batch_size)
-            losses = {k: v * weight for k, v in losses.items()}
         return _output(self, td, losses, {"alpha": alpha, "entropy": -log_prob.detach().mean()})
 
     def _estimator_value_network(self) -> None:
