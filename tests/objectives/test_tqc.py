@@ -128,3 +128,23 @@ def test_prioritized_weights_and_reduction_none():
     torch.testing.assert_close(mean["loss_qvalue"], (plain["loss_qvalue"] * w).sum() / w.sum())
     non_tensor = tqc(reduction="none", scalar_output_mode="non_tensor")(batch.clone())
     assert "alpha" in non_tensor.keys()
+
+
+def test_sac_takes_torchrl_deprecated_and_prioritized_keywords():
+    from steersman.objectives import SACLoss
+
+    with pytest.warns(DeprecationWarning, match="priority_key"):
+        loss = SACLoss(sac.actor(), sac.qvalue(), target_entropy=-2.0, priority_key="prio")
+    assert loss.tensor_keys.priority == "prio"
+    with pytest.warns(DeprecationWarning, match="gamma"):
+        assert SACLoss(sac.actor(), sac.qvalue(), target_entropy=-2.0, gamma=0.5).value_estimator.gamma == 0.5
+    batch = sac.continuous_batch(None, (6,))
+    batch["priority_weight"] = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    torch.manual_seed(1)
+    weighted = loss(batch.clone())
+    loss.reduction, loss.use_prioritized_weights = "none", False
+    torch.manual_seed(1)
+    per_sample = loss(batch.clone())["loss_qvalue"]
+    torch.testing.assert_close(weighted["loss_qvalue"], per_sample[3:].mean())  # zero weight = left out
+    with pytest.raises(ValueError, match="scalar_output_mode"):
+        SACLoss(sac.actor(), sac.qvalue(), target_entropy=-2.0, scalar_output_mode="tensor")
