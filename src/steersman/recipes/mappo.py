@@ -70,7 +70,7 @@ class MAPPOConfig:
     lr: float = 3e-3
     """Adam learning rate (both networks)."""
     max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this value."""
+    """Clip the gradient norm of each network (actor, critic) to this value."""
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 0.9
@@ -166,6 +166,11 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
     gae = loss_fn.value_estimator
     params = [p for p in loss_fn.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    # the gradient norm is clipped per network (as in the MAPPO paper's code and BenchMARL): the
+    # critic's larger value-loss gradients must not shrink the actor's step
+    in_critic = {id(p) for p in critic.parameters()}
+    critic_params = [p for p in params if id(p) in in_critic]
+    actor_params = [p for p in params if id(p) not in in_critic]
     keys = loss_fn.tensor_keys
     minibatch_keys = ((G, "observation"), keys.action, keys.sample_log_prob, keys.advantage, keys.value_target)
     policy = shared_copy(actor)  # collection/eval twin: same parameters, never toggled
@@ -187,14 +192,16 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
                 total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                 optimizer.zero_grad(set_to_none=True)
                 total.backward()
-                grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                grad_norm = nn.utils.clip_grad_norm_(actor_params, cfg.max_grad_norm)
+                grad_norm_critic = nn.utils.clip_grad_norm_(critic_params, cfg.max_grad_norm)
                 optimizer.step()
         diag = loss_fn.diagnose(flat[idx])  # the last minibatch, after the epochs
 
         run.log(frames, {"train/return": returns.last_mean, f"train/return/{G}": returns.last_mean,
                          "train/loss_objective": diag["loss_objective"], "train/loss_critic": diag["loss_critic"],
                          "train/entropy": diag["entropy"], "train/kl_approx": diag["kl_approx"],
-                         "train/clip_fraction": diag["clip_fraction"], "train/grad_norm": grad_norm})
+                         "train/clip_fraction": diag["clip_fraction"], "train/grad_norm": grad_norm,
+                         "train/grad_norm_critic": grad_norm_critic})
         if end_of_iteration(run, frames, policy, eval_env):
             break
     return wrap_up_marl(run, policy, eval_env, collector)
