@@ -125,3 +125,43 @@ def test_envbase_torchrl_keywords():
     assert "extra" in unlocked.observation_spec.keys()
     with pytest.raises(ValueError, match="auto_reset"):
         CounterEnv(auto_reset=True)
+
+
+def test_torchrl_pipeline_scripts_for_the_newer_transforms():
+    """TorchRL's documented examples of MultiStepTransform (a replay buffer fed with
+    successive rollouts of a SerialEnv), ConditionalSkip (nested TransformedEnvs) and
+    AsyncEnvPool, with steersman imports."""
+    from steersman.data import LazyTensorStorage, ReplayBuffer
+    from steersman.envs import AsyncEnvPool, ConditionalSkip, MultiStepTransform
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(100), transform=MultiStepTransform(n_steps=3, gamma=0.95))
+    env = TransformedEnv(PendulumEnv(), StepCounter())
+    env.set_seed(0)
+    tdreset = env.reset()
+    for _ in range(3):
+        rollout = env.rollout(max_steps=10, break_when_any_done=False, tensordict=tdreset, auto_reset=False)
+        rb.extend(rollout)
+        tdreset = rollout[..., -1]["next"]
+    stored = rb[:]
+    assert stored.batch_size == (27,)  # 30 steps, the last 3 wait for their future
+    assert torch.equal(stored["next", "step_count"], stored["step_count"] + 3)
+
+    base_env = TransformedEnv(PendulumEnv(), StepCounter(step_count_key="inner_count"))
+    middle_env = TransformedEnv(base_env, Compose(StepCounter(step_count_key="middle_count"),
+                                                  ConditionalSkip(cond=lambda td: td["step_count"] % 2 == 1)))
+    env = TransformedEnv(middle_env, StepCounter(step_count_key="step_count"))
+    env.set_seed(0)
+    r = env.rollout(10)
+    assert r["inner_count"].squeeze(-1).tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4, 5]
+    assert torch.equal(r["observation"][1], r["observation"][2])
+
+    pool = AsyncEnvPool([lambda: PendulumEnv(), lambda: PendulumEnv()], stack="lazy", backend="threading")
+    s = pool.rand_step(pool.reset())
+    s = pool._step_mdp(s)
+    s0 = s[0]
+    s0["action"] = torch.randn(1).clamp(-1, 1)
+    s0["env_index"] = 0
+    pool.async_step_send(s0)
+    s0_result = pool.async_step_recv()
+    assert s0_result["env_index"].tolist() == [0] and s0_result["next", "observation"].shape == (1, 3)
+    pool.close()

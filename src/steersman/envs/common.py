@@ -967,6 +967,9 @@ class EnvBase:
             if tensordict is None:
                 raise ValueError("rollout(auto_reset=False) needs the first step's input as `tensordict`")
             td = tensordict
+            rewards = [k for k in self.reward_keys if k in td.keys(True)]
+            if rewards:  # e.g. the "next" of a previous rollout's last step: rewards are not inputs
+                td = td.exclude(*rewards)
         if policy is None:
             policy = self.rand_action
         nb = len(self._batch_size) if self.batch_locked else td.batch_dims
