@@ -208,3 +208,50 @@ def test_expected_saturating_cost_matches_monte_carlo(weighted):
         cost(TensorDict({"observation": {"mean": m, "var": s[..., :2]}}, [4]))
     with pytest.raises(ValueError, match="symmetric"):
         ExponentialQuadraticCost(weights=torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
+
+
+def test_rbf_controller_moments_match_monte_carlo():
+    """The RBF network's moments are exact (checked by sampling x); the sine squashing is
+    exact for a Gaussian input (checked by sampling y ~ N(E f, Cov f)); forward composes
+    them as PILCO does (a Gaussian approximation of f in between)."""
+    from steersman.modules import RBFController
+
+    torch.manual_seed(0)
+    ctrl = RBFController(input_dim=2, output_dim=2, max_action=1.5, n_basis=4).double()
+    with torch.no_grad():
+        ctrl.weights.mul_(10.0)  # outputs of order 1: the squashing matters
+        ctrl.lengthscales.copy_(torch.tensor([0.8, 1.3]))
+    m = torch.tensor([[0.3, -0.2]], dtype=torch.float64)
+    root = torch.tensor([[0.4, 0.0], [0.2, 0.3]], dtype=torch.float64)
+    s = (root @ root.T).unsqueeze(0)
+    f_mean, f_cov, f_cross = ctrl.rbf_moments(m, s)
+    x = D.MultivariateNormal(m[0], s[0]).sample((200_000,))
+    lam = ctrl.lengthscales.detach() ** 2
+    f = torch.exp(-0.5 * ((x.unsqueeze(1) - ctrl.centers.detach()) ** 2 / lam).sum(-1)) @ ctrl.weights.detach()
+    xc, fc = x - x.mean(0), f - f.mean(0)
+    torch.testing.assert_close(f_mean[0].detach(), f.mean(0), atol=1e-2, rtol=0)
+    torch.testing.assert_close(f_cov[0].detach(), f.T.cov(), atol=1e-2, rtol=0)
+    torch.testing.assert_close(f_cross[0].detach(), xc.T @ fc / (len(x) - 1), atol=5e-3, rtol=0)
+    y = D.MultivariateNormal(f_mean[0].detach(), f_cov[0].detach()).sample((200_000,))
+    u = 1.5 * torch.sin(y)
+    u_mean, u_cov, gain = RBFController.squash_sin(f_mean.detach(), f_cov.detach(), 1.5)
+    torch.testing.assert_close(u_mean[0], u.mean(0), atol=1e-2, rtol=0)
+    torch.testing.assert_close(u_cov[0], u.T.cov(), atol=1e-2, rtol=0)
+    yc, uc = y - y.mean(0), u - u.mean(0)
+    torch.testing.assert_close((f_cov.detach() @ torch.diag_embed(gain))[0], yc.T @ uc / (len(y) - 1), atol=1e-2,
+                               rtol=0)
+    mean, cov, cross = ctrl(m, s)
+    torch.testing.assert_close(mean.detach(), u_mean)
+    torch.testing.assert_close(cov.detach(), u_cov)
+    torch.testing.assert_close(cross.detach(), f_cross.detach() @ torch.diag_embed(gain))
+    # a point mass: f(m), no spread
+    raw = RBFController(2, 2, max_action=None, n_basis=4).double()
+    raw.load_state_dict(ctrl.state_dict())
+    point_mean, point_cov, _ = raw(m, torch.zeros_like(s))
+    f_m = torch.exp(-0.5 * ((m.unsqueeze(1) - ctrl.centers.detach()) ** 2 / lam).sum(-1)) @ ctrl.weights.detach()
+    torch.testing.assert_close(point_mean.detach(), f_m)
+    torch.testing.assert_close(point_cov.detach(), torch.zeros(1, 2, 2, dtype=torch.float64), atol=1e-9, rtol=0)
+    mean.sum().backward()
+    assert ctrl.centers.grad.abs().sum() > 0 and ctrl.lengthscales.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="expected mean"):
+        ctrl(m, s[..., :1])

@@ -89,6 +89,7 @@ from .qvalue import (
     QValueModule,
 )
 from .random_policy import RandomPolicy
+from .rbf_controller import RBFController
 from .rnn import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
 from .rnn_precision import (
     RecurrentMatmulPrecision,
@@ -249,4 +250,10 @@ __all__ = [
     "WorldModel",
     "WorldModelWrapper",
     "SymExpTwoHot",
+    "RBFController",
 ]
+
+# tree-search scores (TorchRL's torchrl.modules MCTS scores)
+from .mcts_scores import EXP3Score, MCTSScore, MCTSScores, PUCTScore, UCB1TunedScore, UCBScore  # noqa: E402
+
+__all__ += ["EXP3Score", "MCTSScore", "MCTSScores", "PUCTScore", "UCB1TunedScore", "UCBScore"]
