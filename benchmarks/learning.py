@@ -8,6 +8,9 @@ Tasks (rl-zoo's tuned settings on both sides, one thread, CPU):
   sac-pendulum   SAC on Pendulum-v1: lr 1e-3, [256, 256] MLPs, batch 256, 1 update per
                  frame, 100 random frames, tau 0.005, automatic temperature; 20k frames;
                  threshold: mean evaluation return >= -200.
+  dqn-cartpole   DQN on CartPole-v1 (rl-zoo): lr 2.3e-3, [256, 256] MLP, batch 64, 128
+                 updates per 256 frames, epsilon 1 -> 0.04 over 16%, 1,000 random frames;
+                 50k frames; threshold 475.
 
 Contestants, each seed in its own process (``--worker``):
 
@@ -15,7 +18,11 @@ Contestants, each seed in its own process (``--worker``):
                  env, from this checkout, in the project's venv;
   steersman-compile  the same with ``compile=True`` (the update step through
                  torch.compile; the compile time counts as training time); PPO only;
-  sb3            Stable-Baselines3 with Gymnasium's env, in the anchor venv.
+  steersman-seeds  N seeds in one process (``seeds=N``, recipes/multiseed.py: one vmapped
+                 update for all; ``-compile``: compiled); frames/s summed over members,
+                 one evaluation at the end (N: ``--pop-seeds``, default 32 PPO, 16 DQN/SAC);
+  sb3            Stable-Baselines3 with Gymnasium's env, in the anchor venv;
+  sb3-pair       two SB3 runs at once (one per core of a 2-core machine), frames/s summed.
 
 Every ``--eval-every`` frames each contestant evaluates its deterministic policy on 10
 episodes; the evaluation's time is left out of the training clock (setup is included:
@@ -27,6 +34,8 @@ threshold, final evaluation return, training frames per second.
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 1 --quick
     python benchmarks/learning.py --json results.json --plot curves.png
     python benchmarks/learning.py --tasks sac-pendulum --frames 8000   # a shorter SAC run
+    python benchmarks/learning.py --tasks ppo-cartpole --seeds 1 --frames 30720 \
+        --contestants sb3,sb3-pair,steersman-compile,steersman-seeds       # issue 17's side by side
 
 Interpreters: steersman runs with this script's Python (``--steersman-python``), SB3 with
 ``--sb3-python`` (default: ``bin/python`` of the anchor venv, ``$STEERSMAN_ANCHORS_VENV`` or
@@ -56,22 +65,55 @@ TASKS = {
                      "quick_frames": 30_720},
     "sac-pendulum": {"env": "Pendulum-v1", "frames": 20_000, "eval_every": 2_000, "threshold": -200.0,
                      "quick_frames": 6_000},
+    "dqn-cartpole": {"env": "CartPole-v1", "frames": 50_000, "eval_every": 5_000, "threshold": 475.0,
+                     "quick_frames": 10_240},
 }
+#: members of the ``steersman-seeds`` contestant per task (``--pop-seeds`` overrides)
+POP_SEEDS = {"ppo-cartpole": 32, "sac-pendulum": 16, "dqn-cartpole": 16}
 EVAL_EPISODES = 10
 
 
 # ---------------------------------------------------------------- workers (one process each)
-def _steersman_worker(task: str, seed: int, frames: int, eval_every: int, compile: bool = False) -> dict:
-    import torch
-
-    torch.set_num_threads(1)
+def _config(task: str, seed: int, frames: int) -> tuple:
     sys.path.insert(0, str(REPO / "src"))
     from steersman.recipes import get_recipe
 
     algo = task.split("-")[0]
     recipe = get_recipe(algo)
-    cfg = recipe.PPOConfig() if algo == "ppo" else recipe.SACConfig()
+    cfg = {"ppo": lambda: recipe.PPOConfig(), "sac": lambda: recipe.SACConfig(), "dqn": lambda: recipe.DQNConfig()}[algo]()
     cfg.total_frames, cfg.seed, cfg.quiet, cfg.export_format = frames, seed, True, "none"
+    return recipe, cfg
+
+
+def _steersman_seeds_worker(task: str, seed: int, frames: int, eval_every: int, n: int, compile: bool = False) -> dict:
+    """``n`` seeds in this one process (``seeds=n``: recipes/multiseed.py); the run's own
+    aggregate frames/s (its loop, the final evaluation of every member included)."""
+    import torch
+
+    torch.set_num_threads(1)
+    recipe, cfg = _config(task, seed, frames)
+    cfg.seeds, cfg.compile = n, compile
+    cfg.logger.backends = ["csv"]
+    cfg.logger.log_interval = 10**9
+    cfg.eval.interval, cfg.eval.episodes = 0, EVAL_EPISODES  # one evaluation, at the end
+    cfg.checkpoint.interval = 0
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        summary = recipe.train(cfg, Path(d) / "run")
+    wall = time.perf_counter() - t0
+    finals = list(summary["final_eval_return"].values())
+    total = summary["frames_per_member"] * n
+    return {"evals": [{"frames": summary["frames_per_member"], "train_seconds": wall,
+                       "return": sum(finals) / len(finals)}],
+            "frames": total, "train_seconds": total / summary["frames_per_s"], "members": n,
+            "member_returns": finals, "call_seconds": wall}
+
+
+def _steersman_worker(task: str, seed: int, frames: int, eval_every: int, compile: bool = False) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    recipe, cfg = _config(task, seed, frames)
     cfg.logger.backends = ["csv"]
     cfg.logger.log_interval = 10**9
     cfg.eval.interval, cfg.eval.episodes = eval_every, EVAL_EPISODES
@@ -109,7 +151,7 @@ def _sb3_worker(task: str, seed: int, frames: int, eval_every: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from stable_baselines3 import PPO, SAC
+    from stable_baselines3 import DQN, PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
@@ -141,6 +183,12 @@ def _sb3_worker(task: str, seed: int, frames: int, eval_every: int) -> dict:
         model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                     ent_coef=0.0, learning_rate=lambda p: p * 1e-3, clip_range=lambda p: p * 0.2, seed=seed,
                     device="cpu", verbose=0)
+    elif task == "dqn-cartpole":  # rl-zoo's CartPole-v1 DQN (steersman's DQNConfig defaults)
+        env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+        model = DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000,
+                    gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                    exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
+                    seed=seed, device="cpu", verbose=0)
     else:
         env = make_vec_env("Pendulum-v1", n_envs=1, seed=seed)
         model = SAC("MlpPolicy", env, learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
@@ -155,6 +203,9 @@ WORKERS = {
     "steersman": _steersman_worker,
     "steersman-compile": lambda *a: _steersman_worker(*a, compile=True),
     "sb3": _sb3_worker,
+    # N seeds in one process (N from --pop-seeds / POP_SEEDS, passed as the worker's 6th argument)
+    "steersman-seeds": lambda *a: _steersman_seeds_worker(*a[:4], int(a[4])),
+    "steersman-seeds-compile": lambda *a: _steersman_seeds_worker(*a[:4], int(a[4]), compile=True),
 }
 
 
@@ -174,14 +225,33 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _launch(python: str, contestant: str, task: str, seed: int, frames: int, eval_every: int) -> dict:
+def _launch(python: str, contestant: str, task: str, seed: int, frames: int, eval_every: int,
+            pop: int = 0) -> dict:
+    if contestant == "sb3-pair":  # two SB3 runs at once (one per core), frames/s summed
+        procs = [_start(python, "sb3", task, s, frames, eval_every, pop) for s in (seed, seed + 100)]
+        runs = [_result(p) for p in procs]
+        bad = [r for r in runs if "error" in r]
+        if bad:
+            return bad[0]
+        return {"evals": runs[0]["evals"], "frames": sum(r["frames"] for r in runs),
+                "train_seconds": max(r["train_seconds"] for r in runs), "members": 2,
+                "per_run_frames_per_s": [r["frames"] / r["train_seconds"] for r in runs]}
+    return _result(_start(python, contestant, task, seed, frames, eval_every, pop))
+
+
+def _start(python: str, contestant: str, task: str, seed: int, frames: int, eval_every: int,
+           pop: int) -> subprocess.Popen:
     cmd = [python, str(Path(__file__).resolve()), "--worker", contestant, task, str(seed), str(frames),
-           str(eval_every)]
+           str(eval_every), str(pop)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        tail = (err or out).strip().splitlines()[-1:] or ["no output"]
         return {"error": f"exit {proc.returncode}: {tail[0]}"}
     return json.loads(lines[-1])
 
@@ -201,15 +271,21 @@ def main() -> None:
     p.add_argument("--sb3-python", default=str(ANCHORS_VENV / "bin" / "python"))
     p.add_argument("--json", default=None, help="write all results here")
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
-    p.add_argument("--worker", nargs=5, metavar=("CONTESTANT", "TASK", "SEED", "FRAMES", "EVAL_EVERY"),
+    p.add_argument("--pop-seeds", type=int, default=None,
+                   help=f"members of the steersman-seeds contestants (default per task: {POP_SEEDS})")
+    p.add_argument("--worker", nargs=6, metavar=("CONTESTANT", "TASK", "SEED", "FRAMES", "EVAL_EVERY", "POP"),
                    help=argparse.SUPPRESS)
     ns = p.parse_args()
     if ns.worker:
-        contestant, task, seed, frames, eval_every = ns.worker
-        print(json.dumps(WORKERS[contestant](task, int(seed), int(frames), int(eval_every))))
+        contestant, task, seed, frames, eval_every, pop = ns.worker
+        args = (task, int(seed), int(frames), int(eval_every)) + ((int(pop),) if contestant.startswith(
+            "steersman-seeds") else ())
+        print(json.dumps(WORKERS[contestant](*args)))
         return
 
-    pythons = {"steersman": ns.steersman_python, "steersman-compile": ns.steersman_python, "sb3": ns.sb3_python}
+    pythons = {"steersman": ns.steersman_python, "steersman-compile": ns.steersman_python,
+               "steersman-seeds": ns.steersman_python, "steersman-seeds-compile": ns.steersman_python,
+               "sb3": ns.sb3_python, "sb3-pair": ns.sb3_python}
     results: dict = {"meta": {"seeds": ns.seeds, "quick": ns.quick, "eval_episodes": EVAL_EPISODES,
                               "python": sys.version.split()[0], "cpus": os.cpu_count()}, "tasks": {}}
     for task in ns.tasks.split(","):
@@ -220,7 +296,8 @@ def main() -> None:
             runs = []
             for seed in range(ns.seeds):
                 print(f"{task} {contestant} seed {seed} ...", file=sys.stderr, flush=True)
-                runs.append(_launch(pythons[contestant], contestant, task, seed, frames, spec["eval_every"]))
+                runs.append(_launch(pythons[contestant], contestant, task, seed, frames,
+                                    min(spec["eval_every"], frames), ns.pop_seeds or POP_SEEDS[task]))
             ok = [r for r in runs if "error" not in r]
             sums = [_summary(r, spec["threshold"]) for r in ok]
             per[contestant] = {
@@ -251,13 +328,19 @@ def _print_table(task: str, spec: dict, per: dict) -> None:
               f"{_fmt(m['seconds_to_threshold'], '.1f')} | {_fmt(m['final_return'], '.1f')} | "
               f"{_fmt(m['frames_per_s'], ',.0f')} |")
     base = per.get("sb3", {}).get("median", {})
-    mine = per.get("steersman", {}).get("median", {})
-    if base.get("frames_per_s") and mine.get("frames_per_s"):
-        print(f"\nsteersman/sb3: throughput x{mine['frames_per_s'] / base['frames_per_s']:.2f}", end="")
+    for name, r in per.items():
+        mine = r.get("median", {})
+        if name == "sb3" or not (base.get("frames_per_s") and mine.get("frames_per_s")):
+            continue
+        print(f"\n{name}/sb3: throughput x{mine['frames_per_s'] / base['frames_per_s']:.2f}", end="")
         if base.get("seconds_to_threshold") and mine.get("seconds_to_threshold"):
             print(f", time to threshold x{base['seconds_to_threshold'] / mine['seconds_to_threshold']:.2f} faster",
                   end="")
-        print()
+        members = [x.get("member_returns") for x in r["runs"] if x.get("member_returns")]
+        if members:
+            print(f", members >= threshold at the end: {sum(v >= spec['threshold'] for v in members[0])}/"
+                  f"{len(members[0])}", end="")
+    print()
 
 
 def _plot(results: dict, path: str) -> None:

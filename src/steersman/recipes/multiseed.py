@@ -980,6 +980,7 @@ class _SAC(OffPolicy):
                                   alpha_init=cfg.alpha_init, target_entropy=target_entropy))
         loss_fn = self.loss_fn = losses[0]
         loss_fn.make_value_estimator(gamma=cfg.gamma)
+        _ = loss_fn.vmap_randomness  # resolved now: first computed inside a compiled trace, it breaks the graph
         self.actor = sac.make_policy(cfg, pop.shape_env(cfg))  # exported: the recipe's own actor class
         self._noisy_actor = loss_fn.actor_network
         loc_scale = loss_fn.actor_network.module[0]  # "observation" -> "loc", "scale"
@@ -1082,6 +1083,7 @@ class _TD3(OffPolicy):
                                              noise_clip=cfg.noise_clip, loss_function="l2"))
         loss_fn = self.loss_fn = losses[0]
         loss_fn.make_value_estimator(gamma=cfg.gamma)
+        _ = loss_fn.vmap_randomness  # (as in _SAC)
         self.actor = loss_fn.actor_network
         st = Stacked(losses, loss_fn)
         trainable = {n for n, p in loss_fn.named_parameters() if p.requires_grad}
@@ -1108,11 +1110,10 @@ class _TD3(OffPolicy):
                 return actor_module(obs)
 
         def critic_step(c: tuple, a: tuple, tgt: tuple, s: tuple, data: tuple, idx: Tensor, noise: Tensor, lr: Tensor):
-            mb = _minibatch(data, idx)
+            mb = _minibatch(data, idx, next_noise=noise)
 
             def loss_of(q: tuple):
                 with st.swapped(q + a + tgt, ck + ak + target_keys):
-                    loss_fn.given_noise = noise
                     loss, _ = loss_fn.value_loss(mb)
                 return loss, loss.detach()
 
@@ -1186,13 +1187,15 @@ def train_td3(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
 
 
 class _GivenNoiseTD3Loss(TD3Loss):
-    """TD3Loss whose target-smoothing noise is the standard normal draw ``given_noise``
-    (set before each ``value_loss``; a member's counter-based stream) instead of ``randn``."""
-
-    given_noise: Tensor
+    """TD3Loss whose target-smoothing noise is the standard normal draw at ``("next",
+    "noise")`` of the batch (a member's counter-based stream) instead of ``randn``."""
 
     def _smoothing_noise(self, action: Tensor) -> Tensor:
-        return (self.given_noise.expand_as(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
+        return torch.zeros_like(action)  # unused: _next_action reads the given draw
+
+    def _next_action(self, next_td: Any, noise: Tensor) -> Tensor:
+        given = (next_td.get("noise") * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
+        return super()._next_action(next_td, given)
 
 
 def _leaves_of(td: Any, keys: list | None = None) -> tuple[Tensor, ...]:
