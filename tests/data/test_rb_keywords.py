@@ -94,8 +94,6 @@ def test_no_op_keywords_are_accepted():
 def test_unsupported_keywords_are_refused_by_name(name, value, err):
     with pytest.raises(err, match=name):
         ReplayBuffer(storage=LazyTensorStorage(4), **{name: value})
-    with pytest.raises(NotImplementedError, match="track_generations"):
-        RoundRobinWriter(track_generations=True)
 
 
 def test_prioritized_sampler_options():

@@ -15,6 +15,7 @@ from .checkpointers import (
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
+from .conditional import ConditionalUpdateResult
 from .consuming import ConsumingSampler, StalenessAwareSampler
 from .ensemble import ReplayBufferEnsemble, SamplerEnsemble, StorageEnsemble, WriterEnsemble
 from .her import HERReplayBuffer, HindsightStrategy
@@ -120,4 +121,5 @@ __all__ = [
     "StreamingSliceSampler",
     "H5Split",
     "H5Combine",
+    "ConditionalUpdateResult",
 ]

@@ -58,9 +58,11 @@ class StorageCheckpointerBase:
     tensors read, before validation.
     """
 
+    _anonymous = False  # a storage's default: writes no checkpointer name (old folders stay compatible)
+
     @property
     def _name(self) -> str | None:
-        return type(self).__name__
+        return None if self._anonymous else type(self).__name__
 
     def __init__(self) -> None:
         self._save_hooks: list[Callable] = []
@@ -96,9 +98,10 @@ class StorageCheckpointerBase:
     def _read(self, storage: Any, path: Any) -> tuple[dict, Any]:
         meta, tensors = read_component(path, storage._checkpoint_types())
         saved = meta.get("checkpointer", None)
-        if saved is not None and saved != self._name:
+        plain = ("ListStorageCheckpointer", "TensorStorageCheckpointer")
+        if saved is not None and saved != type(self).__name__ and not (self._anonymous and saved in plain):
             raise CheckpointError(f"{path} was written by a {str(saved)[:60]}; this storage's checkpointer is a "
-                                  f"{type(self).__name__}", file=Path(path) / "meta.json", field="checkpointer")
+                                  f"{type(self).__name__.lstrip('_')}", file=Path(path) / "meta.json", field="checkpointer")
         if tensors is not None:
             for hook in self._load_hooks:
                 tensors = hook(tensors)
@@ -538,13 +541,15 @@ def _checkpointer_of(storage: Any) -> StorageCheckpointerBase:
 
     if isinstance(storage, CompressedListStorage):
         return _DefaultCompressed()
-    return ListStorageCheckpointer() if isinstance(storage, ListStorage) else TensorStorageCheckpointer()
+    ck = ListStorageCheckpointer() if isinstance(storage, ListStorage) else TensorStorageCheckpointer()
+    ck._anonymous = True
+    return ck
 
 
 class _DefaultCompressed(_PlainCheckpointer):
     """CompressedListStorage's historical default: the decompressed items in ListStorage's format."""
 
-    _name = None
+    _anonymous = True
 
     def __init__(self) -> None:
         super().__init__()

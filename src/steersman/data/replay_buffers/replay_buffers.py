@@ -47,6 +47,7 @@ from ._checkpoint import (
     read_component,
     read_json,
 )
+from .conditional import ConditionalUpdateResult
 from .sample_units import SampleUnit
 from .samplers import PrioritizedSampler, RandomSampler, Sampler, SliceSampler
 from .storages import ListStorage, Storage, TensorStorage
@@ -338,6 +339,8 @@ class ReplayBuffer:
                         data = self._writer._mark(self._writer._pre(data), slot)
                     self._storage.set(slot, data)
                     self._writer._write_count += 1
+                    if self._tracks_generations():
+                        self._writer._bump(slot)
                     self._sampler.add(torch.tensor([slot]))
                     return slot
             index = self._writer.add(data)
@@ -373,6 +376,8 @@ class ReplayBuffer:
                 head = self._writer._mark(self._writer._pre(head), slots)
             self._storage.set(slots, head)
             self._writer._write_count += k
+            if self._tracks_generations():
+                self._writer._bump(slots)
             parts.append(slots)
         if k < n or not k:
             rest = data[k:] if k else data
@@ -391,7 +396,112 @@ class ReplayBuffer:
                 index = torch.tensor([index])
             elif isinstance(index, slice):
                 index = torch.arange(*index.indices(len(self._storage)))
+            if self._tracks_generations():
+                self._writer._bump(torch.as_tensor(index).reshape(-1))
             self._sampler.mark_update(self._storage._flat_index(torch.as_tensor(index).reshape(-1)))
+
+    def _tracks_generations(self) -> bool:
+        return getattr(self._writer, "track_generations", False)
+
+    def update_if_present(self, *, index: Tensor, generation: Tensor, patch: Any,
+                          version_key: NestedKey | None = None, version: Any = None,
+                          require_newer: bool = False) -> ConditionalUpdateResult:
+        """Patches the records ``(index, generation)`` that are still live; others are untouched.
+
+        A slot reused (``add``/``extend``/``buffer[i] = ...``) or emptied since the handle
+        was taken has a new generation: its record is *stale* and is skipped. With
+        ``version_key``/``version``, a live record is patched only if ``version >=`` (with
+        ``require_newer``: ``>``) its stored version, which is then written with the patch;
+        among several handles of one slot, only the row with the highest version (the last
+        on ties) is applied. The whole patch is checked (keys, shapes, dtypes) before
+        anything is written.
+
+        Needs a tensor storage and a writer with ``track_generations=True``; sampled batches
+        carry the handles under ``"index"`` and ``"index_generation"``.
+
+        Returns:
+            a :class:`ConditionalUpdateResult` aligned with ``index``.
+
+        Example:
+            >>> import torch
+            >>> from steersman import TensorDict
+            >>> from steersman.data.replay_buffers import LazyTensorStorage, TensorDictRoundRobinWriter
+            >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4),
+            ...                             writer=TensorDictRoundRobinWriter(track_generations=True))
+            >>> _ = rb.extend(TensorDict({"v": torch.zeros(4)}, [4]))
+            >>> batch = rb.sample(2)
+            >>> _ = rb.extend(TensorDict({"v": torch.zeros(4)}, [4]))  # every slot reused
+            >>> rb.update_if_present(index=batch["index"], generation=batch["index_generation"],
+            ...                      patch={"v": torch.ones(2)}).stale_count
+            2
+        """
+        if not self._tracks_generations():
+            raise RuntimeError("update_if_present needs a writer that tracks slot generations "
+                               "(RoundRobinWriter(track_generations=True))")
+        st = self._storage
+        if not isinstance(st, TensorStorage) or st.ndim != 1 or not isinstance(st._storage, TensorDictBase):
+            raise RuntimeError("update_if_present needs a one-dimensional tensor storage of TensorDicts")
+        index = torch.as_tensor(index).reshape(-1).long().cpu()
+        generation = torch.as_tensor(generation).reshape(-1).long().cpu()
+        n = index.numel()
+        if generation.numel() != n:
+            raise ValueError(f"generation has {generation.numel()} entries for {n} indices")
+        items = list(patch.items(include_nested=True, leaves_only=True)) if isinstance(patch, TensorDictBase) \
+            else list(dict(patch).items())
+        stored_keys = st._storage.keys(include_nested=True, leaves_only=True)
+        if (version_key is None) != (version is None):
+            raise ValueError("pass version_key and version together")
+        if isinstance(version_key, str) and "." in version_key:
+            raise ValueError(f"version_key {version_key!r}: pass nested keys as tuples, not dotted strings")
+        checked = []
+        for key, value in items:
+            key = unravel_key(key)
+            if key not in stored_keys:
+                raise KeyError(f"patch key {key!r} is not in the storage")
+            if version_key is not None and key == unravel_key(version_key):
+                raise ValueError(f"version_key {version_key!r} cannot be patched directly")
+            col = st._storage.get(key)
+            value = torch.as_tensor(value)
+            if value.shape != (n, *col.shape[1:]):
+                raise ValueError(f"patch entry {key!r} has shape {list(value.shape)}; expected {[n, *col.shape[1:]]}")
+            if not torch.can_cast(value.dtype, col.dtype):
+                raise ValueError(f"patch entry {key!r} is {value.dtype}; the storage holds {col.dtype}")
+            checked.append((key, value))
+        with self._lock:
+            live = (index >= 0) & (index < len(st))
+            live[live.clone()] &= self._writer.generations(index[live]) == generation[live]
+            rejected = None
+            apply = live.clone()
+            if version_key is not None:
+                vkey = unravel_key(version_key)
+                if vkey not in stored_keys:
+                    raise KeyError(f"version_key {version_key!r} is not in the storage")
+                vcol = st._storage.get(vkey)
+                if vcol[0].numel() != 1:
+                    raise ValueError(f"version_key {version_key!r} must hold one scalar per record")
+                ver = torch.as_tensor(version).reshape(-1).to(vcol.dtype).cpu()
+                ver = ver.expand(n) if ver.numel() == 1 else ver
+                if ver.numel() != n:
+                    raise ValueError(f"version has {ver.numel()} entries for {n} indices")
+                old = vcol[index.clamp(0, max(len(st) - 1, 0)).to(vcol.device)].reshape(n).cpu()
+                ok = ver > old if require_newer else ver >= old
+                apply = live & ok
+                for slot in index[apply].unique().tolist():  # one winner per slot: highest version, last on ties
+                    rows = (apply & (index == slot)).nonzero().squeeze(-1)
+                    if rows.numel() > 1:
+                        best = rows[ver[rows] == ver[rows].max()][-1]
+                        apply[rows[rows != best]] = False
+                rejected = live & ~apply
+            rows = apply.nonzero().squeeze(-1)
+            if rows.numel():
+                slots = index[rows]
+                for key, value in checked:
+                    col = st._storage.get(key)
+                    col[slots.to(col.device)] = value[rows].to(col.device, col.dtype)
+                if version_key is not None:
+                    vcol[slots.to(vcol.device)] = ver[rows].reshape(-1, *vcol.shape[1:]).to(vcol.device)
+                self._sampler.mark_update(slots)
+        return ConditionalUpdateResult(updated=apply, version_rejected=rejected, batch_size=[n])
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Sets the priorities of the items at ``index`` (no-op without a prioritized sampler).
@@ -434,6 +544,8 @@ class ReplayBuffer:
                 index, info = self._sample_unit.expand(index, info, self._storage)
             data = self._storage._get_fast(index)
         info["index"] = index
+        if self._tracks_generations() and self._storage.ndim == 1:
+            info["index_generation"] = self._writer.generations(index)
         if self._collate_fn is not None:
             data = self._collate_fn(data)
         if self._pin_memory and hasattr(data, "pin_memory"):

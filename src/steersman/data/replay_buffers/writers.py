@@ -118,7 +118,10 @@ class RoundRobinWriter(Writer):
 
     Args:
         compilable: accepted for TorchRL compatibility; no effect.
-        track_generations: only ``False``; per-slot generation counters are not provided.
+        track_generations: keep a generation counter per slot, bumped by every write to
+            the slot and by ``empty``: a ``(index, generation)`` pair names one record,
+            and :meth:`ReplayBuffer.update_if_present` patches only records whose pair
+            still matches (sampled batches then carry ``"index_generation"``).
 
     Example:
         >>> import torch
@@ -130,10 +133,54 @@ class RoundRobinWriter(Writer):
     """
 
     def __init__(self, compilable: bool = False, track_generations: bool = False) -> None:
-        if track_generations:
-            raise NotImplementedError("RoundRobinWriter(track_generations=True): per-slot generation counters "
-                                      "are not provided; compare write_count with len(rb) instead")
         super().__init__()
+        self.track_generations = bool(track_generations)
+        self._generations = torch.zeros(0, dtype=torch.long)
+
+    def _bump(self, index: Any) -> None:
+        """A new record in each slot of ``index`` (dim-0 slots)."""
+        idx = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
+        cap = self._storage._rows_capacity
+        if self._generations.numel() < cap:
+            self._generations = torch.cat([self._generations,
+                                           torch.zeros(cap - self._generations.numel(), dtype=torch.long)])
+        self._generations[idx] += 1
+
+    def generations(self, index: Any) -> Tensor:
+        """The current generation of the dim-0 slots ``index``."""
+        idx = torch.as_tensor(index, dtype=torch.long).cpu()
+        if self._generations.numel() < self._storage._rows_capacity:
+            self._bump(torch.empty(0, dtype=torch.long))
+        return self._generations[idx]
+
+    def _empty(self) -> None:
+        super()._empty()
+        self._generations += 1  # every handle taken before is stale
+
+    def _checkpoint_state(self) -> tuple[dict, Any]:
+        meta, tensors = super()._checkpoint_state()
+        if self.track_generations and self._generations.numel():
+            return {**meta, "generations": True}, TensorDict({"generations": self._generations}, [])
+        return meta, tensors
+
+    def _prepare_load(self, meta: dict, tensors: Any, path: Any) -> Any:
+        base = super()._prepare_load(meta, tensors, path)
+        gens = None
+        if meta.get("generations") is True:
+            g = None if tensors is None else tensors.get("generations", None)
+            if not isinstance(g, Tensor) or g.dtype is not torch.long or g.ndim != 1:
+                raise CheckpointError(f"{path}: the slot generations are missing or malformed", file=path,
+                                      field="generations")
+            gens = g.clone()
+        return base, gens
+
+    def _commit_load(self, prepared: Any) -> None:
+        base, gens = prepared
+        super()._commit_load(base)
+        if gens is not None:
+            self._generations = gens
+        else:
+            self._generations += 1  # generations unknown: every earlier handle is stale
 
     def _mark(self, data: Any, index: Any) -> Any:
         return data
@@ -155,6 +202,8 @@ class RoundRobinWriter(Writer):
         st._last_cursor = cur
         self._cursor = (cur + 1) % st._rows_capacity
         self._write_count += 1
+        if self.track_generations:
+            self._bump(cur)
         return cur
 
     def extend(self, data: Any) -> Tensor:
@@ -187,6 +236,8 @@ class RoundRobinWriter(Writer):
         st._last_cursor = (end - 1) % cap
         self._cursor = end % cap
         self._write_count += total
+        if self.track_generations:
+            self._bump(index)
         return index
 
 
