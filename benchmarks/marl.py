@@ -56,6 +56,20 @@ def train_fps(algo: str, env: str, frames: int, seed: int) -> float:
 SIDE = {"num_envs": 64, "n_steps": 50, "minibatch": 800, "epochs": 4, "lr": 3e-3, "max_steps": 50, "n_agents": 3}
 
 
+def time_limit_terminal() -> None:
+    """TorchRL's VmasEnv convention on ours: the time limit ends episodes as *terminated*
+    (no bootstrap), as BenchMARL sees them (``--time-limit-terminal``)."""
+    from steersman.envs.libs.vmas import VmasWrapper
+
+    flags = VmasWrapper._flags
+
+    def terminal(self):
+        term, trunc = flags(self)
+        return term | trunc, torch.zeros_like(trunc)
+
+    VmasWrapper._flags = terminal
+
+
 def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float]:
     """(frames/s, last batch's mean training return) of our recipe on vmas/navigation."""
     import importlib
@@ -178,6 +192,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--envs", nargs="+", default=["navigation", "vmas/navigation"])
     parser.add_argument("--benchmarl", metavar="PYTHON", help="side by side with BenchMARL run by this Python")
+    parser.add_argument("--time-limit-terminal", action="store_true",
+                        help="side by side: our VMAS time limit ends episodes as terminated (TorchRL's convention)")
     parser.add_argument("--benchmarl-worker", nargs=3, metavar=("ALGO", "FRAMES", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -185,6 +201,8 @@ def main() -> None:
         algo, frames, seed = args.benchmarl_worker
         return benchmarl_worker(algo, int(frames), int(seed))
     if args.benchmarl:
+        if args.time_limit_terminal:
+            time_limit_terminal()
         return side_by_side(args.benchmarl, args.frames, args.seeds)
 
     print("| algo | env | frames/s (median over seeds) |\n|---|---|---|")
