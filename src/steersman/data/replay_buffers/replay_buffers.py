@@ -202,6 +202,7 @@ class ReplayBuffer:
     """
 
     _default_writer = RoundRobinWriter
+    _track_gen = False
 
     def __init__(self, *, storage: Storage | None = None, sampler: Sampler | None = None,
                  writer: Writer | None = None, collate_fn: Any = None, pin_memory: bool = False,
@@ -242,6 +243,7 @@ class ReplayBuffer:
         if not isinstance(self._writer, Writer):
             raise TypeError(f"writer must be a Writer, got {type(self._writer).__name__}")
         self._writer.register_storage(self._storage)
+        self._track_gen = bool(getattr(self._writer, "track_generations", False))
         if isinstance(self._sampler, PrioritizedSampler) and self._sampler.max_capacity < self._storage.max_size:
             raise ValueError(
                 f"the sampler's max_capacity ({self._sampler.max_capacity}) is smaller than the storage's "
@@ -401,7 +403,7 @@ class ReplayBuffer:
             self._sampler.mark_update(self._storage._flat_index(torch.as_tensor(index).reshape(-1)))
 
     def _tracks_generations(self) -> bool:
-        return getattr(self._writer, "track_generations", False)
+        return self._track_gen
 
     def update_if_present(self, *, index: Tensor, generation: Tensor, patch: Any,
                           version_key: NestedKey | None = None, version: Any = None,
@@ -544,7 +546,7 @@ class ReplayBuffer:
                 index, info = self._sample_unit.expand(index, info, self._storage)
             data = self._storage._get_fast(index)
         info["index"] = index
-        if self._tracks_generations() and self._storage.ndim == 1:
+        if self._track_gen and self._storage.ndim == 1:
             info["index_generation"] = self._writer.generations(index)
         if self._collate_fn is not None:
             data = self._collate_fn(data)
