@@ -431,8 +431,9 @@ class LossModule(nn.Module):
     def vmap_randomness(self) -> str:
         """``torch.vmap``'s ``randomness`` for the loss's ensembles (stacked critics):
         ``"different"`` when one of its networks holds a random module (dropout, or a type
-        registered with :func:`add_random_module`), else ``"error"``. Settable; computed
-        once, on first use."""
+        registered with :func:`add_random_module`), else ``"error"``. Settable; losses with
+        a critic ensemble resolve it from the critic when they are built (so a compiled
+        first call does not walk the modules), others on first use."""
         if self._vmap_randomness is None:
             from .utils import RANDOM_MODULE_LIST
 
@@ -454,8 +455,7 @@ class LossModule(nn.Module):
 def add_random_module(module: type) -> None:
     """Registers a module type as random: a loss whose networks hold one vmaps its
     ensembles with ``randomness="different"`` (see :attr:`LossModule.vmap_randomness`).
-    Dropout layers are registered already. Affects losses whose ``vmap_randomness`` is
-    computed afterwards.
+    Dropout layers are registered already. Affects losses built afterwards.
 
     Example:
         >>> import torch
@@ -502,6 +502,11 @@ def register_critics(loss: LossModule, qvalue_network: nn.Module, num: int, dela
         if delay:
             loss.make_target("qvalue_network_params")
 
+    if loss._vmap_randomness is None:  # resolved now, not on a first call that may be traced
+        from .utils import RANDOM_MODULE_LIST
+
+        random = any(isinstance(m, RANDOM_MODULE_LIST) for m in qvalue_network.modules())
+        loss._vmap_randomness = "different" if random else "error"
     loss.when_initialized(qvalue_network, stack, stacked_as="qvalue_network_params")
 
 
