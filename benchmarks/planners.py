@@ -45,7 +45,7 @@ torch.set_num_threads(1)
 H, C, STEPS, KC, KM, batch, budget, rounds = sys.argv[1:9]
 H, C, STEPS, KC, KM, batch, rounds = map(int, (H, C, STEPS, KC, KM, batch, rounds))
 budget = float(budget)
-env = PendulumEnv(batch_size=[batch] if batch > 1 else [])
+env = PendulumEnv(seed=0)  # stateless, batch-unlocked: the batch comes from the reset TensorDict
 def rtg(td):
     r = td["next", "reward"]
     td["advantage"] = r.flip(-2).cumsum(-2).flip(-2)
@@ -55,7 +55,7 @@ class Adv(torch.nn.Module):
         return rtg(td)
 for name, planner in (("cem", CEMPlanner(env, H, STEPS, C, KC)),
                       ("mppi", MPPIPlanner(env, Adv(), 1.0, H, STEPS, C, KM))):
-    td = env.reset()
+    td = env.reset(env.gen_params(batch_size=[batch]) if batch > 1 else None)
     planner(td.clone())
     res = []
     for _ in range(rounds):

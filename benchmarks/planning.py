@@ -1,7 +1,7 @@
 """Tree search throughput: steersman's ``muzero_policy`` / ``gumbel_muzero_policy`` vs mctx.
 
 Simulations per second (``batch * num_simulations / time`` of one policy call) for
-batches 1, 64 and 256 (``--batches``), 64 simulations, 8 actions, on the same small
+batches 1, 64, 256 and 1024 (``--batches``), 64 simulations, 8 actions, on the same small
 MLP model (latent 16, hidden 32; dynamics ``[latent, one_hot(action)] -> [latent,
 reward]``, prediction ``latent -> [logits, value]``, tanh), the same weights on both
 sides, default policy settings (Dirichlet noise / Gumbel noise on).
@@ -11,6 +11,9 @@ Rows:
   steersman fn      the policy with a plain recurrent function on a tensor embedding.
   steersman tdm     the policy with ``recurrent_fn_from_model`` over two
                     ``TensorDictModule``\\ s (TensorDict embeddings).
+  steersman compiled  the plain-fn policy with ``compile=True`` (each simulation one
+                    inductor graph with a ``while_loop`` descent); the first call per
+                    batch (the cold compile) is reported separately as ``compile_s``.
   mctx jit          mctx's policy under ``jax.jit`` (compile time excluded), run in a
                     separate interpreter: ``MCTX_PYTHON=/tmp/mctx-venv/bin/python``
                     (a venv with ``jax mctx numpy``; the row is skipped without it).
@@ -20,7 +23,7 @@ Timing: one thread on each side (torch.set_num_threads(1); XLA's CPU client with
 call, then the median of ``--repeats`` calls in process CPU time (``--wall``: wall
 clock).
 
-    python benchmarks/planning.py [--batches 1,64,256] [--repeats 5] [--json out.json]
+    python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--json out.json]
     MCTX_PYTHON=/tmp/mctx-venv/bin/python python benchmarks/planning.py
 """
 
@@ -59,7 +62,7 @@ def _timer(wall: bool):
 
 
 # ---------------------------------------------------------------------- steersman
-def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool) -> list[dict]:
+def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True) -> list[dict]:
     import torch
     from torch import nn
 
@@ -114,21 +117,29 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool) -> lis
             "steersman fn": (plain_fn, RootFnOutput(logits, value, latent)),
             "steersman tdm": (tdm_fn, RootFnOutput(logits, value, TensorDict({"latent": latent}, batch_size=[b]))),
         }
+        if compiled:
+            variants["steersman compiled"] = (plain_fn, RootFnOutput(logits, value, latent))
         for name, (fn, root) in variants.items():
             for pol_name, pol in (("muzero", muzero_policy), ("gumbel_muzero", gumbel_muzero_policy)):
                 gen = torch.Generator().manual_seed(0)
                 times = []
+                comp = name == "steersman compiled"
                 with torch.no_grad():
                     for i in range(repeats + 1):
                         t0 = clock()
-                        out = pol(None, gen, root, fn, NUM_SIMULATIONS)
+                        out = pol(None, gen, root, fn, NUM_SIMULATIONS, compile=comp)
                         dt = clock() - t0
                         if i:
                             times.append(dt)
+                        else:
+                            first = dt
                 assert int(out.search_tree.node_visits[0, 0]) == NUM_SIMULATIONS + 1
                 med = statistics.median(times)
-                rows.append({"impl": name, "policy": pol_name, "batch": b, "seconds": med,
-                             "sims_per_s": b * NUM_SIMULATIONS / med})
+                row = {"impl": name, "policy": pol_name, "batch": b, "seconds": med,
+                       "sims_per_s": b * NUM_SIMULATIONS / med}
+                if comp:
+                    row["compile_s"] = first - med
+                rows.append(row)
     return rows
 
 
@@ -199,7 +210,8 @@ def mctx_rows(w: dict, batches: list[int], repeats: int, wall: bool) -> tuple[li
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--batches", default="1,64,256,1024")
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--wall", action="store_true")
     ap.add_argument("--json")
@@ -211,10 +223,12 @@ def main() -> None:
         return
     w = make_weights()
     rows, note = mctx_rows(w, batches, args.repeats, args.wall)
-    rows = steersman_rows(w, batches, args.repeats, args.wall) + rows
-    print(f"{'impl':<15} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10}")
+    rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile) + rows
+    print(f"{'impl':<19} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
     for r in sorted(rows, key=lambda r: (r["policy"], r["batch"], r["impl"])):
-        print(f"{r['impl']:<15} {r['policy']:<14} {r['batch']:>6} {r['sims_per_s']:>12,.0f} {1e3 * r['seconds']:>10.1f}")
+        cs = f"{r['compile_s']:.1f}" if "compile_s" in r else ""
+        print(f"{r['impl']:<19} {r['policy']:<14} {r['batch']:>6} {r['sims_per_s']:>12,.0f} "
+              f"{1e3 * r['seconds']:>10.1f} {cs:>10}")
     if note:
         print(note)
     if args.json:

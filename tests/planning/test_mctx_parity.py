@@ -53,11 +53,25 @@ def run(case: dict, **overrides):
                                 max_num_considered_actions=case["max_num_considered_actions"])
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_mctx(name):
+# compiled (backend="eager": dynamo captures each simulation, with its while_loop
+# descent and backup, in one graph; eager kernels) on two cases, PUCT with invalid
+# actions and Gumbel with a depth cut: tracing is slow, and the other cases exercise
+# the same code the eager runs check
+COMPILED = ["muzero_invalid", "gumbel_max_depth"]
+PARAMS = [(n, False) for n in sorted(CASES)] + [(n, True) for n in COMPILED]
+
+
+@pytest.mark.parametrize(("name", "compiled"), PARAMS, ids=[f"{n}-{'compiled' if c else 'eager'}" for n, c in PARAMS])
+def test_matches_mctx(name, compiled):
     case = CASES[name]
     exp = case["expected"]
-    out = run(case)
+    if compiled:
+        torch._dynamo.utils.counters.clear()
+        out = run(case, compile="eager")
+        # one graph for all simulations (the first runs eagerly: it checks the model's outputs)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    else:
+        out = run(case)
     tree = out.search_tree
     s = tree.summary()
     # the whole tree: same nodes, in the same order, with the same statistics

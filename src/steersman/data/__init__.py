@@ -8,3 +8,17 @@ from .specs import __all__ as _specs_all
 from .utils import DEVICE_TYPING, create_infinite_iterator
 
 __all__ = list(_specs_all) + list(_rb_all) + ["DEVICE_TYPING", "create_infinite_iterator", "MultiStep"]
+
+# maps keyed by tensors (TorchRL's torchrl.data.map)
+from .map import (  # noqa: E402
+    BinaryToDecimal,
+    HashToInt,
+    QueryModule,
+    RandomProjectionHash,
+    SipHash,
+    TensorDictMap,
+    TensorMap,
+)
+
+__all__ += ["BinaryToDecimal", "HashToInt", "QueryModule", "RandomProjectionHash", "SipHash", "TensorDictMap",
+            "TensorMap"]

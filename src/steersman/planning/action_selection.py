@@ -40,7 +40,7 @@ def masked_argmax(to_argmax: Tensor, invalid_actions: Tensor | None) -> Tensor:
     return to_argmax.argmax(-1)
 
 
-def muzero_action_selection(uniform: Tensor | None, tree: Tree, node_index: Tensor, depth: int, *,
+def muzero_action_selection(uniform: Tensor | None, tree: Tree, node_index: Tensor, depth: int | Tensor, *,
                             pb_c_init: float = 1.25, pb_c_base: float = 19652.0,
                             qtransform: Callable = qtransform_by_parent_and_siblings) -> Tensor:
     """PUCT (MuZero Appendix B): ``Q + sqrt(N) * c(N) * P / (1 + n)``, plus ``1e-7 *
@@ -55,6 +55,8 @@ def muzero_action_selection(uniform: Tensor | None, tree: Tree, node_index: Tens
     to_argmax = qtransform(tree, node_index) + policy_score
     if uniform is not None:
         to_argmax = to_argmax + 1e-7 * uniform
+    if isinstance(depth, Tensor):  # inside a compiled descent (while_loop): a 0-dim tensor
+        return masked_argmax(to_argmax, tree.root_invalid_actions & (depth == 0))
     return masked_argmax(to_argmax, tree.root_invalid_actions if depth == 0 else None)
 
 

@@ -96,9 +96,11 @@ def muzero_policy(params: Any, rng: torch.Generator | None, root: RootFnOutput, 
                   num_simulations: int, invalid_actions: Tensor | None = None, max_depth: int | None = None,
                   loop_fn: Callable = fori_loop, *, qtransform: Callable = qtransform_by_parent_and_siblings,
                   dirichlet_fraction: float = 0.25, dirichlet_alpha: float = 0.3, pb_c_init: float = 1.25,
-                  pb_c_base: float = 19652.0, temperature: float = 1.0) -> PolicyOutput:
+                  pb_c_base: float = 19652.0, temperature: float = 1.0,
+                  compile: bool | str | dict = False) -> PolicyOutput:
     """MuZero search: Dirichlet noise on the root prior, PUCT selection, and an action
-    sampled from the root visit counts at ``temperature`` (0: the most visited)."""
+    sampled from the root visit counts at ``temperature`` (0: the most visited).
+    ``compile``: see :func:`~steersman.planning.search.search`."""
     check_root(root, num_simulations, invalid_actions, max_depth)
     probs = torch.softmax(root.prior_logits, -1)
     if dirichlet_fraction != 0:
@@ -109,7 +111,7 @@ def muzero_policy(params: Any, rng: torch.Generator | None, root: RootFnOutput, 
                                  qtransform=qtransform)
     root_fn = functools.partial(interior, depth=0)
     tree = search(params, rng, root, recurrent_fn, root_fn, interior, num_simulations, max_depth,
-                  invalid_actions, loop_fn=loop_fn)
+                  invalid_actions, loop_fn=loop_fn, compile=compile)
     weights = tree.summary().visit_probs
     logits = _apply_temperature(_logits_from_probs(weights), temperature)
     action = (logits + _gumbel(logits.shape, logits, rng)).argmax(-1)
@@ -120,10 +122,12 @@ def gumbel_muzero_policy(params: Any, rng: torch.Generator | None, root: RootFnO
                          num_simulations: int, invalid_actions: Tensor | None = None, max_depth: int | None = None,
                          loop_fn: Callable = fori_loop, *,
                          qtransform: Callable = qtransform_completed_by_mix_value,
-                         max_num_considered_actions: int = 16, gumbel_scale: float = 1.0) -> PolicyOutput:
+                         max_num_considered_actions: int = 16, gumbel_scale: float = 1.0,
+                         compile: bool | str | dict = False) -> PolicyOutput:
     """Gumbel MuZero ("Policy improvement by planning with Gumbel"): Gumbel top-k with
     Sequential Halving at the root, deterministic selection inside; the action is the
-    best of the most visited, the weights ``softmax(prior_logits + completed Q)``."""
+    best of the most visited, the weights ``softmax(prior_logits + completed Q)``.
+    ``compile``: see :func:`~steersman.planning.search.search`."""
     check_root(root, num_simulations, invalid_actions, max_depth)
     if isinstance(max_num_considered_actions, bool) or not isinstance(max_num_considered_actions, int) \
             or max_num_considered_actions < 1:
@@ -141,7 +145,7 @@ def gumbel_muzero_policy(params: Any, rng: torch.Generator | None, root: RootFnO
                                 max_num_considered_actions=max_num_considered_actions, qtransform=qtransform)
     interior = functools.partial(gumbel_muzero_interior_action_selection, qtransform=qtransform)
     tree = search(params, rng, root, recurrent_fn, root_fn, interior, num_simulations, max_depth,
-                  invalid_actions, extra_data=extra, loop_fn=loop_fn)
+                  invalid_actions, extra_data=extra, loop_fn=loop_fn, compile=compile)
     visits = tree.children_visits[:, Tree.ROOT_INDEX]
     considered_visit = visits.amax(-1, keepdim=True)
     root_index = torch.zeros_like(tree.batch_range)

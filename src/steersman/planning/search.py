@@ -15,6 +15,7 @@ embedding)``.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -140,41 +141,77 @@ def _leaf_keys(td: TensorDictBase) -> list:
     return list(td.keys(include_nested=True, leaves_only=True))
 
 
+def _while(cond: Callable, body: Callable, carry: tuple, compiled: bool) -> tuple:
+    """``while cond(*carry): carry = body(*carry)``; under compile, ``torch``'s
+    ``while_loop`` (a data-dependent loop inside one graph)."""
+    if compiled:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        return tuple(while_loop(cond, body, carry))
+    while bool(cond(*carry)):
+        carry = body(*carry)
+    return carry
+
+
 def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Tensor, uniform: Tensor | None,
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
-                  early_exit: bool = False, tensor_embedding: bool = False) -> Tensor:
+                  early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False) -> Tensor:
     """One simulation on every tree, updating ``tree`` in place: a descent of at most
     ``depth_steps`` levels (``<= max_depth``), one expansion (node ``sim + 1`` unless
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
-    as in mctx) and the backup. Fixed shapes and no data-dependent Python control
-    flow unless ``early_exit`` (stop descending once every tree reached a leaf), so it
-    compiles with ``fullgraph=True`` (pass ``sim`` as a 0-dim int64 tensor to reuse one
-    graph for every simulation). Returns the ``[B]`` expanded node indices."""
+    as in mctx) and the backup along the recorded path (vectorized over the path).
+
+    Every tree descends one level per step with masks (trees that reached an
+    unexpanded action stop moving). The descent stops after ``depth_steps`` levels, or
+    earlier once every tree reached a leaf if ``early_exit`` (a Python check) or
+    ``use_while_loop`` (``torch``'s ``while_loop``: the depth is data-dependent but
+    the graph is not). With ``use_while_loop`` (or neither flag) there is no
+    data-dependent Python control flow, so it compiles with ``fullgraph=True`` (pass
+    ``sim`` as a 0-dim int64 tensor to reuse one graph for every simulation); under
+    ``use_while_loop`` the interior selection gets ``depth`` as a 0-dim tensor.
+    Returns the ``[B]`` expanded node indices."""
     ar = tree.batch_range
     children_index = tree.children_index
-    node = torch.zeros_like(ar)
-    parent = node
-    action = node
-    depth = node
-    active = torch.ones_like(ar, dtype=torch.bool)
-    steps = 0
-    for d in range(depth_steps):
-        if d == 0:
-            a = root_action_selection_fn(uniform, tree, node)
-        else:
+    batch = ar.shape[0]
+    levels = max(1, min(depth_steps, max_depth))
+    # the path: node and action at each level (columns >= depth are unused)
+    path_nodes = torch.zeros((batch, levels), dtype=torch.int64, device=ar.device)
+    root = path_nodes[:, 0]
+    a = root_action_selection_fn(uniform, tree, root)
+    path_actions = a.unsqueeze(-1).expand(batch, levels).contiguous()
+    nxt = children_index[ar, root, a]
+    depth = torch.ones_like(ar)
+    active = nxt != Tree.UNVISITED
+    if levels > 1:
+        cols = torch.arange(levels, device=ar.device)
+        node = torch.where(active, nxt, root)
+
+        def cond(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> Tensor:
+            return active.any() & (d < levels)
+
+        def body(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
             a = interior_action_selection_fn(uniform, tree, node, d)
-        nxt = children_index[ar, node, a]
-        parent = torch.where(active, node, parent)
-        action = torch.where(active, a, action)
-        depth = depth + active.long()
-        steps = d + 1
-        if d + 1 >= max_depth:
-            break
-        active = active & (nxt != Tree.UNVISITED)
-        node = torch.where(active, nxt, node)
-        if early_exit and not bool(active.any()):
-            break
+            nxt = children_index[ar, node, a]
+            at = (cols == d) & active.unsqueeze(-1)
+            pn = torch.where(at, node.unsqueeze(-1), pn)
+            pa = torch.where(at, a.unsqueeze(-1), pa)
+            depth = depth + active.long()
+            active = active & (nxt != Tree.UNVISITED)
+            return d + 1, torch.where(active, nxt, node), active, depth, pn, pa
+
+        carry = (torch.ones((), dtype=torch.int64, device=ar.device), node, active, depth, path_nodes, path_actions)
+        if use_while_loop:
+            carry = _while(cond, body, carry, True)
+        else:
+            for d in range(1, levels):
+                if early_exit and not bool(carry[2].any()):
+                    break
+                carry = body(d, *carry[1:])
+        _, node, active, depth, path_nodes, path_actions = carry
+    last = (depth - 1).unsqueeze(-1)
+    parent = path_nodes.gather(1, last).squeeze(-1)
+    action = path_actions.gather(1, last).squeeze(-1)
 
     # expansion
     nn = children_index[ar, parent, action]
@@ -186,9 +223,10 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     else:
         emb = TensorDict({k: emb_store.get(k)[ar, parent] for k in keys}, batch_size=ar.shape)
     step, next_emb = recurrent_fn(params, rng, action, emb)
+    leaf_value = step.value.to(tree.node_values.dtype).clone(memory_format=torch.contiguous_format)
     tree.children_prior_logits[ar, nn] = step.prior_logits
-    tree.raw_values[ar, nn] = step.value
-    tree.node_values[ar, nn] = step.value
+    tree.raw_values[ar, nn] = leaf_value
+    tree.node_values[ar, nn] = leaf_value
     tree.node_visits[ar, nn] += 1
     tree.depth[ar, nn] = depth
     if tensor_embedding:
@@ -202,31 +240,92 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     tree.parents[ar, nn] = parent
     tree.action_from_parent[ar, nn] = action
 
-    # backup along the path (at most `steps` edges)
-    index = nn
-    leaf_value = tree.node_values[ar, index]
-    for _ in range(steps):
-        up = index != Tree.ROOT_INDEX
-        p = tree.parents[ar, index].clamp_min(0)
-        a = tree.action_from_parent[ar, index].clamp_min(0)
-        count = tree.node_visits[ar, p]
-        leaf_value = tree.children_rewards[ar, p, a] + tree.children_discounts[ar, p, a] * leaf_value
-        old_value = tree.node_values[ar, p]
-        parent_value = (old_value * count + leaf_value) / (count + 1.0)
-        child_value = tree.node_values[ar, index]
-        child_visits = tree.children_visits[ar, p, a]
-        tree.node_values[ar, p] = torch.where(up, parent_value, old_value)
-        tree.node_visits[ar, p] = count + up.to(count.dtype)
-        tree.children_values[ar, p, a] = torch.where(up, child_value, tree.children_values[ar, p, a])
-        tree.children_visits[ar, p, a] = child_visits + up.to(child_visits.dtype)
-        index = torch.where(up, p, index)
+    # backup: returns along the path from the leaf up (mctx's order of operations),
+    # then one masked write per array. Unused path columns repeat column 0's write.
+    br = ar.unsqueeze(-1)
+    rewards = tree.children_rewards[br, path_nodes, path_actions]
+    discounts = tree.children_discounts[br, path_nodes, path_actions]
+    cols = torch.arange(levels, device=ar.device)
+    if use_while_loop:  # as deep as the deepest path, inside the graph
+        def bcond(i: Tensor, ret: Tensor, returns: Tensor) -> Tensor:
+            return i >= 0
+
+        def bbody(i: Tensor, ret: Tensor, returns: Tensor) -> tuple:
+            at = i.reshape(1)
+            r = rewards.index_select(1, at).squeeze(1)
+            g = discounts.index_select(1, at).squeeze(1)
+            ret = torch.where(depth > i, r + g * ret, ret)
+            return i - 1, ret, torch.where(cols == i, ret.unsqueeze(-1), returns)
+
+        returns = _while(bcond, bbody, (depth.max() - 1, leaf_value, torch.zeros_like(rewards)), True)[2]
+    else:
+        # eager: only as deep as the deepest path; traced without while_loop: every level
+        top = levels if torch.compiler.is_compiling() else int(depth.max())
+        ret = leaf_value
+        rets = [leaf_value] * (levels - top)
+        for i in range(top - 1, -1, -1):
+            ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
+            rets.append(ret)
+        returns = torch.stack(rets[::-1], -1)
+    count = tree.node_visits[br, path_nodes]
+    new_values = (tree.node_values[br, path_nodes] * count + returns) / (count + 1.0)
+    child_values = torch.cat([new_values[:, 1:], leaf_value.unsqueeze(-1)], -1) if levels > 1 \
+        else leaf_value.unsqueeze(-1)
+    child_values = torch.where(cols == last, leaf_value.unsqueeze(-1), child_values)
+    used = cols < depth.unsqueeze(-1)
+    pn = torch.where(used, path_nodes, 0)
+    pa = torch.where(used, path_actions, path_actions[:, :1])
+    tree.node_values[br, pn] = torch.where(used, new_values, new_values[:, :1])
+    tree.node_visits[br, pn] = torch.where(used, count, count[:, :1]) + 1
+    tree.children_values[br, pn, pa] = torch.where(used, child_values, child_values[:, :1])
+    visits = tree.children_visits[br, pn, pa]
+    tree.children_visits[br, pn, pa] = torch.where(used, visits, visits[:, :1]) + 1
     return nn
+
+
+_COMPILED: dict = {}
+_MAX_COMPILED = 32
+
+
+def compile_options(compile: bool | str | dict) -> dict:
+    """``torch.compile`` keywords for :func:`search`'s ``compile=``: True is inductor,
+    a string a backend name (``"eager"``, ``"aot_eager"``, ``"inductor"``), a dict the
+    keywords themselves (``fullgraph=True`` and ``dynamic=False`` are always set)."""
+    if compile is True:
+        return {"backend": "inductor"}
+    if isinstance(compile, str):
+        return {"backend": compile}
+    if isinstance(compile, dict):
+        bad = {"fullgraph", "dynamic"} & set(compile)
+        if bad:
+            raise ValueError(f"search: compile= sets fullgraph=True and dynamic=False itself; remove {sorted(bad)}")
+        return dict(compile)
+    raise TypeError(f"search: compile must be a bool, a backend name or a dict of torch.compile keywords, "
+                    f"got {type(compile).__name__}")
+
+
+def compiled_simulation(options: dict, key: tuple) -> Callable:
+    """:func:`simulate_once` compiled with ``fullgraph=True`` for one ``key`` (shapes,
+    depth, options). Each key gets its own copy of the function's code object, so
+    dynamo's per-code cache (and recompile limit) holds one entry per copy: the
+    batch sizes and depths a program uses do not evict each other."""
+    fn = _COMPILED.get(key)
+    if fn is None:
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        code = simulate_once.__code__.replace(co_name=f"simulate_once_{abs(hash(key)) % 10**8}")
+        f = types.FunctionType(code, simulate_once.__globals__, code.co_name, simulate_once.__defaults__)
+        f.__kwdefaults__ = simulate_once.__kwdefaults__
+        fn = torch.compile(f, fullgraph=True, dynamic=False, **options)
+        _COMPILED[key] = fn
+    return fn
 
 
 def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurrent_fn: RecurrentFn,
            root_action_selection_fn: Callable, interior_action_selection_fn: Callable, num_simulations: int,
            max_depth: int | None = None, invalid_actions: Tensor | None = None,
-           extra_data: TensorDictBase | None = None, loop_fn: Callable = fori_loop) -> Tree:
+           extra_data: TensorDictBase | None = None, loop_fn: Callable = fori_loop, *,
+           compile: bool | str | dict = False) -> Tree:
     """Runs ``num_simulations`` simulations on ``B`` trees and returns the :class:`Tree`.
 
     Args mirror mctx's ``search``: ``params`` is passed to ``recurrent_fn(params, rng,
@@ -235,10 +334,22 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     mask (True/1: invalid) applied at the roots; ``max_depth`` the most edges from a
     root to a leaf (default: ``num_simulations``); ``loop_fn(lower, upper, body,
     tree)`` runs the simulations (default: a Python loop).
-    Bad inputs raise before any simulation; the recurrent function's output is
-    checked on its first call.
+
+    ``compile``: run each simulation after the first as one graph compiled with
+    ``torch.compile(fullgraph=True, dynamic=False)`` (True: inductor; or a backend
+    name, or a dict of ``torch.compile`` keywords, see :func:`compile_options`). The
+    descent is a ``while_loop`` inside the graph, so its depth follows the tree
+    without recompiling; one graph serves every simulation of every search with the
+    same shapes (the first search of a shape pays the compile). Results equal the
+    eager search's. Under compile the recurrent function gets ``rng=None`` (a
+    ``torch.Generator`` cannot enter a graph) and must itself be traceable.
+
+    The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
+    ``rng`` up front. Bad inputs raise before any simulation; the recurrent
+    function's output is checked on its first call (the first simulation, eager).
     """
     check_root(root, num_simulations, invalid_actions, max_depth)
+    options = compile_options(compile) if compile is not False else None
     logits, value, emb = root
     batch, num_actions = logits.shape
     if max_depth is None:
@@ -250,6 +361,8 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     if extra_data is None:
         extra_data = TensorDict({}, batch_size=[batch])
     tree = instantiate_tree(logits, value, emb_td, num_simulations, invalid_actions.bool(), extra_data)
+    uniforms = torch.rand((num_simulations, batch, num_actions), generator=rng, dtype=logits.dtype,
+                          device=logits.device)
     compiling = torch.compiler.is_compiling()
 
     def checked_fn(p: Any, g: Any, a: Tensor, e: Any) -> tuple[RecurrentFnOutput, Any]:
@@ -257,11 +370,24 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
         _check_step(out, emb, batch, num_actions)
         return out
 
+    step = None
+    if options is not None and not compiling and num_simulations > 1:
+        levels = min(max_depth, num_simulations)
+        key = (tuple(sorted((k, repr(v)) for k, v in options.items())), levels, max_depth, tensor_embedding,
+               batch, num_actions, num_simulations, logits.dtype, value.dtype, str(logits.device),
+               tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
+        step = compiled_simulation(options, key)
+        sims = torch.arange(num_simulations, device=logits.device)
+
     def body(sim: int, tree: Tree) -> Tree:
-        uniform = torch.rand((batch, num_actions), generator=rng, dtype=logits.dtype, device=logits.device)
-        simulate_once(params, rng, tree, sim, uniform, checked_fn if sim == 0 else recurrent_fn,
-                      root_action_selection_fn, interior_action_selection_fn, max_depth,
-                      min(max_depth, sim + 1), early_exit=not compiling, tensor_embedding=tensor_embedding)
+        if sim == 0 or step is None:
+            simulate_once(params, rng, tree, sim, uniforms[sim], checked_fn if sim == 0 else recurrent_fn,
+                          root_action_selection_fn, interior_action_selection_fn, max_depth,
+                          min(max_depth, sim + 1), early_exit=not compiling, tensor_embedding=tensor_embedding)
+        else:
+            step(params, None, tree, sims[sim], uniforms[sim], recurrent_fn, root_action_selection_fn,
+                 interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
+                 use_while_loop=True)
         return tree
 
     return loop_fn(0, num_simulations, body, tree)
