@@ -252,3 +252,8 @@ __all__ = [
     "SymExpTwoHot",
     "RBFController",
 ]
+
+# tree-search scores (TorchRL's torchrl.modules MCTS scores)
+from .mcts_scores import EXP3Score, MCTSScore, MCTSScores, PUCTScore, UCB1TunedScore, UCBScore  # noqa: E402
+
+__all__ += ["EXP3Score", "MCTSScore", "MCTSScores", "PUCTScore", "UCB1TunedScore", "UCBScore"]
