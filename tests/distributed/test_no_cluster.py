@@ -74,3 +74,28 @@ def test_actor_episode_returns_equal_a_loop(rows, steps, batches, p_done, seed):
         want, ref_carry = _loop_reference(reward[..., 0].double(), done[..., 0], ref_carry)
         assert got == want
         assert torch.equal(carry, ref_carry)
+
+
+def test_packed_tensordicts_round_trip_through_pickle():
+    """What crosses Ray (samples, batches, extends): the same keys in the same order, nested
+    batch sizes, dtypes and values; writable tensors; what the packed form cannot carry is
+    sent as it is."""
+    import pickle
+
+    from steersman import TensorDict
+    from steersman.distributed._wire import pack, unpack
+
+    td = TensorDict({"a": torch.randn(5, 2), "next": {"reward": torch.randn(5, 1),
+                                                      "done": torch.zeros(5, 1, dtype=torch.bool)},
+                     "group": TensorDict({"x": torch.arange(15).view(5, 3)}, [5, 3]), "z": torch.ones(5)}, [5])
+    back = unpack(pickle.loads(pickle.dumps(pack(td), protocol=5)))
+    assert list(back.keys(True, True)) == list(td.keys(True, True))
+    assert back.batch_size == td.batch_size and back["group"].batch_size == (5, 3)
+    for key, value in td.items(True, True):
+        got = back.get(key)
+        assert got.dtype == value.dtype and torch.equal(got, value), key
+    back["a"].add_(1.0)  # a tensor of its own
+    assert not torch.equal(back["a"], td["a"])
+    odd = TensorDict({"a": torch.ones(3, dtype=torch.bfloat16)}, [3])
+    assert pack(odd) is odd and unpack(odd) is odd
+    assert pack([1, 2]) == [1, 2]

@@ -37,6 +37,7 @@ from steersman.collectors import Collector
 from steersman.tensordict import TensorDictBase
 
 from ._ray import fit_actors_to_cpus, init_ray, require_ray
+from ._wire import pack, unpack
 
 __all__ = ["RayCollector", "RayCollectorError"]
 
@@ -169,7 +170,7 @@ class _CollectorActor:
                 "episode_returns": returns, "incarnation": self.incarnation, "node": self.node,
                 "pid": os.getpid()}
         if self.replay_buffer is None:
-            return info, batch
+            return info, pack(batch)  # NumPy arrays + layout: far cheaper to send than a pickled TensorDict
         info["stored"], info["write_count"], info["buffer_incarnation"] = self._write(batch, seq)
         return info, None
 
@@ -181,7 +182,7 @@ class _CollectorActor:
         deadline = time.monotonic() + 60.0
         while True:
             try:
-                stored, count = ray.get(self.replay_buffer.actor.extend.remote(data, self.writer, seq))
+                stored, count = ray.get(self.replay_buffer.actor.extend.remote(pack(data), self.writer, seq))
                 return stored, count, None
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 if time.monotonic() > deadline:
@@ -390,9 +391,9 @@ class RayCollector:
 
         i, seq = self._pending.pop(ref)
         try:
-            out = ray.get(ref)
+            info, batch = ray.get(ref)
             self._unavailable_since.pop(i, None)
-            return out
+            return info, unpack(batch)
         except ray.exceptions.RayTaskError as err:  # the collector raised: not retried
             raise RayCollectorError(f"RayCollector: {self._describe(i)} raised while collecting; remote "
                                     f"traceback:\n{err}") from None

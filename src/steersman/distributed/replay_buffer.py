@@ -35,6 +35,7 @@ from typing import Any
 from steersman.data.replay_buffers import ReplayBuffer, TensorDictReplayBuffer
 
 from ._ray import fit_actors_to_cpus, init_ray, require_ray
+from ._wire import pack, unpack
 
 __all__ = ["RayReplayBuffer", "RemoteTensorDictReplayBuffer"]
 
@@ -67,7 +68,7 @@ class _BufferActor:
             if self.ledger.get(writer, -1) >= seq:
                 return False, self.rb.write_count
             self.ledger[writer] = seq
-        self.rb.extend(data)
+        self.rb.extend(unpack(data))
         self._maybe_dump()
         return True, self.rb.write_count
 
@@ -77,7 +78,7 @@ class _BufferActor:
             if self.ledger.get(writer, -1) >= seq:
                 return False, self.rb.write_count, None
             self.ledger[writer] = seq
-        index = self.rb.add(data)
+        index = self.rb.add(unpack(data))
         self._maybe_dump()
         return True, self.rb.write_count, index
 
@@ -97,7 +98,8 @@ class _BufferActor:
 
     # ---------------------------------------------------------------- reading
     def sample(self, batch_size: int | None, return_info: bool) -> Any:
-        return self.rb.sample(batch_size, return_info=return_info)
+        out = self.rb.sample(batch_size, return_info=return_info)
+        return (pack(out[0]), out[1]) if return_info else pack(out)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         self.rb.update_priority(index, priority)
@@ -258,10 +260,11 @@ class RayReplayBuffer:
     def _write(self, method: str, data: Any) -> Any:
         seq, self._write_seq = self._write_seq, self._write_seq + 1
         if self.max_pending_writes == 0:
-            return self._done_write(self._call(method, data, self._writer, seq))
+            return self._done_write(self._call(method, pack(data), self._writer, seq))
         self._reap(0)
         while len(self._writes) >= self.max_pending_writes:
             self._reap(1, block=True)
+        data = pack(data)
         self._writes.append((seq, method, data, getattr(self._actor, method).remote(data, self._writer, seq)))
         return None
 
@@ -309,13 +312,13 @@ class RayReplayBuffer:
         """Appends one item; returns its index (waits for the actor)."""
         self.flush()
         seq, self._write_seq = self._write_seq, self._write_seq + 1
-        return self._done_write(self._call("add", data, self._writer, seq))
+        return self._done_write(self._call("add", pack(data), self._writer, seq))
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """A batch sampled in the actor (``return_info``: with the sampler's info, as locally);
         with ``prefetch``, one requested earlier (the next ones are requested now)."""
         if not self.prefetch:
-            return self._call("sample", batch_size, return_info)
+            return _unpacked(self._call("sample", batch_size, return_info), return_info)
         import ray
 
         key = (batch_size, return_info)
@@ -326,10 +329,11 @@ class RayReplayBuffer:
         _, ref = self._samples.popleft()
         self._samples.append((key, self._actor.sample.remote(batch_size, return_info)))
         try:
-            return ray.get(ref)
+            out = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             self._samples.clear()  # the actor died: ask again once it is back
-            return self._call("sample", batch_size, return_info)
+            out = self._call("sample", batch_size, return_info)
+        return _unpacked(out, return_info)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Sets the priorities of the items at ``index`` (prioritized samplers)."""
@@ -392,6 +396,10 @@ class RayReplayBuffer:
 
     def __repr__(self) -> str:
         return f"RayReplayBuffer(node={getattr(self, 'node', None)}, checkpoint_dir={self.checkpoint_dir})"
+
+
+def _unpacked(out: Any, return_info: bool) -> Any:
+    return (unpack(out[0]), out[1]) if return_info else unpack(out)
 
 
 def _rebuild(actor: Any, checkpoint_dir: str | None, checkpoint_interval: int, prefetch: int = 0,
