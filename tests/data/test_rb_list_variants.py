@@ -200,3 +200,20 @@ def test_create_infinite_iterator_cycles_and_refuses_empty():
 def test_device_typing_members():
     assert set(typing.get_args(DEVICE_TYPING)) == {torch.device, str, int}
     assert isinstance(torch.device("cpu"), DEVICE_TYPING) and not isinstance(1.5, DEVICE_TYPING)
+
+
+@pytest.mark.parametrize("make", [ListStorage, LazyStackStorage], ids=["list", "lazy-stack"])
+@pytest.mark.parametrize("first", [0, 5])
+def test_list_storages_extend_past_capacity_keeps_the_newest(make, first):
+    """One extend of more items than the storage holds keeps the last ``max_size`` of them
+    at the ring positions a TensorStorage would use (it failed on an empty storage: the
+    wrapped write started past the filled prefix)."""
+    data = [TensorDict({"x": torch.tensor(i)}, []) for i in range(first + 20)]
+    ref = ReplayBuffer(storage=LazyTensorStorage(16), batch_size=4)
+    rb = ReplayBuffer(storage=make(16), batch_size=4)
+    for buffer in (ref, rb):
+        if first:
+            buffer.extend(torch.stack(data[:first]) if buffer is ref else data[:first])
+        buffer.extend(torch.stack(data[first:]) if buffer is ref else data[first:])
+    assert len(rb) == len(ref) == 16
+    assert [int(rb.storage.get(i)["x"]) for i in range(16)] == ref.storage.get(torch.arange(16))["x"].tolist()

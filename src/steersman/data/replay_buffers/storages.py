@@ -308,16 +308,20 @@ class ListStorage(Storage):
             items = list(data)
         if len(items) != len(cursor):
             raise ValueError(f"got {len(items)} items for {len(cursor)} indices")
-        filled = len(self._storage)
-        for c in cursor:
+        writes = {}  # index -> item (a later duplicate wins, as in a loop of writes)
+        for c, item in zip(cursor, items):
             c = int(c)
             if not 0 <= c < self.max_size:
                 raise IndexError(f"index {c} is out of range for a storage of max_size {self.max_size}")
-            if c > filled:
-                raise IndexError(f"ListStorage is filled in order: cannot write index {c} when it holds {filled}")
-            filled += c == filled
-        for c, item in zip(cursor, items):
-            self._set_one(int(c), item)
+            writes[c] = item
+        # the call as a whole must leave no hole: an overfilling extend writes [4..15] then
+        # [0..3] into an empty storage of 16, which fills it
+        filled = len(self._storage)
+        for i, c in enumerate(sorted(c for c in writes if c >= filled)):
+            if c != filled + i:
+                raise IndexError(f"ListStorage is filled in order: cannot write index {c} when it holds {filled + i}")
+        for c in sorted(writes):
+            self._set_one(c, writes[c])
         if cursor:
             self._last_cursor = int(cursor[-1])
 
