@@ -246,7 +246,7 @@ class Population:
     (batched matmuls with one output column, a value head) and for the last row of an odd
     count (seen on SAC's update with 3 rows), which would change the last bits; with an
     even row count every row's numbers are those of the member alone (tested for 1 to 4
-    members, and 5 and 6 for SAC).
+    members; checked by hand for 5 and 6 with SAC).
     """
 
     def __init__(self, algo: str, cfg: Any, run_dir: str | Path | None, *, resume: bool, batch_frames: int,
