@@ -3,6 +3,7 @@ and the checks of TorchRL keyword arguments that have no effect here or are refu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,6 +75,37 @@ class BaseCollector:
         self.weight_updater.push_weights(src, worker_ids=worker_ids)
         if self.weight_updater.version != before:
             self._policy_version += 1
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """A cheap snapshot of the collector's progress, for monitoring (TorchRL's ``stats()``).
+
+        Keys: ``frames`` (frames collected so far), ``batches`` (batches delivered),
+        ``total_frames`` (the budget; absent for an endless collector), ``completed``
+        (the budget is reached; absent when endless), ``requested_frames_per_batch`` and
+        ``policy_version``. Reads counters only (no worker round trip), so a
+        :class:`~steersman.record.LoggerMonitor` may poll it from another thread.
+
+        Example:
+            >>> from steersman.collectors import Collector
+            >>> from steersman.envs import CartPoleEnv
+            >>> c = Collector(CartPoleEnv(), frames_per_batch=4, total_frames=8)
+            >>> _ = c.next()
+            >>> s = c.stats()
+            >>> s["frames"], s["batches"], s["total_frames"], s["completed"]
+            (4, 1, 8, False)
+        """
+        frames = int(getattr(self, "_frames", 0))
+        out: dict[str, int | float | bool] = {"frames": frames,
+                                              "batches": int(getattr(self, "_iter", -1)) + 1}
+        total = getattr(self, "total_frames", math.inf)
+        if total != math.inf and total is not None and total > 0:
+            out["total_frames"] = int(total)
+            out["completed"] = frames >= total
+        requested = getattr(self, "requested_frames_per_batch", None)
+        if requested is not None:
+            out["requested_frames_per_batch"] = int(requested)
+        out["policy_version"] = int(getattr(self, "_policy_version", 0))
+        return out
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         raise NotImplementedError

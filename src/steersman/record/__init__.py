@@ -1,5 +1,6 @@
 """L4: recording a run. Loggers (CSV, TensorBoard, W&B, MLflow), a progress bar, learning
-curves, episode videos, standalone policy export and the run-directory layout.
+curves, a ``stats()`` monitor (``LoggerMonitor``, ``Every``), a logger in its own process
+(``ProcessLogger``), episode videos, standalone policy export and the run-directory layout.
 
 Optional packages (tensorboard, matplotlib, rich, imageio, onnx, wandb, mlflow) are
 imported when first used, with an error naming what to install.
@@ -16,9 +17,13 @@ from .export import (
 from .loggers import (
     LOGGER_TYPES,
     CSVLogger,
+    Every,
     Logger,
+    LoggerMonitor,
     MLFlowLogger,
     MultiLogger,
+    ProcessLogger,
+    ProcessLoggerClient,
     TensorboardLogger,
     WandbLogger,
     generate_exp_name,
@@ -42,6 +47,10 @@ __all__ = [
     "LOGGER_TYPES",
     "get_logger",
     "generate_exp_name",
+    "Every",
+    "LoggerMonitor",
+    "ProcessLogger",
+    "ProcessLoggerClient",
     "ProgressBar",
     "plot_learning_curves",
     "VideoRecorder",

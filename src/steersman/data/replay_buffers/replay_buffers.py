@@ -302,6 +302,31 @@ class ReplayBuffer:
         """Number of items ever written (survives wrap-around; reset by :meth:`empty`)."""
         return self._writer.write_count
 
+    def stats(self) -> dict[str, int | float | bool]:
+        """A cheap snapshot of the buffer's state, for monitoring (TorchRL's ``stats()``).
+
+        Keys: ``size`` (``len(self)``), ``write_count`` (items ever written),
+        ``prefetch_queue_size`` (pending prefetched samples), ``initialized`` (whether
+        the storage holds anything), ``capacity`` (the storage's ``max_size``) and
+        ``utilization`` (``size / capacity``). Polled by
+        :class:`~steersman.record.LoggerMonitor`.
+
+        Example:
+            >>> import torch
+            >>> from steersman.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(torch.arange(4))
+            >>> s = rb.stats()
+            >>> s["size"], s["write_count"], s["capacity"], s["utilization"]
+            (4, 4, 10, 0.4)
+        """
+        size = len(self)
+        capacity = int(getattr(self._storage, "max_size", 0) or 0)
+        return {"size": size, "write_count": int(self.write_count),
+                "prefetch_queue_size": len(self._prefetch_queue),
+                "initialized": len(self._storage) > 0, "capacity": capacity,
+                "utilization": size / capacity if capacity else 0.0}
+
     def __len__(self) -> int:
         if self._sampler._consumes:
             return self._sampler._num_sampleable(self._storage)

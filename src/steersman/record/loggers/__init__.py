@@ -7,6 +7,8 @@ needs none of them.
 from .common import Logger, MultiLogger
 from .csv import CSVLogger, read_metrics_csv
 from .mlflow import MLFlowLogger
+from .monitoring import Every, LoggerMonitor
+from .process import ProcessLogger, ProcessLoggerClient
 from .tensorboard import TensorboardLogger
 from .utils import LOGGER_TYPES, generate_exp_name, get_logger
 from .wandb import WandbLogger
@@ -22,4 +24,8 @@ __all__ = [
     "LOGGER_TYPES",
     "get_logger",
     "generate_exp_name",
+    "Every",
+    "LoggerMonitor",
+    "ProcessLogger",
+    "ProcessLoggerClient",
 ]
