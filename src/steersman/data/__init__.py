@@ -22,3 +22,8 @@ from .map import (  # noqa: E402
 
 __all__ += ["BinaryToDecimal", "HashToInt", "QueryModule", "RandomProjectionHash", "SipHash", "TensorDictMap",
             "TensorMap"]
+
+# RLHF KL-coefficient controllers (TorchRL's torchrl.data names)
+from .rlhf import AdaptiveKLController, ConstantKLController  # noqa: E402
+
+__all__ += ["AdaptiveKLController", "ConstantKLController"]
