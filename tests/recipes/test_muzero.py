@@ -266,3 +266,21 @@ def test_bad_config_is_one_line_and_writes_nothing(tmp_path, overrides, message)
     with pytest.raises(ConfigError, match=re.escape(message)):
         train(tiny("CartPole-v1", **overrides), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_muzero_learns_tictactoe_against_a_random_player(tmp_path):
+    """The default config (256 games, 16 simulations on the learned model) for 4,096 moves,
+    then 64 games per seat against a uniformly random player, searching with the learned
+    model: better than random play (random against random scores 0 over both seats and
+    wins ~44% of the games; the untrained agent scored -0.40 and +0.10 for seeds 0, 1).
+    Measured at 4,096 moves, seeds 0 / 1 / 2: scores 0.38 / 0.19 / 0.21, wins 0.64 / 0.56 /
+    0.53. This is not the issue's 90%: see benchmarks/README.md, MuZero."""
+    cfg = MuZeroConfig(total_frames=4_096, quiet=True, export_format="none", seed=0)
+    cfg.eval.interval, cfg.eval.episodes = 0, 64
+    cfg.checkpoint.interval = 0
+    cfg.logger.backends = ["csv"]
+    train(cfg, tmp_path / "run")
+    cols = read_metrics_csv(tmp_path / "run" / "metrics.csv")
+    assert cols["eval/random_score"][-1] >= 0.15
+    assert cols["eval/random_win"][-1] >= 0.5
