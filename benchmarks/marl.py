@@ -61,13 +61,12 @@ def time_limit_terminal() -> None:
     (no bootstrap), as BenchMARL sees them (``--time-limit-terminal``)."""
     from steersman.envs.libs.vmas import VmasWrapper
 
-    flags = VmasWrapper._flags
+    groups_out = VmasWrapper._groups_out
 
-    def terminal(self):
-        term, trunc = flags(self)
-        return term | trunc, torch.zeros_like(trunc)
+    def terminal(self, obs, rews, term, trunc):
+        return groups_out(self, obs, rews, term | trunc, torch.zeros_like(trunc))
 
-    VmasWrapper._flags = terminal
+    VmasWrapper._groups_out = terminal
 
 
 def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float]:
