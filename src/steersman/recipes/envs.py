@@ -49,7 +49,7 @@ NATIVE_ENVS: dict[str, type[EnvBase]] = {
     "MountainCarContinuous-v0": MountainCarContinuousEnv,
     "Pendulum-v1": PendulumEnv,
 }
-#: Two-player board games (action masks, ``current_player``; the AlphaZero recipe plays them).
+#: Two-player board games (action masks, ``current_player``; the AlphaZero and MuZero recipes play them).
 BOARD_GAMES: dict[str, type[EnvBase]] = {"tictactoe": TicTacToeEnv, "connect4": ConnectFourEnv}
 GYM_PREFIX = "gym:"
 #: What off-policy recipes keep of a transition in their replay buffers (``batch.select(*TRANSITION_KEYS)``):
