@@ -297,3 +297,33 @@ def test_gumbel_interior_selection_follows_improved_policy():
         tree, torch.zeros(1, dtype=torch.long))[0], -1)
     freq = tree.children_visits[0, 0].float() / 200
     assert (freq - probs).abs().max() < 0.05
+
+
+def test_compiled_search_with_tensordict_embeddings_equals_eager():
+    """``compile=`` with TensorDict embeddings (the adapters' case), two-player
+    discounts and invalid root actions: the same tree as the eager search, and a
+    second search of the same shapes reuses the graph."""
+    t = tables(5, two_player=True)
+    root = root_for(t, torch.tensor([0, 3]), td_embedding=True)
+    inv = torch.zeros(2, A, dtype=torch.bool)
+    inv[0, :2] = True
+    fn = model(t, td_embedding=True)
+    eager = muzero_policy((), torch.Generator().manual_seed(1), root, fn, 6, invalid_actions=inv)
+    torch._dynamo.utils.counters.clear()
+    for _ in range(2):
+        comp = muzero_policy((), torch.Generator().manual_seed(1), root, fn, 6, invalid_actions=inv,
+                             compile="eager")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert torch.equal(eager.search_tree.children_visits, comp.search_tree.children_visits)
+    assert torch.equal(eager.search_tree.parents, comp.search_tree.parents)
+    torch.testing.assert_close(eager.search_tree.node_values, comp.search_tree.node_values)
+    assert torch.equal(eager.action, comp.action)
+    assert eager.search_tree.depth.amax().item() >= 2
+
+
+@pytest.mark.parametrize(("compile", "match"), [(3, "compile must be a bool, a backend name or a dict"),
+                                                 ({"fullgraph": False}, r"remove \['fullgraph'\]")])
+def test_bad_compile_option(compile, match):
+    t = tables(0)
+    with pytest.raises((TypeError, ValueError), match=match):
+        muzero_policy((), None, root_for(t, torch.tensor([0])), model(t), 4, compile=compile)
