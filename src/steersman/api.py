@@ -63,7 +63,7 @@ def make_config(algo: str, **overrides: Any) -> Any:
         >>> make_config("ppo", total_frame=10)
         Traceback (most recent call last):
         ...
-        steersman.recipes.config.ConfigError: unknown config key 'total_frame' for ppo; valid keys: checkpoint, compile, compile_backend, env, epochs, eval, export_format, hidden_sizes, logger, loss, minibatch_size, n_steps, num_threads, optim, ortho_init, quiet, seed, seeds, sweep, total_frames
+        steersman.recipes.config.ConfigError: unknown config key 'total_frame' for ppo; valid keys: checkpoint, compile, compile_backend, distributed, env, epochs, eval, export_format, hidden_sizes, logger, loss, minibatch_size, n_steps, num_threads, optim, ortho_init, quiet, seed, seeds, sweep, total_frames
     """
     return _make_config(algo, _overrides(algo, overrides))
 

@@ -267,12 +267,16 @@ def _distributed_shorthand(algos: list[str], override: str) -> str:
     """``distributed=ray`` is ``distributed.backend=ray`` (recipes with a ``distributed`` field)."""
     if not override.startswith("distributed="):
         return override
-    from .recipes import config_class
+    from .recipes import ALGOS, config_class
 
-    lacking = [a for a in algos if "distributed" not in {f.name for f in dataclasses.fields(config_class(a))}]
+    def has_option(algo: str) -> bool:
+        return "distributed" in {f.name for f in dataclasses.fields(config_class(algo))}
+
+    lacking = [a for a in algos if not has_option(a)]
     if lacking:
+        with_option = ", ".join(sorted(a for a in ALGOS if has_option(a)))
         raise UsageError(f"{lacking[0]} has no distributed option (it runs on one machine); "
-                         "recipes with distributed=ray: sac")
+                         f"recipes with distributed=ray: {with_option}")
     return "distributed.backend=" + override.split("=", 1)[1]
 
 
