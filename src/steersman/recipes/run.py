@@ -114,7 +114,7 @@ def setup(cfg: Any) -> tuple[Any, Any]:
 
     validate_config(cfg)
     if cfg.env.name in BOARD_GAMES:
-        raise ConfigError(f"env.name={cfg.env.name} is a two-player board game: train it with alphazero")
+        raise ConfigError(f"env.name={cfg.env.name} is a two-player board game: train it with alphazero or muzero")
     seed_everything(cfg.seed)
     if cfg.num_threads > 0:  # small networks: one thread avoids thread-pool overhead
         torch.set_num_threads(cfg.num_threads)
