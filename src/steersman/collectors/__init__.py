@@ -5,6 +5,8 @@
 worker process; ``aSyncDataCollector`` runs one in a background process (TorchRL 0.14
 names them ``MultiSyncCollector``, ``MultiAsyncCollector`` and ``AsyncCollector``: both
 sets of names are here). ``split_trajectories`` cuts a batch into one row per trajectory.
+``collector.stats()`` is a snapshot of its progress (for ``LoggerMonitor``); ``collector.enable_profile(...)`` (``ProfileConfig``)
+profiles a few rollouts with ``torch.profiler``.
 """
 
 from .base import BaseCollector
@@ -19,6 +21,7 @@ from .multi import (
     MultiSyncDataCollector,
     aSyncDataCollector,
 )
+from .profile import ProfileConfig
 from .utils import split_trajectories
 from .weight_update import (
     MultiProcessedWeightUpdater,
@@ -44,4 +47,5 @@ __all__ = [
     "AsyncCollector",
     "CollectorWorkerError",
     "split_trajectories",
+    "ProfileConfig",
 ]

@@ -33,7 +33,7 @@ from ._policy import SharedWeights, weights_of
 from ._shm import SharedMemory, send_with_fd
 from .collector import Collector
 
-__all__ = ["worker_main", "COLLECT", "STATE", "LOAD", "SEED", "RESET", "CLOSE"]
+__all__ = ["worker_main", "COLLECT", "STATE", "LOAD", "SEED", "RESET", "CLOSE", "PROFILE"]
 
 COLLECT = b"N"[0]
 STATE = b"S"[0]
@@ -41,6 +41,7 @@ LOAD = b"L"[0]
 SEED = b"D"[0]
 RESET = b"R"[0]
 CLOSE = b"C"[0]
+PROFILE = b"P"[0]
 FIRST = b"F"
 BATCH = b"B"
 
@@ -124,6 +125,10 @@ def _setup(idx: int, fd: int, payload: bytes, weights: SharedWeights | None, sha
             return OK + pickle.dumps(collector.set_seed(seed, static_seed=static))
         if cmd == RESET:
             collector.reset()
+            return OK
+        if cmd == PROFILE:
+            from .profile import Profiling
+            collector._profiling = Profiling(pickle.loads(msg[1:]), idx)
             return OK
         raise RuntimeError(f"unknown command {msg[:1]!r}")
 

@@ -107,6 +107,42 @@ class BaseCollector:
         out["policy_version"] = int(getattr(self, "_policy_version", 0))
         return out
 
+    def enable_profile(self, *, workers: list[int] | None = None, num_rollouts: int = 3,
+                       warmup_rollouts: int = 1, save_path: Any = None, activities: list[str] | None = None,
+                       record_shapes: bool = True, profile_memory: bool = False, with_stack: bool = True,
+                       with_flops: bool = False, on_trace_ready: Callable | None = None) -> None:
+        """Profiles the next ``num_rollouts`` rollouts with :mod:`torch.profiler` (the
+        first ``warmup_rollouts`` are left out of the trace); the arguments are those of
+        :class:`~steersman.collectors.ProfileConfig`. A multi-process collector profiles
+        in the ``workers`` listed (default ``[0]``), one trace file per worker
+        (``{worker_idx}`` in ``save_path``).
+
+        Example:
+            >>> import json, tempfile
+            >>> from steersman.collectors import Collector
+            >>> from steersman.envs import CartPoleEnv
+            >>> path = tempfile.mkdtemp() + "/trace_{worker_idx}.json"
+            >>> c = Collector(CartPoleEnv(), frames_per_batch=8, total_frames=32)
+            >>> c.enable_profile(num_rollouts=2, warmup_rollouts=1, save_path=path, with_stack=False)
+            >>> for _ in c:
+            ...     pass
+            >>> "traceEvents" in json.load(open(path.format(worker_idx=0)))
+            True
+        """
+        from .profile import ProfileConfig
+        kwargs: dict[str, Any] = dict(num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts,
+                                      save_path=save_path, record_shapes=record_shapes,
+                                      profile_memory=profile_memory, with_stack=with_stack,
+                                      with_flops=with_flops, on_trace_ready=on_trace_ready)
+        if workers is not None:
+            kwargs["workers"] = list(workers)
+        if activities is not None:
+            kwargs["activities"] = list(activities)
+        self._enable_profile(ProfileConfig(**kwargs))
+
+    def _enable_profile(self, config: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support profiling")
+
     def iterator(self) -> Iterator[TensorDictBase | None]:
         raise NotImplementedError
 

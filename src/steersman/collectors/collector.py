@@ -514,8 +514,23 @@ class Collector(BaseCollector):
         self._traj_steps = torch.where(done, 0, steps).view(self.env.batch_size)
         return td_next
 
+    _profiling = None  # set by enable_profile: the rollouts run under torch.profiler
+
+    def _enable_profile(self, config: Any) -> None:
+        from .profile import Profiling
+        self._profiling = Profiling(config, 0)
+
     def _rollout(self, random: bool) -> TensorDictBase:
         """Collects one batch into the buffer; returns its ``[*env_batch, T]`` view."""
+        if self._profiling is not None:
+            prof = self._profiling
+            if prof.done:
+                self._profiling = None
+            else:
+                return prof.run(lambda: self._rollout_once(random))
+        return self._rollout_once(random)
+
+    def _rollout_once(self, random: bool) -> TensorDictBase:
         if self._closed:
             raise RuntimeError("Collector: the collector was shut down")
         if self._carried is None or self.reset_at_each_iter:

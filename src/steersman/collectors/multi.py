@@ -51,7 +51,7 @@ from steersman.tensordict.nn import ExplorationType
 
 from ._policy import SharedWeights, weights_of
 from ._shm import HAS_MEMFD, map_fd
-from ._worker import COLLECT, LOAD, RESET, SEED, STATE, worker_main
+from ._worker import COLLECT, LOAD, PROFILE, RESET, SEED, STATE, worker_main
 from .base import BaseCollector, check_unsupported, run_hook
 from .collector import Collector, finish_batch, td_from_state, td_state
 from .utils import dense_copy
@@ -382,6 +382,17 @@ class _MultiCollector(BaseCollector):
             self._send(i, bytes((SEED,)) + pickle.dumps((seed, static_seed)), "set_seed")
             seed = pickle.loads(self._wait({i}, "set_seed")[i][1:])
         return seed
+
+    def _enable_profile(self, config: Any) -> None:
+        bad = [w for w in config.workers if not 0 <= w < self.num_workers]
+        if bad:
+            raise ValueError(f"{type(self).__name__}.enable_profile: workers {bad} out of range "
+                             f"(num_workers={self.num_workers})")
+        self._quiesce()
+        payload = bytes((PROFILE,)) + pickle.dumps(config)
+        for i in sorted(set(config.workers)):
+            self._send(i, payload, "enable_profile")
+        self._wait(set(config.workers), "enable_profile")
 
     def reset(self) -> None:
         """Resets every worker's env; their next batches start new trajectories."""

@@ -109,7 +109,7 @@ class ProcessLogger(ProcessLoggerClient):
         >>> import tempfile
         >>> from steersman.record import CSVLogger, ProcessLogger
         >>> d = tempfile.mkdtemp()
-        >>> logger = ProcessLogger(CSVLogger, exp_name="run", log_dir=d)
+        >>> logger = ProcessLogger(CSVLogger, exp_name="run", log_dir=d, mp_context="fork")
         >>> worker_logger = logger.client()       # picklable
         >>> worker_logger.log_scalar("loss", 1.0, step=0)
         >>> logger.flush()
