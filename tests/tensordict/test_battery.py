@@ -1236,3 +1236,15 @@ def test_math_helpers_consistency(case):
     for sub in [td[0], td[1:3], td.reshape(-1), td.unsqueeze(0)]:
         assert sub.numel() == math.prod(sub.batch_size)
         assert len(sub) == sub.batch_size[0]
+
+
+def test_safetensors_round_trip(case, tmp_path):
+    from steersman.tensordict import from_safetensors, to_safetensors
+
+    td, ref = case.td, case.ref
+    to_safetensors(td, tmp_path / "td.safetensors")
+    loaded = from_safetensors(tmp_path / "td.safetensors")
+    assert type(loaded) is TensorDict and loaded.batch_size == td.batch_size
+    assert_matches(loaded, ref, has_str=case.has_str)
+    loaded.fill_("a", 3)  # a copy: the source is untouched
+    assert_matches(td, ref)

@@ -47,6 +47,7 @@ from .module_params import ensemble_call, from_module, from_modules, shared_copy
 from .nontensor import MetaData, NonTensorData, NonTensorStack, is_non_tensor
 from .params import TensorDictParams
 from .persistent import PersistentTensorDict, to_h5
+from .safetensors_io import from_safetensors, to_safetensors
 from .switches import (
     capture_non_tensor_stack,
     get_defaults_to_none,
@@ -96,6 +97,8 @@ __all__ = [
     "shared_copy",
     "PersistentTensorDict",
     "to_h5",
+    "to_safetensors",
+    "from_safetensors",
     "set_list_to_stack",
     "list_to_stack",
     "set_lazy_legacy",
