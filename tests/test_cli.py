@@ -388,3 +388,11 @@ def test_seeds_and_sweep_from_the_command_line(tmp_path, monkeypatch):
     assert main(argv) == 0
     members = json.loads((tmp_path / "run" / "members.json").read_text())
     assert len(members) == 4
+
+
+@pytest.mark.parametrize("env_id", ["vmas/navigation", "pettingzoo/sisl/multiwalker_v9"])
+def test_env_option_takes_a_family_of_multi_agent_ids(env_id, capsys):
+    """``env=vmas/<scenario>`` / ``env=pettingzoo/<task>`` stand for ``env.name=...`` (the
+    CLI refused them as unknown ``env=`` options)."""
+    assert main(["train", "mappo", f"env={env_id}", "--cfg", "job"]) == 0
+    assert f"name: {env_id}" in capsys.readouterr().out

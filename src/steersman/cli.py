@@ -280,6 +280,17 @@ def _distributed_shorthand(algos: list[str], override: str) -> str:
     return "distributed.backend=" + override.split("=", 1)[1]
 
 
+def _env_id_shorthand(override: str) -> str:
+    """``env=vmas/<scenario>`` and ``env=pettingzoo/<task>`` are ``env.name=...`` (a family
+    of ids, not one of the ``env=`` options)."""
+    from .recipes.envs import is_marl_env_id
+
+    key, _, value = override.partition("=")
+    if key == "env" and value not in ENV_GROUP and is_marl_env_id(value):
+        return f"env.name={value}"
+    return override
+
+
 def _group_as_keys(key: str, value: str) -> str:
     """A config-group choice as the override it stands for (``env=pendulum`` -> ``env.name=...``)."""
     if key == "env":
@@ -329,7 +340,7 @@ def cmd_train(args: list[str]) -> int:
         return 0
     flags, overrides = _split_flags(args)
     multirun = "-m" in flags or "--multirun" in flags
-    overrides = [_distributed_shorthand(algos, ov) for ov in overrides]
+    overrides = [_env_id_shorthand(_distributed_shorthand(algos, ov)) for ov in overrides]
     for a in algos:
         check_overrides(a, overrides)
     if not any(f in flags for f in ("--cfg", "-c", "--info", "-i")):  # those only print
