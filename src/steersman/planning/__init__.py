@@ -37,6 +37,11 @@ from steersman.planning.planners import CEMPlanner, MPCPlannerBase, MPPIPlanner 
 __all__ += ["CEMPlanner", "MPCPlannerBase", "MPPIPlanner"]
 
 # exact and depth-limited game solvers (opponents for evaluation)
-from steersman.planning.solvers import AlphaBetaPlayer, MinimaxPlayer, TicTacToeSolver  # noqa: E402
+from steersman.planning.solvers import (  # noqa: E402
+    AlphaBetaPlayer,
+    MinimaxPlayer,
+    TicTacToeSolver,
+    games_against_minimax,
+)
 
-__all__ += ["AlphaBetaPlayer", "MinimaxPlayer", "TicTacToeSolver"]
+__all__ += ["AlphaBetaPlayer", "MinimaxPlayer", "TicTacToeSolver", "games_against_minimax"]
