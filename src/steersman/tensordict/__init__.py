@@ -2,6 +2,7 @@
 
 from . import pytree as _pytree  # noqa: F401  (registers TensorDict as a pytree node)
 from ._utils import NestedKey, unravel_key, unravel_key_list
+from .arrow_io import from_arrow, from_pandas, from_parquet, to_arrow
 from .base import TensorDictBase, is_tensor_collection
 from .constructors import (
     from_any,
@@ -99,6 +100,10 @@ __all__ = [
     "to_h5",
     "to_safetensors",
     "from_safetensors",
+    "from_arrow",
+    "to_arrow",
+    "from_pandas",
+    "from_parquet",
     "set_list_to_stack",
     "list_to_stack",
     "set_lazy_legacy",
