@@ -17,6 +17,7 @@ from steersman.record import (
     LOGGER_TYPES,
     CSVLogger,
     Logger,
+    MLFlowLogger,
     MultiLogger,
     generate_exp_name,
     get_logger,
@@ -331,7 +332,8 @@ def test_mlflow_logger_calls(monkeypatch, tmp_path):
         def get_experiment_by_name(self, name):
             return None
 
-        def create_experiment(self, name):
+        def create_experiment(self, name, artifact_location=None):
+            calls.append(("experiment", name, artifact_location))
             return "7"
 
         def create_run(self, exp_id, tags):
@@ -350,11 +352,14 @@ def test_mlflow_logger_calls(monkeypatch, tmp_path):
     log.log_str("notes", "hi", 1)
     log.close()
     assert calls == [
-        ("client", (tmp_path / "mlruns").absolute().as_uri()), ("run", "7", {}),
+        ("client", (tmp_path / "mlruns").absolute().as_uri()), ("experiment", "exp", None), ("run", "7", {}),
         ("log_metric", "r1", "train/return", 2.0, 10), ("log_param", "r1", "optim.lr", "0.1"),
         ("log_param", "r1", "name", "ppo"), ("log_text", "r1", "hi", "texts/notes_1.txt"),
         ("set_terminated", "r1"),
     ]
+    calls.clear()
+    MLFlowLogger("exp2", tmp_path.as_uri(), artifact_location="s3://bucket/a").close()
+    assert ("experiment", "exp2", "s3://bucket/a") in calls
 
 
 # --- the real packages, offline (run where the extras are installed) ----------------------

@@ -48,9 +48,9 @@ __all__ = ["TensorDictBase", "is_tensor_collection", "HANDLED_FUNCTIONS"]
 HANDLED_FUNCTIONS: dict[Callable, Callable] = {}
 
 
-def is_tensor_collection(obj: Any) -> bool:
+def is_tensor_collection(datatype: Any) -> bool:
     """True for TensorDicts, lazy stacks, tensorclass instances and non-tensor entries."""
-    return getattr(type(obj), "_is_tensor_collection", False)
+    return getattr(type(datatype), "_is_tensor_collection", False)
 
 
 def _dims_tuple(dims: Any, ndim: int, name: str = "dim") -> tuple[int, ...]:

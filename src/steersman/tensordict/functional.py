@@ -197,23 +197,23 @@ def _stack_into(tds: Sequence[Any], dim: int, out: TensorDictBase) -> TensorDict
 
 
 @_implements(torch.cat)
-def cat(list_of_tds: Sequence[Any], dim: int = 0, *, out: TensorDictBase | None = None) -> Any:
+def cat(input: Sequence[Any], dim: int = 0, *, out: TensorDictBase | None = None) -> Any:
     """Concatenates containers along an existing batch dim ``dim``."""
-    if not list_of_tds:
+    if not input:
         raise RuntimeError("cat expects a non-empty sequence of TensorDicts")
-    first = list_of_tds[0]
+    first = input[0]
     bd = len(first.batch_size)
     if bd == 0:
         raise RuntimeError("cannot cat TensorDicts with an empty batch size; use stack")
     dim = _norm_dim(dim, bd, "cat")
-    result = _join_dense(list_of_tds, dim, (), torch.cat)
+    result = _join_dense(input, dim, (), torch.cat)
     if result is None:
-        if any(getattr(type(t), "_is_lazy", False) for t in list_of_tds):
+        if any(getattr(type(t), "_is_lazy", False) for t in input):
             from .lazy import lazy_cat
 
-            result = lazy_cat(list(list_of_tds), dim)
+            result = lazy_cat(list(input), dim)
         else:
-            result = _cat_entries(list(list_of_tds), dim, ())
+            result = _cat_entries(list(input), dim, ())
     if out is not None:
         out.update_(result)
         return out
@@ -380,13 +380,13 @@ def _allclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, eq
     return input.allclose(other, rtol, atol)
 
 
-def pad(td: TensorDictBase, pad_size: Sequence[int], value: float = 0.0) -> TensorDictBase:
+def pad(tensordict: TensorDictBase, pad_size: Sequence[int], value: float = 0.0) -> TensorDictBase:
     """Pads the batch dims like ``torch.nn.functional.pad`` (pairs from the last batch dim)."""
-    bd = td.batch_dims
+    bd = tensordict.batch_dims
     if len(pad_size) % 2 or len(pad_size) // 2 > bd:
         raise ValueError(f"pad_size must have an even length of at most {2 * bd}, got {list(pad_size)}")
     pairs = [tuple(pad_size[i : i + 2]) for i in range(0, len(pad_size), 2)]
-    new_bs = list(td.batch_size)
+    new_bs = list(tensordict.batch_size)
     for j, (lo, hi) in enumerate(pairs):
         new_bs[bd - 1 - j] += lo + hi
 
@@ -394,7 +394,7 @@ def pad(td: TensorDictBase, pad_size: Sequence[int], value: float = 0.0) -> Tens
         extra = [0, 0] * (x.ndim - bd)
         return torch.nn.functional.pad(x, extra + list(pad_size), value=value)
 
-    return td._apply_batch(fn, torch.Size(new_bs), None)
+    return tensordict._apply_batch(fn, torch.Size(new_bs), None)
 
 
 def pad_sequence(list_of_tds: Sequence[TensorDictBase], pad_dim: int = 0, padding_value: float = 0.0,
@@ -417,11 +417,20 @@ def pad_sequence(list_of_tds: Sequence[TensorDictBase], pad_dim: int = 0, paddin
     return out
 
 
-def maybe_dense_stack(items: Sequence[TensorDictBase], dim: int = 0) -> TensorDictBase:
-    """Stacks densely when the structures match, lazily otherwise."""
+def maybe_dense_stack(input: Sequence[TensorDictBase], dim: int = 0, *,
+                      out: TensorDictBase | None = None) -> TensorDictBase:
+    """Stacks densely when the structures match, lazily otherwise (written into ``out``,
+    in place, when given)."""
     try:
-        return stack(items, dim)
+        result = stack(input, dim)
     except (KeyError, ValueError):
         from .lazy import lazy_stack
 
-        return lazy_stack(list(items), dim)
+        result = lazy_stack(list(input), dim)
+    if out is None:
+        return result
+    if out.batch_size != result.batch_size:
+        raise ValueError(f"maybe_dense_stack: out has batch_size {list(out.batch_size)}, the stack has "
+                         f"{list(result.batch_size)}")
+    out.update_(result)
+    return out

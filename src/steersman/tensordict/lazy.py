@@ -1401,7 +1401,7 @@ class LazyStackedTensorDict(TensorDictBase):
 
 
 # ---------------------------------------------------------------------- stack / cat
-def lazy_stack(list_of_tds: Sequence[TensorDictBase], dim: int = 0, *, out: Any = None) -> LazyStackedTensorDict:
+def lazy_stack(input: Sequence[TensorDictBase], dim: int = 0, *, out: Any = None) -> LazyStackedTensorDict:
     """Stacks containers along a new batch dim ``dim`` without copying anything.
 
     The result is always a :class:`LazyStackedTensorDict` whose members are the inputs
@@ -1416,7 +1416,7 @@ def lazy_stack(list_of_tds: Sequence[TensorDictBase], dim: int = 0, *, out: Any 
         >>> td[1]["obs"].shape
         torch.Size([7, 3])
     """
-    items = list(list_of_tds)
+    items = list(input)
     if not items:
         raise RuntimeError("lazy_stack expects a non-empty sequence of TensorDicts")
     if out is not None:

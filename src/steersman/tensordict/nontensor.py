@@ -26,9 +26,9 @@ from .switches import STATE
 __all__ = ["NonTensorData", "NonTensorStack", "MetaData", "is_non_tensor", "to_entry"]
 
 
-def is_non_tensor(obj: Any) -> bool:
-    """True if ``obj`` is a :class:`NonTensorData` or a :class:`NonTensorStack`."""
-    return getattr(type(obj), "_is_non_tensor", False)
+def is_non_tensor(data: Any) -> bool:
+    """True if ``data`` is a :class:`NonTensorData` or a :class:`NonTensorStack`."""
+    return getattr(type(data), "_is_non_tensor", False)
 
 
 class NonTensorData(TensorDictBase):

@@ -29,10 +29,12 @@ class MLFlowLogger(Logger):
             variable is already set).
         tags: tags of the run.
         video_fps: frames per second of logged videos.
+        artifact_location: where a newly created experiment stores its artifacts
+            (MLflow's default when ``None``; an existing experiment keeps its own).
     """
 
     def __init__(self, exp_name: str, tracking_uri: str | None = None, tags: Mapping[str, str] | None = None,
-                 *, video_fps: int = 30) -> None:
+                 *, video_fps: int = 30, artifact_location: str | None = None) -> None:
         mlflow = import_optional("mlflow", extra="mlflow", purpose="MLFlowLogger")
         tracking_uri = tracking_uri or Path("mlruns").absolute().as_uri()
         if tracking_uri.startswith("file:"):
@@ -43,7 +45,8 @@ class MLFlowLogger(Logger):
         self.video_fps = video_fps
         self.client = mlflow.MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(exp_name)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(exp_name)
+        exp_id = (exp.experiment_id if exp is not None
+                  else self.client.create_experiment(exp_name, artifact_location=artifact_location))
         self.run_id: str = self.client.create_run(exp_id, tags=dict(tags or {})).info.run_id
 
     def log_scalar(self, name: str, value: float | Tensor, step: int | None = None) -> None:

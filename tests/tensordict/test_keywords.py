@@ -1,0 +1,39 @@
+"""tensordict's documented keyword names on the functional API (TorchRL-style calls by keyword)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from steersman.tensordict import (
+    NonTensorData,
+    TensorDict,
+    cat,
+    is_non_tensor,
+    is_tensor_collection,
+    lazy_stack,
+    maybe_dense_stack,
+    pad,
+)
+
+
+def tds():
+    return (TensorDict(x=torch.zeros(2), batch_size=[2]), TensorDict(x=torch.ones(2), batch_size=[2]))
+
+
+def test_functional_keywords():
+    a, b = tds()
+    assert cat(input=[a, b], dim=0)["x"].tolist() == [0, 0, 1, 1]
+    assert lazy_stack(input=[a, b], dim=1).batch_size == (2, 2)
+    assert pad(tensordict=a, pad_size=[1, 0], value=5.0)["x"].tolist() == [5, 0, 0]
+    assert is_tensor_collection(datatype=a) and not is_tensor_collection(datatype=torch.zeros(1))
+    assert is_non_tensor(data=NonTensorData("s")) and not is_non_tensor(data=a)
+
+
+def test_maybe_dense_stack_out():
+    a, b = tds()
+    out = TensorDict(x=torch.full((2, 2), 9.0), batch_size=[2, 2])
+    assert maybe_dense_stack(input=[a, b], out=out) is out
+    assert out["x"].tolist() == [[0, 0], [1, 1]]
+    with pytest.raises(ValueError, match=r"out has batch_size \[3\]"):
+        maybe_dense_stack([a, b], out=TensorDict(x=torch.zeros(3), batch_size=[3]))
