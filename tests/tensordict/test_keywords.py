@@ -14,6 +14,7 @@ from steersman.tensordict import (
     lazy_stack,
     maybe_dense_stack,
     pad,
+    pad_sequence,
 )
 
 
@@ -37,3 +38,16 @@ def test_maybe_dense_stack_out():
     assert out["x"].tolist() == [[0, 0], [1, 1]]
     with pytest.raises(ValueError, match=r"out has batch_size \[3\]"):
         maybe_dense_stack([a, b], out=TensorDict(x=torch.zeros(3), batch_size=[3]))
+
+
+def test_pad_sequence_padding_side_and_out():
+    seqs = [TensorDict(x=torch.tensor([1.0, 2.0]), batch_size=[2]),
+            TensorDict(x=torch.tensor([3.0]), batch_size=[1])]
+    right = pad_sequence(list_of_tensordicts=seqs, return_mask=True)
+    assert right["x"].tolist() == [[1, 2], [3, 0]] and right["masks"].tolist() == [[True, True], [True, False]]
+    left = pad_sequence(seqs, padding_value=-1.0, return_mask=True, padding_side="left")
+    assert left["x"].tolist() == [[1, 2], [-1, 3]] and left["masks"].tolist() == [[True, True], [False, True]]
+    out = TensorDict(x=torch.zeros(2, 2), batch_size=[2, 2])
+    assert pad_sequence(seqs, out=out) is out and out["x"].tolist() == [[1, 2], [3, 0]]
+    with pytest.raises(ValueError, match="padding_side"):
+        pad_sequence(seqs, padding_side="middle")

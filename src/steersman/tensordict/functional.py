@@ -397,23 +397,38 @@ def pad(tensordict: TensorDictBase, pad_size: Sequence[int], value: float = 0.0)
     return tensordict._apply_batch(fn, torch.Size(new_bs), None)
 
 
-def pad_sequence(list_of_tds: Sequence[TensorDictBase], pad_dim: int = 0, padding_value: float = 0.0,
-                 return_mask: bool = False) -> TensorDictBase:
-    """Stacks containers of different lengths along ``pad_dim``, padding to the longest."""
-    longest = max(t.batch_size[pad_dim] for t in list_of_tds)
+def pad_sequence(list_of_tensordicts: Sequence[TensorDictBase], pad_dim: int = 0, padding_value: float = 0.0,
+                 return_mask: bool = False, *, out: TensorDictBase | None = None,
+                 padding_side: str = "right") -> TensorDictBase:
+    """Stacks containers of different lengths along ``pad_dim``, padding to the longest
+    (after the data with ``padding_side="right"``, before it with ``"left"``); with
+    ``return_mask`` a ``"masks"`` entry marks the real elements. ``out``: written in place."""
+    if padding_side not in ("right", "left"):
+        raise ValueError(f"pad_sequence: padding_side must be 'right' or 'left', got {padding_side!r}")
+    longest = max(t.batch_size[pad_dim] for t in list_of_tensordicts)
     padded = []
     masks = []
-    for t in list_of_tds:
+    for t in list_of_tensordicts:
         n = t.batch_size[pad_dim]
         bd = t.batch_dims
-        spec = [0, 0] * (bd - 1 - pad_dim % bd) + [0, longest - n]
+        side = [0, longest - n] if padding_side == "right" else [longest - n, 0]
+        spec = [0, 0] * (bd - 1 - pad_dim % bd) + side
         padded.append(pad(t, spec, padding_value))
         m = torch.zeros(longest, dtype=torch.bool)
-        m[:n] = True
+        if padding_side == "right":
+            m[:n] = True
+        else:
+            m[longest - n:] = True
         masks.append(m)
-    out = stack(padded, 0)
+    result = stack(padded, 0)
     if return_mask:
-        out.set("masks", expand_right(torch.stack(masks), out.batch_size).clone())
+        result.set("masks", expand_right(torch.stack(masks), result.batch_size).clone())
+    if out is None:
+        return result
+    if out.batch_size != result.batch_size:
+        raise ValueError(f"pad_sequence: out has batch_size {list(out.batch_size)}, the result has "
+                         f"{list(result.batch_size)}")
+    out.update_(result)
     return out
 
 
