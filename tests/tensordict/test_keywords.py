@@ -51,3 +51,27 @@ def test_pad_sequence_padding_side_and_out():
     assert pad_sequence(seqs, out=out) is out and out["x"].tolist() == [[1, 2], [3, 0]]
     with pytest.raises(ValueError, match="padding_side"):
         pad_sequence(seqs, padding_side="middle")
+
+
+def test_load_keywords(tmp_path):
+    from steersman.tensordict import load, load_memmap, save
+
+    td = TensorDict(a=torch.zeros(3), b={"c": torch.ones(3, 2)}, batch_size=[3])
+    save(td, tmp_path)
+    assert load(tmp_path, subpath=("b", "c")).shape == (3, 2)
+    assert load(tmp_path, subpath="b/c").shape == (3, 2)
+    with pytest.raises(KeyError, match="subpath 'x'"):
+        load(tmp_path, subpath="x")
+    out = TensorDict(a=torch.full((3,), 7.0), b={"c": torch.zeros(3, 2)}, batch_size=[3])
+    assert load(tmp_path, device="cpu", non_blocking=True, out=out, num_threads=2, allow_pickle=False) is out
+    assert out["a"].tolist() == [0, 0, 0] and out["b", "c"].eq(1).all()
+    in_memory = load_memmap(tmp_path, mode="r")
+    assert not in_memory.is_memmap()
+    in_memory["a"] += 1                                   # mode="r": writes stay in memory
+    assert load(tmp_path)["a"].tolist() == [0, 0, 0]
+    shared = load(tmp_path, mode="r+")
+    assert shared.is_memmap()
+    with pytest.raises(ValueError, match="robust_key=False"):
+        load(tmp_path, robust_key=False)
+    with pytest.raises(ValueError, match="mode must be"):
+        load(tmp_path, mode="w")

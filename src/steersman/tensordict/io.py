@@ -241,7 +241,7 @@ def _replace_from(td: TensorDictBase, src: TensorDictBase) -> None:
         td._device = torch.device("cpu")
 
 
-def load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
+def _load(prefix: Any, *, mmap: bool = False) -> TensorDictBase:
     """Loads a container saved with :func:`save` or ``memmap``.
 
     ``mmap=True`` maps the files (writes go to disk); ``mmap=False`` reads them into memory.
@@ -509,6 +509,66 @@ def _fill(arr: np.ndarray, data: Any) -> None:
             _fill(arr[i], x)
 
 
-def load_memmap(prefix: Any) -> TensorDictBase:
-    """Opens a saved container with every tensor memory-mapped (see :func:`load`)."""
-    return load(prefix, mmap=True)
+def load(prefix: Any, device: Any = None, non_blocking: bool = False, *, mmap: bool = False,
+         out: TensorDictBase | None = None, robust_key: bool | None = True, subpath: Any = None,
+         mode: str | None = None, num_threads: int = 0, allow_pickle: bool | None = None) -> TensorDictBase:
+    """Loads a container saved with :func:`save` or ``memmap`` (see :func:`_load` for the
+    checks done on the untrusted folder; loading never executes code).
+
+    Args:
+        prefix: the saved folder.
+        device: move the result there (``non_blocking`` passed to ``.to``).
+
+    Keyword Args:
+        mmap: ``True`` maps the files (in-place writes reach them); ``False`` (default)
+            reads them into memory.
+        mode: TensorDict's spelling of the same choice: ``"r+"`` maps the files (writes
+            reach them), ``"r"`` keeps writes in memory (read into memory here).
+        out: a container to copy the result into (in place; same batch size); returned.
+        subpath: load only this nested entry (a nested key or ``"a/b"``).
+        robust_key: ``True``/``None`` (steersman has one file layout); ``False`` (the
+            legacy tensordict layout) is refused.
+        num_threads, allow_pickle: no effect: steersman's folders are never compressed
+            and never hold pickles (a pickle is never read, whatever ``allow_pickle``).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from steersman.tensordict import TensorDict, load, save
+        >>> d = tempfile.mkdtemp()
+        >>> save(TensorDict(a=torch.zeros(3), b={"c": torch.ones(3, 2)}, batch_size=[3]), d)
+        >>> load(d, subpath="b")["c"].shape
+        torch.Size([3, 2])
+    """
+    if robust_key is False:
+        raise ValueError("load: robust_key=False reads tensordict's legacy file names; steersman "
+                         "writes one layout only (robust_key=True or None)")
+    if mode is not None:
+        if mode not in ("r", "r+"):
+            raise ValueError(f"load: mode must be 'r' or 'r+', got {mode!r}")
+        mmap = mode == "r+"
+    td = _load(prefix, mmap=mmap)
+    if subpath is not None:
+        key = tuple(subpath.split("/")) if isinstance(subpath, str) else subpath
+        try:
+            td = td.get(key)
+        except KeyError:
+            raise KeyError(f"load: subpath {subpath!r} is not in {os.fspath(prefix)!r} "
+                           f"(top-level keys: {sorted(td.keys())})") from None
+    if device is not None:
+        td = td.to(device, non_blocking=non_blocking)
+    if out is None:
+        return td
+    if out.batch_size != td.batch_size:
+        raise ValueError(f"load: out has batch_size {list(out.batch_size)}, the saved container has "
+                         f"{list(td.batch_size)}")
+    out.update_(td)
+    return out
+
+
+def load_memmap(prefix: Any, device: Any = None, non_blocking: bool = False, *, out: TensorDictBase | None = None,
+                robust_key: bool | None = True, subpath: Any = None, mode: str | None = None,
+                num_threads: int = 0, allow_pickle: bool | None = None) -> TensorDictBase:
+    """Opens a saved container with every tensor memory-mapped (``mode="r+"``, the default)
+    or read into memory (``mode="r"``); the other arguments are :func:`load`'s."""
+    return load(prefix, device, non_blocking, mmap=True, out=out, robust_key=robust_key, subpath=subpath,
+                mode=mode, num_threads=num_threads, allow_pickle=allow_pickle)
