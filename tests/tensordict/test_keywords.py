@@ -75,3 +75,30 @@ def test_load_keywords(tmp_path):
         load(tmp_path, robust_key=False)
     with pytest.raises(ValueError, match="mode must be"):
         load(tmp_path, mode="w")
+
+
+def test_save_keywords_atomic_and_refusals(tmp_path, monkeypatch):
+    from steersman.tensordict import io, load, save
+
+    path = tmp_path / "run"
+    save(TensorDict(a=torch.zeros(2), batch_size=[2]), path)
+    save(data=TensorDict(a=torch.ones(2), batch_size=[2]), prefix=path, copy_existing=True, num_threads=2,
+         atomic=True)
+    assert load(path)["a"].tolist() == [1, 1] and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(io, "_write_root", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save(TensorDict(a=torch.full((2,), 5.0), batch_size=[2]), path, atomic=True)
+    monkeypatch.undo()
+    assert load(path)["a"].tolist() == [1, 1] and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    td = TensorDict(a=torch.zeros(1), batch_size=[1])
+    for kwargs, match in [(dict(prefix=tmp_path / "x.tdz"), "archive"),
+                          (dict(prefix=tmp_path / "y", compression="lzma"), "compression"),
+                          (dict(prefix=tmp_path / "y", share_non_tensor=True), "share_non_tensor"),
+                          (dict(prefix=tmp_path / "y", robust_key=False), "robust_key")]:
+        with pytest.raises(ValueError, match=match):
+            save(td, **kwargs)
+    assert not (tmp_path / "y").exists()

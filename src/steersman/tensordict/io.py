@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from typing import Any
 
@@ -172,8 +173,17 @@ def _all_cpu(leaves: dict) -> bool:
     return all(not isinstance(v, Tensor) or v.device.type == "cpu" for v in leaves.values())
 
 
-def save(td: TensorDictBase, prefix: Any) -> None:
-    """Writes ``td`` under the folder ``prefix`` (metadata as JSON, tensors as raw files).
+def save(data: TensorDictBase, prefix: Any, copy_existing: bool = False, *, num_threads: int = 0,
+         return_early: bool = False, share_non_tensor: bool = False, robust_key: bool | None = True,
+         archive: bool | None = None, compression: Any = None, atomic: bool = False) -> None:
+    """Writes ``data`` under the folder ``prefix`` (metadata as JSON, tensors as raw files).
+
+    ``atomic=True`` writes a sibling folder and renames it into place, so an error during
+    the write leaves ``prefix`` as it was. ``copy_existing``, ``num_threads`` and
+    ``return_early`` have no effect (every leaf is always copied into ``prefix``, by the
+    calling thread, before returning). Refused with the reason: ``archive`` (a ``.tdz``
+    file), ``compression`` (archives only), ``share_non_tensor=True`` and
+    ``robust_key=False`` (steersman writes one layout).
 
     Example:
         >>> import tempfile, torch
@@ -184,9 +194,34 @@ def save(td: TensorDictBase, prefix: Any) -> None:
         >>> load(d)["a"].tolist()
         [0, 1, 2]
     """
+    refused = {"archive": (archive is True or (archive is None and str(prefix).endswith(".tdz")),
+                           "steersman saves folders, not .tdz archives"),
+               "compression": (compression is not None, "only tensordict's .tdz archives are compressed"),
+               "share_non_tensor": (share_non_tensor, "non-tensor entries are saved as JSON values"),
+               "robust_key": (robust_key is False, "steersman writes one file layout")}
+    for name, (bad, why) in refused.items():
+        if bad:
+            raise ValueError(f"save: {name} is not supported: {why}")
+    td = data
     if hasattr(td, "_tensordict") and not isinstance(td, TensorDictBase):  # tensorclass
         td = td._tensordict
-    _write_root(td, os.fspath(prefix), "save", True)
+    path = os.path.abspath(os.fspath(prefix))
+    if not atomic:
+        _write_root(td, path, "save", True)
+        return
+    parent, name = os.path.split(path)
+    tmp = os.path.join(parent, f".{name}.saving-{os.getpid()}")
+    old = os.path.join(parent, f".{name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_root(td, tmp, "save", True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(path):
+        os.rename(path, old)
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def memmap_into(td: TensorDictBase, prefix: Any, *, inplace: bool, existsok: bool, copy_data: bool) -> TensorDictBase:
