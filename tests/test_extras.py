@@ -31,7 +31,7 @@ def test_dev_extra_builds_the_docs():
     """scripts/setup.sh installs `dev`, so the docs build test runs wherever the suite does."""
     deps = extras()
     assert "steersman[docs]" in deps["dev"] and any(d.startswith("mkdocstrings") for d in deps["docs"])
-    assert ".[test,h5,dev," in (ROOT / "scripts" / "setup.sh").read_text()
+    assert ".[test,h5,arrow,dev," in (ROOT / "scripts" / "setup.sh").read_text()
 
 
 def test_slurm_launcher_config_accepted(tmp_path):
