@@ -30,3 +30,12 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test here runs on one pytest-xdist worker (``--dist loadgroup`` in .ci/run), so
+    the session starts one Ray cluster, not one per worker."""
+    here = str(config.rootpath / "tests" / "distributed")
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.xdist_group("ray"))
