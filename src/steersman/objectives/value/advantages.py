@@ -84,6 +84,40 @@ def normalize_advantage(advantage: Tensor, eps: float = 1e-6, dims: tuple[int, .
     return (advantage - loc) / scale
 
 
+def standardize_by_group(x: Tensor, groups: Tensor, eps: float = 1e-6) -> Tensor:
+    """Mean 0 and std 1 (unbiased, clamped at ``eps``) within each group of ``groups``.
+
+    ``groups`` holds integer ids whose shape is a prefix of ``x``'s (it is broadcast over
+    the trailing dims). A group of one element is centred only (its std is undefined).
+
+    Example:
+        >>> x = torch.tensor([1.0, 3.0, 10.0, 30.0])
+        >>> standardize_by_group(x, torch.tensor([0, 0, 1, 1]))
+        tensor([-0.7071,  0.7071, -0.7071,  0.7071])
+    """
+    if groups.ndim > x.ndim or tuple(groups.shape) != tuple(x.shape[: groups.ndim]):
+        raise ValueError(f"group ids of shape {list(groups.shape)} must be a prefix of the values' shape "
+                         f"{list(x.shape)}")
+    groups = groups.reshape(*groups.shape, *([1] * (x.ndim - groups.ndim))).expand(x.shape).reshape(-1)
+    flat = x.reshape(-1)
+    _, index = torch.unique(groups, return_inverse=True)
+    n_groups = int(index.max()) + 1 if index.numel() else 0
+    count = torch.zeros(n_groups, dtype=flat.dtype, device=flat.device).index_add_(0, index, torch.ones_like(flat))
+    mean = torch.zeros_like(count).index_add_(0, index, flat) / count
+    centred = flat - mean[index]
+    var = torch.zeros_like(count).index_add_(0, index, centred.square()) / (count - 1).clamp_min(1)
+    scale = torch.where(count > 1, var.sqrt().clamp_min(eps), torch.ones_like(var))
+    return (centred / scale[index]).reshape(x.shape)
+
+
+def _positive_int_or_none(value: Any, name: str, owner: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}: {name} must be an int >= 1 or None, got {value!r}")
+    return value
+
+
 class ValueEstimatorBase(nn.Module):
     """Shared machinery: keys, calling the value network, reading ``"next"`` entries.
 
@@ -100,6 +134,30 @@ class ValueEstimatorBase(nn.Module):
             Under ``torch.compile`` the loop is used: inductor fuses it into one kernel,
             about 4x faster than the compiled scan (``benchmarks/losses.py``).
         time_dim: the time dim among the batch dims (default: the last).
+        advantage_key, value_target_key, value_key: TorchRL's older way of renaming the
+            ``advantage``/``value_target``/``value`` keys, the same as
+            ``set_keys(advantage=..., ...)`` (TorchRL 0.14 refuses them and points to
+            ``set_keys``; here they are honoured, as scripts written for earlier releases
+            expect).
+        device: the device of the ``gamma``/``lmbda`` buffers (both become tensors there);
+            ``None`` keeps them as given. ``estimator.to(device)`` moves them later.
+        deactivate_vmap: TorchRL's switch from ``vmap`` to a plain loop. The estimators here
+            never call ``vmap`` (each value network is called directly), so either value
+            gives that: value networks with data-dependent control flow work.
+        value_chunk_size: call the value network on chunks of at most this many elements
+            along ``value_chunk_dim`` (results concatenated), to bound its peak memory.
+        num_chunks: call it on this many chunks instead (sizes as ``torch.tensor_split``);
+            exclusive with ``value_chunk_size``. ``num_chunk`` is an alias.
+        value_chunk_dim: the batch dim the chunks split (default 0).
+        shifted_budget: TorchRL's number of extra time slots of its single-call
+            ``shifted=True`` path, which drops (masks) samples after more internal
+            truncations than the budget. The ``shifted`` path here evaluates every root and
+            ``"next"`` input in one call, so it never drops a sample: any budget ``>= 1``
+            gives the exact values (TorchRL's result with an unlimited budget).
+        group_key: an integer entry of the batch (a task id, say, one per batch element,
+            broadcast over the trailing dims) within whose groups the standardizations
+            (``average_gae``, ``average_rewards``, ``average_adv``) are done instead of over
+            the whole batch.
     """
 
     @dataclass
@@ -123,19 +181,101 @@ class ValueEstimatorBase(nn.Module):
         skip_existing: bool | None = None,
         vectorized: bool = True,
         time_dim: int | None = None,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        deactivate_vmap: bool = False,
+        value_chunk_size: int | None = None,
+        num_chunks: int | None = None,
+        num_chunk: int | None = None,
+        value_chunk_dim: int = 0,
+        shifted_budget: int = 1,
+        group_key: NestedKey | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(gamma, Tensor):
-            self.register_buffer("gamma", gamma.detach().clone())
-        else:
-            self.gamma = float(gamma)
+        name = type(self).__name__
+        value_chunk_size = _positive_int_or_none(value_chunk_size, "value_chunk_size", name)
+        num_chunks = _positive_int_or_none(num_chunks, "num_chunks", name)
+        num_chunk = _positive_int_or_none(num_chunk, "num_chunk", name)
+        if num_chunks is not None and num_chunk is not None and num_chunks != num_chunk:
+            raise ValueError(f"{name}: num_chunk is an alias of num_chunks; got num_chunks={num_chunks} and "
+                             f"num_chunk={num_chunk}")
+        num_chunks = num_chunks if num_chunks is not None else num_chunk
+        if value_chunk_size is not None and num_chunks is not None:
+            raise ValueError(f"{name}: value_chunk_size={value_chunk_size} and num_chunks={num_chunks} are "
+                             "exclusive; set one of them (a chunk size, or a number of chunks)")
+        if isinstance(value_chunk_dim, bool) or not isinstance(value_chunk_dim, int):
+            raise TypeError(f"{name}: value_chunk_dim must be an int, got {value_chunk_dim!r}")
+        if isinstance(shifted_budget, bool) or not isinstance(shifted_budget, int) or shifted_budget < 1:
+            raise ValueError(f"{name}: shifted_budget must be an int >= 1, got {shifted_budget!r}")
+        self._device = None if device is None else torch.device(device)
+        self._set_hyper("gamma", gamma)
         self.value_network = value_network
         self.shifted = bool(shifted)
         self.differentiable = bool(differentiable)
         self.skip_existing = bool(skip_existing)
         self.vectorized = bool(vectorized)
         self.time_dim = time_dim
+        self.deactivate_vmap = bool(deactivate_vmap)
+        self.value_chunk_size = value_chunk_size
+        self.num_chunks = num_chunks
+        self.value_chunk_dim = value_chunk_dim
+        self.shifted_budget = shifted_budget
+        self.group_key = None if group_key is None else _norm_key(group_key)
         self.tensor_keys = self._AcceptedKeys()
+        renames = {"advantage": advantage_key, "value_target": value_target_key, "value": value_key}
+        self.set_keys(**{k: v for k, v in renames.items() if v is not None})
+
+    def _set_hyper(self, name: str, value: float | Tensor) -> None:
+        """``gamma``/``lmbda``: a buffer when a tensor or when ``device`` is set, else a float."""
+        if isinstance(value, Tensor):
+            self.register_buffer(name, value.detach().clone().to(self._device))
+        elif self._device is not None:
+            self.register_buffer(name, torch.tensor(float(value), device=self._device))
+        else:
+            setattr(self, name, float(value))
+
+    @property
+    def advantage_key(self) -> NestedKey:
+        """``tensor_keys.advantage`` (TorchRL's attribute)."""
+        return self.tensor_keys.advantage
+
+    @property
+    def value_key(self) -> NestedKey:
+        """``tensor_keys.value`` (TorchRL's attribute)."""
+        return self.tensor_keys.value
+
+    @property
+    def value_target_key(self) -> NestedKey:
+        """``tensor_keys.value_target`` (TorchRL's attribute)."""
+        return self.tensor_keys.value_target
+
+    def _standardize(self, x: Tensor, td: TensorDictBase, eps: float = 1e-6) -> Tensor:
+        """Mean 0, std 1 over the batch, or within the groups of ``group_key`` when set."""
+        if self.group_key is None:
+            return normalize_advantage(x, eps=eps)
+        groups = td.get(self.group_key, None)
+        if groups is None:
+            raise KeyError(f"{type(self).__name__}: group_key {self.group_key!r} is missing from the batch; it "
+                           "holds the group ids the standardization is done within")
+        return standardize_by_group(x, groups, eps=eps)
+
+    def _chunks(self, td: TensorDictBase) -> list[TensorDictBase] | None:
+        """The pieces of ``td`` the value network is called on, or ``None`` for one call."""
+        if (self.value_chunk_size is None and self.num_chunks is None) or td.ndim == 0:
+            return None
+        if not -td.ndim <= self.value_chunk_dim < td.ndim:
+            raise ValueError(f"{type(self).__name__}: value_chunk_dim={self.value_chunk_dim} is out of range "
+                             f"for a batch of size {list(td.batch_size)}")
+        dim = self.value_chunk_dim % td.ndim
+        n = td.shape[dim]
+        if self.num_chunks is not None:
+            k = min(self.num_chunks, n)
+            sizes = [n // k + (1 if i < n % k else 0) for i in range(k)] if k else []
+        else:
+            sizes = [min(self.value_chunk_size, n - i) for i in range(0, n, self.value_chunk_size)]
+        return None if len(sizes) <= 1 else list(td.split(sizes, dim))
 
     def _use_scan(self) -> bool:
         return self.vectorized and not torch.compiler.is_compiling()
@@ -208,9 +348,14 @@ class ValueEstimatorBase(nn.Module):
     def _call(self, td: TensorDictBase, params: TensorDictBase | None) -> Tensor:
         net = self.value_network
         ctx = params.to_module(net) if params is not None else contextlib.nullcontext()
+        key = self.tensor_keys.value
+        pieces = self._chunks(td)
         with ctx:
-            out = net(td)
-        return out.get(self.tensor_keys.value)
+            if pieces is None:
+                return net(td).get(key)
+            value = torch.cat([net(piece).get(key) for piece in pieces], self.value_chunk_dim % td.ndim)
+        td.set(key, value)
+        return value
 
     def _has_values(self, td: TensorDictBase) -> bool:
         return td.get(self.tensor_keys.value, None) is not None and td.get(_next(self.tensor_keys.value), None) is not None
@@ -247,6 +392,15 @@ class ValueEstimatorBase(nn.Module):
         if self.value_network is None or (self.skip_existing and td.get(key, None) is not None):
             return self._check_value(self._fetch(td, key, "value"), reward, key)
         return self._check_value(self._call(td.get("next"), target_params), reward, key)
+
+    def _average_rewards(self, td: TensorDictBase, reward: Tensor) -> Tensor:
+        """With ``average_rewards``: the standardized reward, written back into ``td`` (as
+        TorchRL does, so that later readers of the batch see the rewards the targets used)."""
+        if not getattr(self, "average_rewards", False):
+            return reward
+        reward = self._standardize(reward, td, eps=1e-5)
+        td.set(_next(self.tensor_keys.reward), reward)
+        return reward
 
     # ------------------------------------------------------------- estimate
     def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:  # pragma: no cover
@@ -304,7 +458,11 @@ class ValueEstimatorBase(nn.Module):
 class TD0Estimator(ValueEstimatorBase):
     """One-step TD target ``r + γ (1 - terminated) V(s')``; works without a time dim.
 
-    Args: see :class:`ValueEstimatorBase` (``gamma``, ``value_network``, ...).
+    Args:
+        average_rewards: standardize the rewards (mean 0, std 1 over the batch, or within the
+            groups of ``group_key``) before computing the target, and write them back into
+            the batch under ``("next", "reward")`` (as TorchRL does).
+        others: see :class:`ValueEstimatorBase` (``gamma``, ``value_network``, ...).
 
     Example:
         >>> import torch
@@ -327,13 +485,30 @@ class TD0Estimator(ValueEstimatorBase):
         skip_existing: bool | None = None,
         vectorized: bool = True,
         time_dim: int | None = None,
+        average_rewards: bool = False,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        deactivate_vmap: bool = False,
+        value_chunk_size: int | None = None,
+        num_chunks: int | None = None,
+        num_chunk: int | None = None,
+        value_chunk_dim: int = 0,
+        shifted_budget: int = 1,
+        group_key: NestedKey | None = None,
     ) -> None:
         super().__init__(
             gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
             skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+            advantage_key=advantage_key, value_target_key=value_target_key, value_key=value_key, device=device,
+            deactivate_vmap=deactivate_vmap, value_chunk_size=value_chunk_size, num_chunks=num_chunks,
+            num_chunk=num_chunk, value_chunk_dim=value_chunk_dim, shifted_budget=shifted_budget, group_key=group_key,
         )
+        self.average_rewards = bool(average_rewards)
 
     def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
+        reward = self._average_rewards(td, reward)
         _, terminated = self._done_terminated(td, reward)
         return F.td0_return_estimate(self.gamma, next_value, reward, terminated)
 
@@ -341,7 +516,12 @@ class TD0Estimator(ValueEstimatorBase):
 class TDLambdaEstimator(ValueEstimatorBase):
     """TD(λ) target over ``[*B, T]`` batches (see :mod:`~steersman.objectives.value.functional`).
 
-    Args: ``lmbda`` (the λ weight, default 0.95) and those of :class:`ValueEstimatorBase`.
+    Args:
+        lmbda: the λ weight (default 0.95).
+        average_rewards: standardize the rewards (mean 0, std 1 over the batch, or within the
+            groups of ``group_key``) before computing the target, and write them back into
+            the batch under ``("next", "reward")`` (as TorchRL does).
+        others: see :class:`ValueEstimatorBase`.
 
     Example:
         >>> import torch
@@ -365,17 +545,31 @@ class TDLambdaEstimator(ValueEstimatorBase):
         skip_existing: bool | None = None,
         vectorized: bool = True,
         time_dim: int | None = None,
+        average_rewards: bool = False,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        deactivate_vmap: bool = False,
+        value_chunk_size: int | None = None,
+        num_chunks: int | None = None,
+        num_chunk: int | None = None,
+        value_chunk_dim: int = 0,
+        shifted_budget: int = 1,
+        group_key: NestedKey | None = None,
     ) -> None:
         super().__init__(
             gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
             skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+            advantage_key=advantage_key, value_target_key=value_target_key, value_key=value_key, device=device,
+            deactivate_vmap=deactivate_vmap, value_chunk_size=value_chunk_size, num_chunks=num_chunks,
+            num_chunk=num_chunk, value_chunk_dim=value_chunk_dim, shifted_budget=shifted_budget, group_key=group_key,
         )
-        if isinstance(lmbda, Tensor):
-            self.register_buffer("lmbda", lmbda.detach().clone())
-        else:
-            self.lmbda = float(lmbda)
+        self._set_hyper("lmbda", lmbda)
+        self.average_rewards = bool(average_rewards)
 
     def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
+        reward = self._average_rewards(td, reward)
         done, terminated = self._done_terminated(td, reward)
         fn = F.vec_td_lambda_return_estimate if self._use_scan() else F.td_lambda_return_estimate
         return fn(self.gamma, self.lmbda, next_value, reward, done, terminated, time_dim=self._tensor_time_dim(td))
@@ -384,7 +578,7 @@ class TDLambdaEstimator(ValueEstimatorBase):
 class TD1Estimator(TDLambdaEstimator):
     """Discounted return bootstrapped at truncations and at the end of the batch (TD(λ=1)).
 
-    Args: see :class:`ValueEstimatorBase`.
+    Args: ``average_rewards`` as :class:`TD0Estimator`; others: see :class:`ValueEstimatorBase`.
 
     Example:
         >>> import torch
@@ -407,10 +601,25 @@ class TD1Estimator(TDLambdaEstimator):
         skip_existing: bool | None = None,
         vectorized: bool = True,
         time_dim: int | None = None,
+        average_rewards: bool = False,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        deactivate_vmap: bool = False,
+        value_chunk_size: int | None = None,
+        num_chunks: int | None = None,
+        num_chunk: int | None = None,
+        value_chunk_dim: int = 0,
+        shifted_budget: int = 1,
+        group_key: NestedKey | None = None,
     ) -> None:
         super().__init__(
             gamma=gamma, lmbda=1.0, value_network=value_network, shifted=shifted, differentiable=differentiable,
-            skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+            skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim, average_rewards=average_rewards,
+            advantage_key=advantage_key, value_target_key=value_target_key, value_key=value_key, device=device,
+            deactivate_vmap=deactivate_vmap, value_chunk_size=value_chunk_size, num_chunks=num_chunks,
+            num_chunk=num_chunk, value_chunk_dim=value_chunk_dim, shifted_budget=shifted_budget, group_key=group_key,
         )
 
 
@@ -422,8 +631,13 @@ class GAE(ValueEstimatorBase):
 
     Args:
         gamma, lmbda: discount and λ (default 0.95).
-        average_gae: normalize the advantage written (mean 0, std 1 over the batch; a
-            batch of one element is left as is). ``value_target`` uses the raw advantage.
+        average_gae: standardize the advantage written (mean 0, std 1 over the batch, or
+            within the groups of ``group_key``; a batch of one element is left as is).
+            ``value_target`` uses the raw advantage.
+        auto_reset_env: the ``"next"`` state after a truncation is not the true one (an
+            env that auto-resets writes the reset observation there), so truncated steps
+            bootstrap with ``V(sₜ)`` instead: ``rₜ += γ V(sₜ) truncatedₜ`` and every ``done``
+            ends the recursion. Reads ``("next", "truncated")``.
         others: see :class:`ValueEstimatorBase`.
 
     See the module docstring for an example.
@@ -441,25 +655,46 @@ class GAE(ValueEstimatorBase):
         skip_existing: bool | None = None,
         vectorized: bool = True,
         time_dim: int | None = None,
+        auto_reset_env: bool = False,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        deactivate_vmap: bool = False,
+        value_chunk_size: int | None = None,
+        num_chunks: int | None = None,
+        num_chunk: int | None = None,
+        value_chunk_dim: int = 0,
+        shifted_budget: int = 1,
+        group_key: NestedKey | None = None,
     ) -> None:
         super().__init__(
             gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
             skip_existing=skip_existing, vectorized=vectorized, time_dim=time_dim,
+            advantage_key=advantage_key, value_target_key=value_target_key, value_key=value_key, device=device,
+            deactivate_vmap=deactivate_vmap, value_chunk_size=value_chunk_size, num_chunks=num_chunks,
+            num_chunk=num_chunk, value_chunk_dim=value_chunk_dim, shifted_budget=shifted_budget, group_key=group_key,
         )
-        if isinstance(lmbda, Tensor):
-            self.register_buffer("lmbda", lmbda.detach().clone())
-        else:
-            self.lmbda = float(lmbda)
+        self._set_hyper("lmbda", lmbda)
         self.average_gae = bool(average_gae)
+        self.auto_reset_env = bool(auto_reset_env)
 
     def _estimate(self, td: TensorDictBase, reward: Tensor, value: Tensor, next_value: Tensor) -> tuple[Tensor, Tensor]:
         done, terminated = self._done_terminated(td, reward)
+        if self.auto_reset_env:
+            # the "next" state after a truncation is the reset state: bootstrap with V(s) instead
+            truncated = self._fetch(td, ("next", "truncated"), "truncated")
+            if truncated.shape != reward.shape:
+                raise ValueError(f"GAE(auto_reset_env=True): ('next', 'truncated') has shape {list(truncated.shape)}, "
+                                 f"expected {list(reward.shape)} like the reward")
+            reward = reward + self.gamma * value * truncated
+            terminated = done
         fn = F.vec_generalized_advantage_estimate if self._use_scan() else F.generalized_advantage_estimate
         advantage, target = fn(
             self.gamma, self.lmbda, value, next_value, reward, done, terminated, time_dim=self._tensor_time_dim(td)
         )
         if self.average_gae:
-            advantage = normalize_advantage(advantage)
+            advantage = self._standardize(advantage, td)
         return advantage, target
 
     def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
@@ -543,10 +778,24 @@ class VTrace(ValueEstimatorBase):
         skip_existing: bool | None = None,
         shifted: bool = False,
         time_dim: int | None = None,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        deactivate_vmap: bool = False,
+        value_chunk_size: int | None = None,
+        num_chunks: int | None = None,
+        num_chunk: int | None = None,
+        value_chunk_dim: int = 0,
+        shifted_budget: int = 1,
+        group_key: NestedKey | None = None,
     ) -> None:
         super().__init__(
             gamma=gamma, value_network=value_network, shifted=shifted, differentiable=differentiable,
             skip_existing=skip_existing, vectorized=False, time_dim=time_dim,
+            advantage_key=advantage_key, value_target_key=value_target_key, value_key=value_key, device=device,
+            deactivate_vmap=deactivate_vmap, value_chunk_size=value_chunk_size, num_chunks=num_chunks,
+            num_chunk=num_chunk, value_chunk_dim=value_chunk_dim, shifted_budget=shifted_budget, group_key=group_key,
         )
         rho, c = float(rho_thresh), float(c_thresh)
         if not (rho > 0 and c > 0):
@@ -574,7 +823,7 @@ class VTrace(ValueEstimatorBase):
             value, next_value, reward, done, terminated, time_dim=self._tensor_time_dim(td),
         )
         if self.average_adv:
-            advantage = normalize_advantage(advantage)
+            advantage = self._standardize(advantage, td)
         return advantage, target
 
     def _target(self, td: TensorDictBase, reward: Tensor, next_value: Tensor) -> Tensor:
