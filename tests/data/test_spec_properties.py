@@ -112,7 +112,9 @@ def test_multi_categorical_and_multi_one_hot(nvec, shape, extra, seed, masked):
     mask = None
     if masked:
         mask = torch.cat([_mask(shape, n, seed + i) for i, n in enumerate(nvec)], -1)
-    mc = MultiCategorical(nvec, shape=(*shape, len(nvec)), mask=mask)
+    # remove_singleton=False: rand keeps the spec shape also for a [1] spec (the default
+    # squeeze of TorchRL is tested in test_spec_keywords.py)
+    mc = MultiCategorical(nvec, shape=(*shape, len(nvec)), mask=mask, remove_singleton=False)
     _check_contract(mc, extra, seed)
     moh = MultiOneHot(nvec, shape=(*shape, sum(nvec)), mask=mask)
     _check_contract(moh, extra, seed)

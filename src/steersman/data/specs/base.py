@@ -200,6 +200,18 @@ class TensorSpec:
     :class:`OneHot`, :class:`MultiCategorical`, :class:`MultiOneHot`, :class:`Binary`,
     :class:`NonTensor`, :class:`Composite`.
 
+    Args (for subclasses written as in TorchRL, which call
+    ``super().__init__(shape, space, device, dtype, domain)``; positional or keyword):
+        shape: the shape of one value.
+        space: what the values can be (e.g. a :class:`ContinuousBox`); returned by
+            :attr:`space` (the built-in specs compute theirs).
+        device: default: torch's default device.
+        dtype: default ``torch.float32``.
+        domain: ``"continuous"``, ``"discrete"``... (default: the class's ``domain``);
+            :attr:`is_discrete` follows it.
+        _encode_memo_dict: TorchRL's cache of ``encode`` functions; accepted and kept,
+            unused here (``encode`` has no per-call setup to cache).
+
     Example:
         >>> import torch
         >>> from steersman.data import Bounded, TensorSpec
@@ -236,11 +248,41 @@ class TensorSpec:
             return stack_specs(*args, **(kwargs or {}))
         return NotImplemented
 
-    def __init__(self, shape: ShapeLike, device: Any, dtype: torch.dtype | None) -> None:
+    def __init__(
+        self,
+        shape: ShapeLike,
+        space: Any = None,
+        device: Any = None,
+        dtype: torch.dtype | None = torch.float32,
+        domain: str = "",
+        _encode_memo_dict: dict | None = None,
+    ) -> None:
         self._shape = as_shape(shape)
         self._device = as_device(device)
         self._dtype = dtype
         self._kind = dtype_kind(dtype) if dtype is not None else None
+        if space is not None:
+            self._space = space
+        if domain:
+            if not isinstance(domain, str):
+                raise TypeError(
+                    f"{type(self).__name__}: domain must be a str such as 'continuous' or "
+                    f"'discrete', got {type(domain).__name__}"
+                )
+            self.domain = domain
+        if _encode_memo_dict is not None:
+            if not isinstance(_encode_memo_dict, dict):
+                raise TypeError(
+                    f"{type(self).__name__}: _encode_memo_dict must be a dict, got "
+                    f"{type(_encode_memo_dict).__name__}"
+                )
+            self._encode_memo_dict = _encode_memo_dict
+
+    @property
+    def space(self) -> Any:
+        """The set of valid values (a :class:`ContinuousBox`, a :class:`CategoricalBox`), or
+        the ``space`` given to the constructor; None for specs without one."""
+        return getattr(self, "_space", None)
 
     # ------------------------------------------------------------------ properties
     @property

@@ -65,7 +65,7 @@ class Choice(TensorSpec):
                     raise ValueError(f"all choices must share their {attr}: choice 0 has {b}, choice {i} has {a}")
         self._is_spec = isinstance(first, TensorSpec)
         shape = first.shape if self._is_spec else first.batch_size
-        super().__init__(shape, first.device, first.dtype if self._is_spec else None)
+        super().__init__(shape, device=first.device, dtype=first.dtype if self._is_spec else None)
         self._choices = [c.clone() for c in choices]
 
     @property

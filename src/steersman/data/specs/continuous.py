@@ -98,7 +98,7 @@ class Unbounded(TensorSpec):
             dtype = self._default_dtype or torch.get_default_dtype()
         if shape is None:
             shape = DEFAULT_SHAPE
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
         self._refresh()
 
     def _refresh(self) -> None:
@@ -139,7 +139,7 @@ class UnboundedContinuous(Unbounded):
                 f"UnboundedContinuous needs a floating dtype, got {dtype}; "
                 "use Unbounded(dtype=...) or UnboundedDiscrete for integer values"
             )
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
 
     def rand(self, shape: ShapeLike = None) -> Tensor:
         return torch.randn(self._full_shape(shape), dtype=self._dtype, device=self._device)
@@ -167,7 +167,7 @@ class UnboundedDiscrete(Unbounded):
                 f"UnboundedDiscrete needs an integer or bool dtype, got {dtype}; "
                 "use Unbounded(dtype=...) or UnboundedContinuous for floating values"
             )
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
 
     def rand(self, shape: ShapeLike = None) -> Tensor:
         full = self._full_shape(shape)
@@ -272,7 +272,7 @@ class Bounded(TensorSpec):
                     f"{name}: low of shape {list(lo.shape)} and high of shape {list(hi.shape)} "
                     f"do not broadcast to the spec shape {list(shape)}"
                 )
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
         lo, hi = self._convert_bounds(lo, hi)
         self._low = lo.to(self._device).expand(self._shape).clone()
         self._high = hi.to(self._device).expand(self._shape).clone()

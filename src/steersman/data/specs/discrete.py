@@ -58,6 +58,12 @@ def _check_index_dtype(dtype: torch.dtype, n_max: int, name: str) -> None:
         raise ValueError(f"{name}: dtype {dtype} cannot hold the values 0..{n_max - 1}")
 
 
+def _check_flag(value: Any, owner: str, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{owner}: {name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def _check_value_dtype(dtype: torch.dtype, name: str) -> None:
     if dtype_kind(dtype) == "c":
         raise ValueError(f"{name} does not take complex dtypes, got {dtype}")
@@ -124,6 +130,75 @@ def _round_index(val: Tensor) -> Tensor:
         val = torch.nan_to_num(val.to(torch.float64).round(), nan=0.0)
         val = val.clamp(-(2.0**62), 2.0**62)
     return val.to(torch.int64)
+
+
+class _Register:
+    """Raw values -> class indices in the order they first appear (``use_register=True``).
+
+    For envs whose discrete outcomes come from a set not known in advance: the first
+    distinct value seen gets class 0, the next class 1, ... up to ``n`` classes.
+    """
+
+    def __init__(self, n: int, owner: str) -> None:
+        self.n = n
+        self.owner = owner
+        self.index: dict[Any, int] = {}
+        self.values: list[Any] = []
+
+    def copy(self) -> _Register:
+        new = _Register(self.n, self.owner)
+        new.index, new.values = dict(self.index), list(self.values)
+        return new
+
+    def lookup(self, flat: list) -> list[int]:
+        """The class of each value of ``flat``, registering new ones; nothing is registered
+        when the values do not fit (the register is left as it was)."""
+        new = [v for v in dict.fromkeys(flat) if v not in self.index]
+        if len(self.values) + len(new) > self.n:
+            raise ValueError(
+                f"{self.owner}(use_register=True): {len(self.values) + len(new)} distinct values "
+                f"seen but the spec has n={self.n} classes (registered so far: {self.values}, "
+                f"new: {new})"
+            )
+        for v in new:
+            self.index[v] = len(self.values)
+            self.values.append(v)
+        return [self.index[v] for v in flat]
+
+    def inverse(self, idx: np.ndarray) -> np.ndarray:
+        flat = idx.reshape(-1).tolist()
+        unknown = sorted({i for i in flat if i >= len(self.values)})
+        if unknown:
+            raise ValueError(
+                f"{self.owner}(use_register=True): class(es) {unknown} have no registered value "
+                f"yet (registered: {self.values})"
+            )
+        out = np.empty(len(flat), dtype=object)
+        out[:] = [self.values[i] for i in flat]
+        out = out.reshape(idx.shape)
+        try:  # numbers come back as a numeric array
+            return out.astype(np.asarray(self.values).dtype)
+        except (TypeError, ValueError):
+            return out
+
+
+def _raw_values(val: Any, idx_shape: torch.Size, owner: str) -> tuple[list, tuple[int, ...]]:
+    """The elements of ``val`` as hashable Python values, and the shape they fill
+    (``[*any, *idx_shape]``; a value with as many elements as ``idx_shape`` is reshaped)."""
+    if isinstance(val, Tensor):
+        val = val.detach().cpu().numpy()
+    # lists may mix kinds (strings and numbers): an object array keeps each as given
+    arr = np.array(val, dtype=object) if isinstance(val, (list, tuple)) else np.asarray(val)
+    shape = tuple(arr.shape)
+    n = len(idx_shape)
+    if len(shape) < n or shape[len(shape) - n :] != tuple(idx_shape):
+        if arr.size != math.prod(idx_shape):
+            raise ValueError(
+                f"{owner}(use_register=True).encode: a value of shape {list(shape)} does not end "
+                f"with the index shape {list(idx_shape)}"
+            )
+        shape = tuple(idx_shape)
+    return [v.item() if isinstance(v, np.generic) else v for v in arr.reshape(-1).tolist()], shape
 
 
 class _Segments:
@@ -206,7 +281,7 @@ class Categorical(TensorSpec):
         n = _check_n(n, "Categorical")
         dtype = torch.int64 if dtype is None else dtype
         _check_index_dtype(dtype, n, "Categorical")
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
         self._n = n
         self._mask = _as_mask(mask, self._shape + (n,), self._device, "Categorical")
         self._refresh()
@@ -314,7 +389,7 @@ class Categorical(TensorSpec):
 
     def to_one_hot_spec(self) -> OneHot:
         """The matching :class:`OneHot` spec (shape ``[*shape, n]``, same mask)."""
-        return OneHot(self._n, self._shape + (self._n,), self._device, torch.bool, self._mask)
+        return OneHot(self._n, self._shape + (self._n,), self._device, torch.bool, mask=self._mask)
 
 
 # ---------------------------------------------------------------------- OneHot
@@ -326,11 +401,25 @@ class OneHot(TensorSpec):
         shape: ``[*batch, n]`` (default ``[n]``).
         device: default: torch's default device.
         dtype: default ``torch.bool`` (any real dtype: values are 0/1).
+        use_register: ``encode`` maps raw values (any numbers or strings, shape
+            ``shape[:-1]``) onto classes in the order they first appear (the first
+            distinct value is class 0...), and ``to_numpy`` maps classes back to the
+            values: for envs whose outcomes come from a set not known in advance. More
+            than ``n`` distinct values raise ``ValueError`` (nothing is registered).
+            ``clone()`` copies the register; indexing and ``expand`` share it.
         mask: bool tensor of ``shape`` marking the allowed classes.
 
     ``encode`` also takes indices (a Gymnasium ``Discrete`` value) and ``to_numpy``
     returns indices, so the two convert between the env's and the library's forms.
     ``zero()``/``one()`` give the one-hot of the first allowed class.
+
+    With a register:
+
+        >>> spec = OneHot(3, use_register=True)
+        >>> spec.encode(42), spec.encode(7), spec.encode(42)
+        (tensor([ True, False, False]), tensor([False,  True, False]), tensor([ True, False, False]))
+        >>> spec.to_numpy(spec.encode(7))
+        array(7)
 
     Example:
         >>> import torch
@@ -352,20 +441,35 @@ class OneHot(TensorSpec):
     domain = "discrete"
     _event_ndim = 1
     _tensor_attrs = ("_mask",)
-    _eq_fields = ("_n",)
+    _eq_fields = ("_n", "use_register")
 
     def __init__(self, n: int, shape: ShapeLike = None, device: Any = None,
-                 dtype: torch.dtype | None = torch.bool, mask: Any = None) -> None:
+                 dtype: torch.dtype | None = torch.bool, use_register: bool = False,
+                 mask: Any = None) -> None:
         n = _check_n(n, "OneHot")
         dtype = torch.bool if dtype is None else dtype
         _check_value_dtype(dtype, "OneHot")
         shape = torch.Size((n,)) if shape is None else as_shape(shape)
         if not shape or shape[-1] != n:
             raise ValueError(f"OneHot: the last dim of shape {list(shape)} must be n={n}")
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
         self._n = n
+        self.use_register = _check_flag(use_register, "OneHot", "use_register")
+        self._register = _Register(n, "OneHot") if self.use_register else None
         self._mask = _as_mask(mask, self._shape, self._device, "OneHot")
         self._refresh()
+
+    @property
+    def register(self) -> dict:
+        """The registered values and their classes (``{value: class}``; empty without
+        ``use_register``)."""
+        return dict(self._register.index) if self._register is not None else {}
+
+    def clone(self) -> TensorSpec:
+        new = super().clone()
+        if self._register is not None:
+            new._register = self._register.copy()
+        return new
 
     @property
     def n(self) -> int:
@@ -467,7 +571,12 @@ class OneHot(TensorSpec):
         return self._encode_index(s.argmax(-1))
 
     def encode(self, val: Any, *, ignore_device: bool = False) -> Tensor:
-        """A one-hot tensor from one-hot values or from indices (e.g. a Gymnasium ``Discrete`` value)."""
+        """A one-hot tensor from one-hot values or from indices (e.g. a Gymnasium ``Discrete`` value);
+        with ``use_register``, from raw values (see the class docstring)."""
+        if self._register is not None:
+            flat, shape = _raw_values(val, self._shape[:-1], "OneHot")
+            idx = torch.tensor(self._register.lookup(flat), dtype=torch.int64).reshape(shape)
+            return _one_hot(idx.to(None if ignore_device else self._device), self._n, self._dtype)
         t = to_tensor(val, device=None if ignore_device else self._device)
         if ends_with(t.shape, self._shape):
             return t.to(self._dtype)
@@ -480,10 +589,12 @@ class OneHot(TensorSpec):
         return self._fit_shape(t.to(self._dtype))
 
     def to_numpy(self, val: Tensor, safe: bool = False) -> np.ndarray:
-        """The class indices of one-hot ``val`` as a numpy array (the inverse of ``encode``)."""
+        """The class indices of one-hot ``val`` as a numpy array (the inverse of ``encode``;
+        with ``use_register``, the registered values)."""
         if safe:
             self.assert_is_in(val)
-        return _as_index(val.detach()).cpu().numpy()
+        idx = _as_index(val.detach()).cpu().numpy()
+        return idx if self._register is None else self._register.inverse(idx)
 
     def to_categorical(self, val: Tensor, safe: bool = False) -> Tensor:
         """One-hot ``[*any, *shape]`` -> int64 indices ``[*any, *shape[:-1]]``."""
@@ -508,6 +619,11 @@ class MultiCategorical(TensorSpec):
         dtype: an integer dtype (default int64).
         mask: bool tensor ``[*shape[:-1], sum(nvec)]``: the allowed values of each
             sub-action, concatenated (needs the same ``nvec`` for every batch element).
+        remove_singleton: for a spec of shape exactly ``[1]`` (one sub-action, no batch
+            dims), ``rand`` drops that last dim: ``rand()`` is a scalar and
+            ``rand((5,))`` has shape ``[5]``; ``is_in`` then accepts values with or
+            without it. Default ``True``, as in TorchRL; ``False`` keeps ``rand``'s
+            shape ``[*shape_arg, 1]``. Other shapes are unaffected.
 
     Example:
         >>> import torch
@@ -529,7 +645,9 @@ class MultiCategorical(TensorSpec):
     _tensor_attrs = ("_nvec", "_mask")
 
     def __init__(self, nvec: Any, shape: ShapeLike = None, device: Any = None,
-                 dtype: torch.dtype | None = torch.int64, mask: Any = None) -> None:
+                 dtype: torch.dtype | None = torch.int64, mask: Any = None,
+                 remove_singleton: bool = True) -> None:
+        self.remove_singleton = _check_flag(remove_singleton, "MultiCategorical", "remove_singleton")
         nv = to_tensor(nvec)
         if nv.is_floating_point() or nv.is_complex():
             raise ValueError(f"MultiCategorical: nvec must hold integers, got {fmt_tensor(nv)}")
@@ -552,7 +670,7 @@ class MultiCategorical(TensorSpec):
             )
         dtype = torch.int64 if dtype is None else dtype
         _check_index_dtype(dtype, int(nv.max()) if nv.numel() else 1, "MultiCategorical")
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
         self._nvec = nv.to(self._device).expand(self._shape).clone()
         self._mask = None
         self._refresh()
@@ -570,6 +688,7 @@ class MultiCategorical(TensorSpec):
         self._allowed = None if self._mask is None else self._seg.padded(self._mask)
         self._zeros = torch.zeros_like(nv)
         self._nvec_m1 = nv - 1
+        self._squeeze = self.remove_singleton and self._shape == (1,)
 
     def _segments(self, what: str) -> _Segments:
         if self._seg is None:
@@ -616,7 +735,20 @@ class MultiCategorical(TensorSpec):
             out = r.remainder_(self._nvec)
         else:
             out = _masked_sample(self._allowed, full[: len(full) - len(self._shape)])
+        if self._squeeze:
+            out = out.squeeze(-1)
         return out if self._dtype is torch.int64 else out.to(self._dtype)
+
+    def _unsqueezed(self, val: Any) -> Any:
+        if self._squeeze and isinstance(val, Tensor) and (val.ndim == 0 or val.shape[-1] != 1):
+            return val.unsqueeze(-1)  # a sample whose singleton dim was removed
+        return val
+
+    def is_in(self, val: Any) -> bool:
+        return super().is_in(self._unsqueezed(val))
+
+    def _check(self, val: Any) -> str | None:
+        return super()._check(self._unsqueezed(val))
 
     def zero(self, shape: ShapeLike = None) -> Tensor:
         if self._mask is None:
@@ -679,7 +811,7 @@ class MultiCategorical(TensorSpec):
         """The matching :class:`MultiOneHot` spec (same nvec and mask)."""
         seg = self._segments("to_one_hot_spec")
         return MultiOneHot(seg.nvec.tolist(), self._shape[:-1] + (seg.size,), self._device,
-                           torch.bool, self._mask)
+                           torch.bool, mask=self._mask)
 
 
 # ---------------------------------------------------------------------- MultiOneHot
@@ -691,6 +823,9 @@ class MultiOneHot(TensorSpec):
         shape: ``[*batch, sum(nvec)]`` (default ``[sum(nvec)]``).
         device: default: torch's default device.
         dtype: default ``torch.bool``.
+        use_register: as :class:`OneHot`'s, one register per sub-action: ``encode``
+            maps raw values ``[*shape[:-1], len(nvec)]`` onto classes in the order each
+            part's values first appear, ``to_numpy`` maps them back.
         mask: bool tensor of ``shape`` marking the allowed classes.
 
     ``encode`` also takes per-sub-action indices (Gymnasium ``MultiDiscrete``) and
@@ -714,10 +849,11 @@ class MultiOneHot(TensorSpec):
     domain = "discrete"
     _event_ndim = 1
     _tensor_attrs = ("_mask",)
-    _eq_fields = ("_nvec_list",)
+    _eq_fields = ("_nvec_list", "use_register")
 
     def __init__(self, nvec: Any, shape: ShapeLike = None, device: Any = None,
-                 dtype: torch.dtype | None = torch.bool, mask: Any = None) -> None:
+                 dtype: torch.dtype | None = torch.bool, use_register: bool = False,
+                 mask: Any = None) -> None:
         nv = to_tensor(nvec)
         if nv.ndim != 1 or nv.numel() == 0 or nv.is_floating_point() or bool((nv <= 0).any()):
             raise ValueError(f"MultiOneHot: nvec must be a non-empty list of positive ints, got {nvec!r}")
@@ -728,9 +864,18 @@ class MultiOneHot(TensorSpec):
             raise ValueError(f"MultiOneHot: the last dim of shape {list(shape)} must be sum(nvec)={size}")
         dtype = torch.bool if dtype is None else dtype
         _check_value_dtype(dtype, "MultiOneHot")
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
+        self.use_register = _check_flag(use_register, "MultiOneHot", "use_register")
+        self._registers = ([_Register(n, "MultiOneHot") for n in self._nvec_list]
+                           if self.use_register else None)
         self._mask = _as_mask(mask, self._shape, self._device, "MultiOneHot")
         self._refresh()
+
+    def clone(self) -> TensorSpec:
+        new = super().clone()
+        if self._registers is not None:
+            new._registers = [r.copy() for r in self._registers]
+        return new
 
     def _refresh(self) -> None:
         super()._refresh()
@@ -820,7 +965,17 @@ class MultiOneHot(TensorSpec):
         return self._seg.to_one_hot(self._seg.to_index(s), self._dtype)
 
     def encode(self, val: Any, *, ignore_device: bool = False) -> Tensor:
-        """A multi-one-hot tensor from multi-one-hot values or from per-part indices."""
+        """A multi-one-hot tensor from multi-one-hot values or from per-part indices; with
+        ``use_register``, from per-part raw values."""
+        if self._registers is not None:
+            k = self._seg.k
+            flat, shape = _raw_values(val, self._shape[:-1] + (k,), "MultiOneHot")
+            parts = [flat[i::k] for i in range(k)]
+            fresh = [r.copy() for r in self._registers]  # all parts fit, or none is changed
+            cols = [r.lookup(p) for r, p in zip(fresh, parts)]
+            self._registers = fresh
+            idx = torch.tensor(cols, dtype=torch.int64).T.reshape(shape)
+            return self._seg.to_one_hot(idx.to(None if ignore_device else self._device), self._dtype)
         t = to_tensor(val, device=None if ignore_device else self._device)
         if ends_with(t.shape, self._shape):
             return t.to(self._dtype)
@@ -833,8 +988,15 @@ class MultiOneHot(TensorSpec):
         return self._fit_shape(t.to(self._dtype))
 
     def to_numpy(self, val: Tensor, safe: bool = False) -> np.ndarray:
-        """Per-part indices of ``val`` as a numpy array (the inverse of ``encode``)."""
-        return self.to_categorical(val.detach(), safe).cpu().numpy()
+        """Per-part indices of ``val`` as a numpy array (the inverse of ``encode``; with
+        ``use_register``, the registered values)."""
+        idx = self.to_categorical(val.detach(), safe).cpu().numpy()
+        if self._registers is None:
+            return idx
+        cols = [r.inverse(idx[..., i]) for i, r in enumerate(self._registers)]
+        if len({c.dtype for c in cols}) > 1:  # parts of different kinds: an object array
+            cols = [c.astype(object) for c in cols]
+        return np.stack(cols, -1)
 
     def to_categorical(self, val: Tensor, safe: bool = False) -> Tensor:
         """Multi-one-hot ``[*any, *shape]`` -> int64 indices ``[*any, *shape[:-1], len(nvec)]``."""
@@ -889,7 +1051,7 @@ class Binary(TensorSpec):
             raise ValueError(f"Binary: the last dim of shape {list(shape)} must be n={n}")
         dtype = torch.int8 if dtype is None else dtype
         _check_value_dtype(dtype, "Binary")
-        super().__init__(shape, device, dtype)
+        super().__init__(shape, device=device, dtype=dtype)
         self._n = n
 
     @property

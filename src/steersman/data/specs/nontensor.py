@@ -46,7 +46,7 @@ class NonTensor(TensorSpec):
 
     def __init__(self, shape: ShapeLike = DEFAULT_SHAPE, device: Any = None,
                  dtype: torch.dtype | None = None, example_data: Any = None, **kwargs: Any) -> None:
-        super().__init__(DEFAULT_SHAPE if shape is None else shape, device, dtype)
+        super().__init__(DEFAULT_SHAPE if shape is None else shape, device=device, dtype=dtype)
         self.example_data = example_data
 
     def _cast(self, dtype: torch.dtype) -> TensorSpec:

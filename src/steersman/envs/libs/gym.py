@@ -305,7 +305,8 @@ def space_to_spec(
         nvec = np.asarray(space.nvec)
         if cae or nvec.ndim != 1:
             return MultiCategorical(
-                torch.as_tensor(nvec.astype(np.int64)), shape=(*bs, *nvec.shape), device=device
+                torch.as_tensor(nvec.astype(np.int64)), shape=(*bs, *nvec.shape), device=device,
+                remove_singleton=False,  # env samples keep the declared shape
             )
         return MultiOneHot([int(n) for n in nvec], shape=(*bs, int(nvec.sum())), device=device)
     if isinstance(space, spaces.MultiBinary):

@@ -475,7 +475,7 @@ class ActionDiscretizer(Transform):
         self._low, self._high = spec.low.reshape(-1, a)[0].clone(), spec.high.reshape(-1, a)[0].clone()
         bs = spec.shape[:-1]
         if self.categorical:
-            disc = MultiCategorical(self._nvec, shape=(*bs, a), device=spec.device)
+            disc = MultiCategorical(self._nvec, shape=(*bs, a), device=spec.device, remove_singleton=False)
         else:
             disc = MultiOneHot(self._nvec, shape=(*bs, int(self._nvec.sum())), device=spec.device)
         aspec.del_(self.action_key)
