@@ -27,3 +27,8 @@ __all__ += ["BinaryToDecimal", "HashToInt", "QueryModule", "RandomProjectionHash
 from .rlhf import AdaptiveKLController, ConstantKLController  # noqa: E402
 
 __all__ += ["AdaptiveKLController", "ConstantKLController"]
+
+# MCTS forests of rollouts (TorchRL's torchrl.data.MCTSForest / Tree)
+from .map import MCTSForest, Tree  # noqa: E402
+
+__all__ += ["MCTSForest", "Tree"]

@@ -7,3 +7,6 @@ from .tdstorage import TensorDictMap, TensorMap
 
 __all__ = ["BinaryToDecimal", "HashToInt", "QueryModule", "RandomProjectionHash", "SipHash", "TensorDictMap",
            "TensorMap"]
+from .tree import MCTSForest, Tree  # noqa: E402
+
+__all__ += ["MCTSForest", "Tree"]
