@@ -1,9 +1,11 @@
 """The ``steersman`` command as a user types it (subprocesses), and its bad-input messages.
 
-Each subprocess starts Python, torch and Hydra (seconds), so they are few: one sweep of two
-seeds that the other commands then use, in the same test (eval with video, plot, resume),
-export in both formats, ``envs``, one bad input end to end, and Ctrl-C. The remaining bad inputs go
-through :func:`steersman.cli.main` in-process: the same code without the start-up.
+Each subprocess starts Python, torch and Hydra (seconds of CPU), so they are few and each proves
+something only a real process shows: a ``train -m`` sweep, one bad input
+end to end (exit status 2, one stderr line, nothing on stdout), ``python -m`` run from inside an
+untrusted run folder (its own folder first on ``sys.path``), Ctrl-C, and SIGKILL. Everything else goes
+through :func:`steersman.cli.main` in-process: the same code without the start-up, with
+``capfd`` checking what reaches the file descriptors.
 """
 
 from __future__ import annotations
@@ -39,24 +41,20 @@ def steersman(*args: str, timeout: float = 600, cwd: Path = REPO) -> subprocess.
                           timeout=timeout, env=ENV)
 
 
-def steersman_all(cases: list[tuple[str, ...]], cwd: Path, env: dict | None = None
-                  ) -> list[subprocess.CompletedProcess]:
-    """Runs several commands side by side (each starts Python, torch and Hydra: seconds)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "steersman", *args], cwd=cwd, env=env or ENV, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for args in cases]
-    out = []
-    for args, proc in zip(cases, procs):
-        stdout, stderr = proc.communicate(timeout=600)
-        out.append(subprocess.CompletedProcess(args, proc.returncode, stdout, stderr))
-    return out
-
-
 def one_error_line(out: subprocess.CompletedProcess) -> str:
     """The single ``error: ...`` line of a failed command (exit status 2)."""
     assert out.returncode == 2, (out.args, out.returncode, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), (out.args, out.stderr)
     return lines[0]
+
+
+def cli(argv: list[str], capfd) -> subprocess.CompletedProcess:
+    """``steersman *argv`` in-process; what reached stdout/stderr (file descriptors included)."""
+    capfd.readouterr()
+    code = main(argv)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -93,9 +91,10 @@ def test_sweep_then_eval_plot_resume(tmp_path, capsys):
         assert (run / "plots" / "learning_curve.png").exists()
         assert not (run / "cli.log").exists() and (run / ".hydra" / "overrides.yaml").exists()
 
-    out = steersman("eval", str(sweep / "0"), "--episodes", "3", "--video")
-    assert out.returncode == 0, out.stderr
-    assert "ppo on CartPole-v1 (256 frames" in out.stdout and "over 3 episodes" in out.stdout
+    capsys.readouterr()
+    assert main(["eval", str(sweep / "0"), "--episodes", "3", "--video"]) == 0
+    out = capsys.readouterr().out
+    assert "ppo on CartPole-v1 (256 frames" in out and "over 3 episodes" in out
     assert (sweep / "0" / "videos" / "eval.mp4").stat().st_size > 0
 
     assert main(["plot", str(sweep / "0"), str(sweep / "1"), "--out", str(tmp_path / "curves.png")]) == 0
@@ -119,18 +118,17 @@ def test_sweep_then_eval_plot_resume(tmp_path, capsys):
 def test_export_verifies_both_formats(tmp_path, capsys):
     run = tmp_path / "run"
     get_recipe("dqn").train(tiny_config("dqn", export_format="none"), run)  # a Q-value policy
-    out = steersman("export", str(run), "--format", "torch-export")
-    assert out.returncode == 0, out.stderr
+    # in-process: export_policy itself runs each file in a fresh process without steersman
+    assert main(["export", str(run), "--format", "torch-export"]) == 0
     pt2 = run / "export" / "policy.pt2"
-    assert f"exported {pt2} (torch-export" in out.stdout and "matches the live policy" in out.stdout
-    # ONNX in-process (the same code without another start-up; export_policy still runs
-    # the file in a fresh process without steersman)
+    out = capsys.readouterr().out
+    assert f"exported {pt2} (torch-export" in out and "matches the live policy" in out
     assert main(["export", str(run), "--format", "onnx", "--out", str(tmp_path / "policy.onnx")]) == 0
     assert "(onnx" in capsys.readouterr().out and (tmp_path / "policy.onnx").stat().st_size > 0
 
 
-def test_envs_lists_builtin_and_gym():
-    out = steersman("envs")
+def test_envs_lists_builtin_and_gym(capfd):
+    out = cli(["envs"], capfd)
     assert out.returncode == 0
     assert "CartPole-v1" in out.stdout and "Pendulum-v1" in out.stdout and "env.name=gym:" in out.stdout
 
@@ -212,7 +210,7 @@ def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
 EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('pwned')\n"
 
 
-def test_run_folder_env_id_cannot_import_code(tiny_run, tmp_path):
+def test_run_folder_env_id_cannot_import_code(tiny_run, tmp_path, capfd, monkeypatch):
     """A run folder's config naming ``gym:evilmod:X-v0`` (Gymnasium imports ``evilmod``) with
     ``evilmod.py`` beside it: eval/resume/export refuse it in one line, nothing runs."""
     run = copy_run(tiny_run, tmp_path)
@@ -223,28 +221,38 @@ def test_run_folder_env_id_cannot_import_code(tiny_run, tmp_path):
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     before = snapshot(run)
     # from inside the folder: `python -m` puts it first on sys.path, so the import would find evilmod.py
-    outs = steersman_all([("eval", "."), ("resume", "."), ("export", ".")], cwd=run)
-    for out in outs:
-        line = one_error_line(out)
+    line = one_error_line(steersman("eval", ".", cwd=run))
+    assert "would import the Python module 'evilmod'" in line and "--allow-import" in line, line
+    # the other commands in-process, with the folder first on sys.path as `python -m` puts it
+    monkeypatch.chdir(run)
+    monkeypatch.syspath_prepend(str(run))
+    monkeypatch.delitem(sys.modules, "evilmod", raising=False)
+    for command in ("resume", "export"):
+        line = one_error_line(cli([command, "."], capfd))
         assert "would import the Python module 'evilmod'" in line and "--allow-import" in line, line
     assert not marker.exists() and snapshot(run) == before
     # the flag is what lets it through: the module then runs (and the id is still unknown)
-    out = steersman("eval", ".", "--allow-import", cwd=run)
+    out = cli(["eval", ".", "--allow-import"], capfd)
+    sys.modules.pop("evilmod", None)
     assert marker.read_text() == "pwned"
     assert "unknown Gymnasium env id" in one_error_line(out)
 
 
-def test_module_env_id_typed_on_train_is_allowed(tmp_path):
+def test_module_env_id_typed_on_train_is_allowed(tmp_path, capfd, monkeypatch):
     """On ``train``'s command line such an id is the user's choice: the module is imported."""
     marker = tmp_path / "imported"
     (tmp_path / "mymod.py").write_text(EVIL.format(marker=str(marker)))
-    out = steersman("train", "ppo", "env.name=gym:mymod:X-v0", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` run from this folder
+    monkeypatch.delitem(sys.modules, "mymod", raising=False)
+    out = cli(["train", "ppo", "env.name=gym:mymod:X-v0"], capfd)
+    sys.modules.pop("mymod", None)
     assert marker.exists()
     assert "unknown Gymnasium env id 'mymod:X-v0'" in one_error_line(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imported", "mymod.py"]  # no run folder
 
 
-def test_every_config_error_is_one_line_and_makes_no_folder(tmp_path):
+def test_every_config_error_is_one_line_and_makes_no_folder(tmp_path, capfd, monkeypatch):
     cases = {
         "total_frames=abc": "total_frames: Value 'abc' of type 'str' could not be converted to Integer",
         "optim.lr=fast": "optim.lr: Value 'fast' of type 'str' could not be converted to Float",
@@ -255,16 +263,14 @@ def test_every_config_error_is_one_line_and_makes_no_folder(tmp_path):
         "env.name=gym:LunarLander-v3": 'pip install "gymnasium[box2d]"',  # Box2D hidden below
         "seed=0,1": "sweeps need -m",
     }
-    # Box2D may be installed (the box2d extra): a package of that name that fails to import,
-    # first on PYTHONPATH, makes it missing for the subprocesses as on a machine without it
-    hide = tmp_path.parent / f"{tmp_path.name}-no-box2d" / "Box2D"
-    hide.mkdir(parents=True)
-    (hide / "__init__.py").write_text("raise ImportError('Box2D is hidden by the test')\n")
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(hide.parent), ENV["PYTHONPATH"]])}
-    outs = steersman_all([("train", "ppo", ov) for ov in cases], cwd=tmp_path, env=env)
-    for (ov, needle), out in zip(cases.items(), outs):
-        line = one_error_line(out)
-        assert needle in line, (ov, line)
+    # Box2D may be installed (the box2d extra): hidden from the imports here, as on a machine without it
+    for name in [m for m in sys.modules if m == "Box2D" or m.startswith(("Box2D.", "gymnasium.envs.box2d"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "Box2D", None)  # `import Box2D` raises ImportError
+    monkeypatch.chdir(tmp_path)
+    for ov, needle in cases.items():
+        out = cli(["train", "ppo", ov], capfd)
+        assert needle in one_error_line(out), (ov, out.stderr)
         assert out.stdout == ""
     assert list(tmp_path.iterdir()) == []  # no runs/ folder
 
@@ -284,7 +290,7 @@ def _wrong_shape(run: Path) -> None:
     torch.save(state, path)
 
 
-def test_tampered_checkpoints_are_one_line_and_write_nothing(tiny_run, tmp_path):
+def test_tampered_checkpoints_are_one_line_and_write_nothing(tiny_run, tmp_path, capfd):
     runs = {
         "frames": (copy_run(tiny_run, tmp_path, "frames"), "resume", "'frames' must be an integer >= 0, got 'abc'"),
         "iteration": (copy_run(tiny_run, tmp_path, "iteration"), "resume", "'iteration' is missing"),
@@ -302,24 +308,23 @@ def test_tampered_checkpoints_are_one_line_and_write_nothing(tiny_run, tmp_path)
     (runs["symlink"][0] / "checkpoints" / "ckpt-000001").symlink_to(outside)
     _wrong_shape(runs["shape"][0])
     before = {name: snapshot(run) for name, (run, _, _) in runs.items()}
-    outs = steersman_all([(cmd, str(run), "total_frames=512") if cmd == "resume" else (cmd, str(run))
-                          for run, cmd, _ in runs.values()], cwd=tmp_path)
-    for (name, (run, _, needle)), out in zip(runs.items(), outs):
+    for name, (run, cmd, needle) in runs.items():
+        out = cli([cmd, str(run), "total_frames=512"] if cmd == "resume" else [cmd, str(run)], capfd)
         assert needle in one_error_line(out), (name, out.stderr)
         assert snapshot(run) == before[name], name
 
 
-def test_resume_of_a_finished_run_writes_nothing(tiny_run, tmp_path):
+def test_resume_of_a_finished_run_writes_nothing(tiny_run, tmp_path, capfd):
     run = copy_run(tiny_run, tmp_path)
     before = snapshot(run)
-    out = steersman("resume", str(run))
+    out = cli(["resume", str(run)], capfd)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (f"{run} already finished at 256 frames; pass total_frames=512 "
                                   "(or any value above 256) to extend")
     assert snapshot(run) == before
 
 
-def test_resume_of_a_run_killed_before_its_first_checkpoint(tmp_path):
+def test_resume_of_a_run_killed_before_its_first_checkpoint(tmp_path, capfd):
     """SIGKILL before any checkpoint: ``resume`` starts the run again from scratch, saying so in
     one line, and cleans the pointer temp file a dead writer left."""
     run = tmp_path / "run"
@@ -336,7 +341,7 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint(tmp_path):
     (run / "checkpoints").mkdir(exist_ok=True)
     leftover = run / "checkpoints" / f".LATEST.{proc.pid}.0123abcd.tmp"  # a dead writer's pointer temp file
     leftover.write_text('{"current": "ckpt-0000')
-    out = steersman("resume", str(run), "total_frames=256", "quiet=false")
+    out = cli(["resume", str(run), "total_frames=256", "quiet=false"], capfd)
     assert out.returncode == 0, out.stderr
     assert [ln for ln in out.stderr.splitlines() if "from scratch" in ln] == [
         f"{run} has no checkpoint yet (stopped before its first one): starting it from scratch"]
@@ -345,8 +350,8 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint(tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 256  # the killed session's rows are gone
 
 
-def test_version():
-    out = steersman("--version")
+def test_version(capfd):
+    out = cli(["--version"], capfd)
     assert out.returncode == 0 and out.stdout.strip() == f"steersman {version()}"
     from importlib.metadata import version as dist_version
 
@@ -359,7 +364,7 @@ def test_argparse_misuse_is_one_line(capsys):
     assert err.startswith("error: steersman eval: the following arguments are required: run_dir") and "\n" not in err
 
 
-def test_tampered_replay_buffer_checkpoint_is_one_line_and_writes_nothing(tmp_path):
+def test_tampered_replay_buffer_checkpoint_is_one_line_and_writes_nothing(tmp_path, capfd):
     """The replay buffer saved in a checkpoint is untrusted too: a damaged ``buffer.json`` or a
     tensor folder pointing outside gives one line and exit 2 on ``resume``, and writes nothing."""
     run = tmp_path / "dqn"
@@ -370,8 +375,8 @@ def test_tampered_replay_buffer_checkpoint_is_one_line_and_writes_nothing(tmp_pa
     meta = runs["dir"] / buffer.relative_to(run) / "storage" / "tensors" / "meta.json"
     meta.write_text(meta.read_text().replace('"dir": "next"', '"dir": "../../../../../victim"'))
     before = {name: snapshot(path) for name, path in runs.items()}
-    outs = steersman_all([("resume", str(path), "total_frames=512") for path in runs.values()], cwd=tmp_path)
-    for (name, path), out, needle in zip(runs.items(), outs, ("is not readable JSON", "not a plain folder name")):
+    for (name, path), needle in zip(runs.items(), ("is not readable JSON", "not a plain folder name")):
+        out = cli(["resume", str(path), "total_frames=512"], capfd)
         assert needle in one_error_line(out), (name, out.stderr)
         assert snapshot(path) == before[name], name
 
