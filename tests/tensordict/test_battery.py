@@ -937,6 +937,11 @@ def _check_reduction_dim(td, ref, name, dim, keepdim):
         return getattr(torch, name)(t, dim=dims, keepdim=keepdim)
 
     out = getattr(td, name)(dim=dim, keepdim=keepdim)
+    if name in ("max", "min") and isinstance(dim, int):  # (values, indices), as torch.max
+        out, indices = out
+        exp_idx = ref_map(lambda t: getattr(t, name)(dim=dims[0], keepdim=keepdim).indices, ref)
+        for key in FLOAT_KEYS:
+            assert_leaf_equal(indices.get(key), ref_get(exp_idx, key), key)
     bs = [1 if i in dims else s for i, s in enumerate(BATCH)] if keepdim else [
         s for i, s in enumerate(BATCH) if i not in dims]
     assert out.batch_size == torch.Size(bs)
@@ -948,7 +953,7 @@ def _check_reduction_dim(td, ref, name, dim, keepdim):
 @pytest.mark.parametrize("name", ["sum", "max", "min", "prod"])
 def test_reduction_all_dtypes(case, name):
     td, ref = case.td, case.ref
-    out = getattr(td, name)(dim=0)
+    out = getattr(td, name)(dim=0, **({"return_indices": False} if name in ("max", "min") else {}))
     assert out.batch_size == torch.Size([3])
     for key in LEAF_KEYS:
         t = ref_get(ref, key)

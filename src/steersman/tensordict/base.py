@@ -312,24 +312,31 @@ class TensorDictBase:
             _undo_preallocate(added)
             raise
 
-    def set_(self, key: NestedKey, item: Any) -> TensorDictBase:
-        """Copies ``item`` into the existing entry at ``key`` (same shape; key must exist)."""
+    def set_(self, key: NestedKey, item: Any, *, non_blocking: bool = False) -> TensorDictBase:
+        """Copies ``item`` into the existing entry at ``key`` (same shape; key must exist).
+
+        ``non_blocking`` is passed to the copy (asynchronous between devices)."""
         dst = self.get(key)
         if isinstance(dst, Tensor):
             src = item if isinstance(item, Tensor) else torch.as_tensor(item)
             _check_broadcast(src.shape, dst.shape, key)
-            dst.copy_(src)
+            dst.copy_(src, non_blocking=non_blocking)
         else:
-            dst.update_(item)
+            dst.update_(item, non_blocking=non_blocking)
         return self
 
-    def set_at_(self, key: NestedKey, value: Any, index: Any) -> TensorDictBase:
-        self.get(key)[index] = value
+    def set_at_(self, key: NestedKey, value: Any, index: Any, *, non_blocking: bool = False) -> TensorDictBase:
+        """Writes ``value`` into the entry at ``key`` at ``index`` (``non_blocking``: see :meth:`set_`)."""
+        dst = self.get(key)
+        if non_blocking and isinstance(dst, Tensor) and isinstance(value, Tensor):
+            value = value.to(dst.device, non_blocking=True)
+        dst[index] = value
         return self
 
-    def setdefault(self, key: NestedKey, default: Any) -> Any:
+    def setdefault(self, key: NestedKey, default: Any, inplace: bool = False) -> Any:
+        """The entry at ``key``; sets ``default`` there first if missing (``inplace``: passed to ``set``)."""
         if key not in self:
-            self.set(key, default)
+            self.set(key, default, inplace=inplace)
         return self.get(key)
 
     def set_non_tensor(self, key: NestedKey, value: Any) -> TensorDictBase:
@@ -440,25 +447,34 @@ class TensorDictBase:
                 f"existing {list(current.shape)}"
             )
 
-    def update_(self, input_dict_or_td: Mapping | TensorDictBase, clone: bool = False) -> TensorDictBase:
+    def update_(self, input_dict_or_td: Mapping | TensorDictBase, clone: bool = False, *,
+                non_blocking: bool = False, keys_to_update: Sequence[NestedKey] | None = None) -> TensorDictBase:
         """Copies every entry of the input into the existing entries (all keys must exist).
 
         Everything is validated before the first write, so a failure changes nothing.
+        ``keys_to_update``: copy only these keys of the input. ``non_blocking``: the copies
+        between devices may run asynchronously (on one device it changes nothing).
         """
-        src = input_dict_or_td
-        if not is_tensor_collection(src):
-            src = _dict_view(src)
+        src = _update_source(input_dict_or_td, keys_to_update, clone)
         pairs: list = []
         _collect_write_pairs(self, src, pairs, (), self.batch_size, self.batch_dims)
         _write_pairs(pairs, ())
         return self
 
-    def update_at_(self, input_dict_or_td: Mapping | TensorDictBase, idx: Any) -> TensorDictBase:
+    def update_at_(self, input_dict_or_td: Mapping | TensorDictBase, idx: Any, clone: bool = False, *,
+                   non_blocking: bool = False, keys_to_update: Sequence[NestedKey] | None = None) -> TensorDictBase:
+        """``self[idx] = input`` for the input's entries (``keys_to_update``: only these;
+        ``clone``: the input's tensors are cloned first; ``non_blocking``: see :meth:`update_`)."""
+        if keys_to_update is not None or clone:
+            input_dict_or_td = _update_source(input_dict_or_td, keys_to_update, clone)
         self[idx] = input_dict_or_td
         return self
 
-    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDictBase:
-        """A new container with only ``keys`` (leaves are shared, not copied)."""
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True,
+               as_tensordict: bool = False) -> TensorDictBase:
+        """A new container with only ``keys`` (leaves are shared, not copied).
+
+        ``as_tensordict`` only matters for a tensorclass (which then returns a TensorDict)."""
         out = self._new_empty(self.batch_size)
         for key in keys:
             key = unravel_key(key)
@@ -577,15 +593,41 @@ class TensorDictBase:
             return self
         return out
 
-    def to_dict(self, *, convert_tensors: bool | str = False) -> dict[str, Any]:
-        """A nested ``dict``; non-tensor entries become their Python values."""
+    def to_dict(self, *, retain_none: bool = True, convert_tensors: bool | str = False,
+                tolist_first: bool = False) -> dict[str, Any]:
+        """A nested ``dict``; non-tensor entries become their Python values.
+
+        Args:
+            retain_none: keep entries whose value is ``None`` (a tensorclass's unset fields)
+                as ``None``; ``False`` drops them.
+            convert_tensors: ``True``: tensors become lists; ``"numpy"``: arrays.
+            tolist_first: a nested container with batch dims becomes a list of dicts (one
+                per element, :meth:`tolist`) instead of a dict of batched values.
+
+        Example:
+            >>> import torch
+            >>> from steersman.tensordict import TensorDict
+            >>> td = TensorDict({"a": torch.zeros(2), "n": {"b": torch.arange(2)}}, batch_size=[2])
+            >>> td.to_dict(tolist_first=True)["n"]
+            [{'b': 0}, {'b': 1}]
+        """
         out = {}
         for key in self._keys_str():
             v = self._get_str(key, NO_DEFAULT)
             if _is_non_tensor(v):
-                out[key] = _unwrap(v)
+                u = _unwrap(v)
+                if u is None and not retain_none:
+                    continue
+                out[key] = u
+            elif v is None:
+                if retain_none:
+                    out[key] = None
             elif _is_branch(v):
-                out[key] = v.to_dict(convert_tensors=convert_tensors)
+                if tolist_first and v.batch_dims:
+                    out[key] = v.tolist()
+                else:
+                    out[key] = v.to_dict(retain_none=retain_none, convert_tensors=convert_tensors,
+                                         tolist_first=tolist_first)
             elif convert_tensors == "numpy":
                 out[key] = v.detach().cpu().numpy()
             elif convert_tensors:
@@ -602,8 +644,11 @@ class TensorDictBase:
             return self.to_dict(convert_tensors=True)  # type: ignore[return-value]
         return [td.tolist() for td in self.unbind(0)]
 
-    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT) -> TensorDictBase:
-        """A container with the same batch size and no entries (``recurse``: keep nesting)."""
+    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT,
+              names: Any = None) -> TensorDictBase:
+        """A container with the same batch size and no entries (``recurse``: keep nesting).
+
+        ``names``: names of the batch dims of the result (default: none)."""
         bs = self.batch_size if batch_size is None else as_size(batch_size)
         out = self._new_empty(bs)
         if recurse:
@@ -611,6 +656,8 @@ class TensorDictBase:
                 v = self._get_str(key, NO_DEFAULT)
                 if _is_branch(v) and not _is_non_tensor(v):
                     out._set_str(key, v.empty(recurse=True), False, True)
+        if names is not None:
+            out.names = names
         return out
 
     # ------------------------------------------------------------------ leafwise ops
@@ -761,29 +808,58 @@ class TensorDictBase:
     def requires_grad(self) -> bool:
         return any(v.requires_grad for v in self._tensor_leaves())
 
-    def float(self) -> TensorDictBase:
-        return self.to(torch.float32)
+    def _cast(self, dtype: torch.dtype, cast_filter: Callable | None) -> TensorDictBase:
+        if cast_filter is None:
+            return self.to(dtype)
+        return self._map(lambda k, v: v.to(dtype) if cast_filter(k, v) else v, (), named=True,
+                         nested_keys=True, validate=False)
 
-    def double(self) -> TensorDictBase:
-        return self.to(torch.float64)
+    def float(self, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """Every tensor leaf as float32; ``cast_filter(key, leaf) -> bool`` picks the leaves
+        to cast (keys are nested tuples below the top level), the others are kept as they are.
 
-    def half(self) -> TensorDictBase:
-        return self.to(torch.float16)
+        Example:
+            >>> import torch
+            >>> from steersman.tensordict import TensorDict
+            >>> td = TensorDict(a=torch.zeros(2, dtype=torch.int64), b=torch.zeros(2, dtype=torch.int64))
+            >>> out = td.float(cast_filter=lambda key, value: key == "a")
+            >>> out["a"].dtype, out["b"].dtype
+            (torch.float32, torch.int64)
+        """
+        return self._cast(torch.float32, cast_filter)
 
-    def bfloat16(self) -> TensorDictBase:
-        return self.to(torch.bfloat16)
+    def double(self, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """float64 leaves (``cast_filter``: as in :meth:`float`)."""
+        return self._cast(torch.float64, cast_filter)
 
-    def int(self) -> TensorDictBase:
-        return self.to(torch.int32)
+    def half(self, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """float16 leaves (``cast_filter``: as in :meth:`float`)."""
+        return self._cast(torch.float16, cast_filter)
+
+    def bfloat16(self, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """bfloat16 leaves (``cast_filter``: as in :meth:`float`)."""
+        return self._cast(torch.bfloat16, cast_filter)
+
+    def int(self, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """int32 leaves (``cast_filter``: as in :meth:`float`)."""
+        return self._cast(torch.int32, cast_filter)
 
     def long(self) -> TensorDictBase:
         return self.to(torch.int64)
 
-    def bool(self) -> TensorDictBase:
-        return self.to(torch.bool)
+    def bool(self, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """bool leaves (``cast_filter``: as in :meth:`float`)."""
+        return self._cast(torch.bool, cast_filter)
 
-    def type(self, dtype: torch.dtype) -> TensorDictBase:
-        return self.to(dtype)
+    def type(self, dst_type: torch.dtype | str, *, cast_filter: Callable | None = None) -> TensorDictBase:
+        """Leaves cast to ``dst_type``: a dtype or a tensor type name (``"torch.IntTensor"``);
+        ``cast_filter``: as in :meth:`float`."""
+        if isinstance(dst_type, str):
+            try:
+                dst_type = torch.empty(0).type(dst_type).dtype
+            except (TypeError, RuntimeError, ValueError) as e:
+                raise ValueError(f"type(): {dst_type!r} is not a dtype or a tensor type name ({e})") from None
+        return self._cast(dst_type, cast_filter)
 
     def zero_(self) -> TensorDictBase:
         """Fills every leaf with zeros in place (one ``_foreach`` call)."""
@@ -952,30 +1028,76 @@ class TensorDictBase:
     def __ge__(self, other):
         return self._binary(torch.ge, other)
 
-    def add(self, other, *, alpha: float | None = None):
+    def _binary_default(self, op: Callable, other: Any, default: Any) -> TensorDictBase:
+        """``op`` over two containers whose keys may differ (the ``default=`` keyword)."""
+        if default is None or not is_tensor_collection(other):
+            return self._binary(op, other)
+        if not (isinstance(default, Tensor) or default == "intersection"):
+            raise TypeError(f"default must be None, 'intersection' or a tensor, got {default!r}")
+        from .td import TensorDict
+
+        mine = [k for k in self.keys(True, True) if isinstance(self.get(k), Tensor)]
+        theirs = [k for k in other.keys(True, True) if isinstance(other.get(k), Tensor)]
+        has_mine, has_theirs = set(mine), set(theirs)
+        if isinstance(default, Tensor):
+            keys = mine + [k for k in theirs if k not in has_mine]
+        else:
+            keys = [k for k in mine if k in has_theirs]
+        bs = self.batch_size if self.batch_size == other.batch_size else torch.broadcast_shapes(
+            self.batch_size, other.batch_size)
+        out = TensorDict({}, batch_size=bs, device=self.device if self.device == other.device else None)
+        for k in keys:
+            a = self.get(k) if k in has_mine else default
+            b = other.get(k) if k in has_theirs else default
+            out.set(k, op(a, b))
+        return out
+
+    def add(self, other, *, alpha: float | None = None, default: Any = None):
+        """``self + alpha * other`` leafwise.
+
+        ``default`` (containers with different keys): ``None`` needs the same keys;
+        ``"intersection"`` keeps the keys both have; a tensor stands in for the entry the
+        other side lacks, and the result has the keys of both.
+
+        Example:
+            >>> import torch
+            >>> from steersman.tensordict import TensorDict
+            >>> a = TensorDict(x=torch.ones(2), y=torch.ones(2), batch_size=[2])
+            >>> b = TensorDict(x=torch.ones(2), z=torch.ones(2), batch_size=[2])
+            >>> sorted(a.add(b, default="intersection").keys())
+            ['x']
+            >>> a.add(b, default=torch.zeros(()))["z"]
+            tensor([1., 1.])
+        """
         if alpha is not None:
-            return self._binary(lambda x, y: torch.add(x, y, alpha=alpha), other)
-        return self._binary(torch.add, other)
+            return self._binary_default(lambda x, y: torch.add(x, y, alpha=alpha), other, default)
+        return self._binary_default(torch.add, other, default)
 
-    def sub(self, other, *, alpha: float | None = None):
+    def sub(self, other, *, alpha: float | None = None, default: Any = None):
+        """``self - alpha * other`` leafwise (``default``: see :meth:`add`)."""
         if alpha is not None:
-            return self._binary(lambda x, y: torch.sub(x, y, alpha=alpha), other)
-        return self._binary(torch.sub, other)
+            return self._binary_default(lambda x, y: torch.sub(x, y, alpha=alpha), other, default)
+        return self._binary_default(torch.sub, other, default)
 
-    def mul(self, other):
-        return self._binary(torch.mul, other)
+    def mul(self, other, *, default: Any = None):
+        """``self * other`` leafwise (``default``: see :meth:`add`)."""
+        return self._binary_default(torch.mul, other, default)
 
-    def div(self, other):
-        return self._binary(torch.div, other)
+    def div(self, other, *, default: Any = None):
+        """``self / other`` leafwise (``default``: see :meth:`add`)."""
+        return self._binary_default(torch.div, other, default)
 
-    def pow(self, other):
-        return self._binary(torch.pow, other)
+    def pow(self, other, *, default: Any = None):
+        """``self ** other`` leafwise (``default``: see :meth:`add`)."""
+        return self._binary_default(torch.pow, other, default)
 
-    def maximum(self, other):
-        return self._binary(torch.maximum, other)
+    def maximum(self, other, *, default: Any = None):
+        """Leafwise maximum (``default``: see :meth:`add`)."""
+        return self._binary_default(torch.maximum, other, default)
 
-    def minimum(self, other):
-        return self._binary(torch.minimum, other)
+    def minimum(self, other, *, default: Any = None):
+        """Leafwise minimum (``default``: see :meth:`add`)."""
+        return self._binary_default(torch.minimum, other, default)
 
     def lerp(self, end, weight):
         return self._binary(lambda x, e: torch.lerp(x, e, weight), end)
@@ -1044,11 +1166,24 @@ class TensorDictBase:
         self._map_(lambda x: x.clamp_(min, max), (), assign=False)
         return self
 
-    def clamp_min(self, min):
-        return self.clamp(min=min)
+    def clamp_min(self, other: Any = None, *, default: Any = None, min: Any = None):
+        """Leafwise lower bound ``other`` (a number, tensor or container; ``min=`` is torch's
+        name for it); ``default``: see :meth:`add`."""
+        other = min if other is None else other
+        if other is None:
+            raise TypeError("clamp_min() needs the bound: clamp_min(other)")
+        if is_tensor_collection(other):
+            return self._binary_default(torch.clamp_min, other, default)
+        return self.clamp(min=other)
 
-    def clamp_max(self, max):
-        return self.clamp(max=max)
+    def clamp_max(self, other: Any = None, *, default: Any = None, max: Any = None):
+        """Leafwise upper bound ``other`` (``max=`` is torch's name); ``default``: see :meth:`add`."""
+        other = max if other is None else other
+        if other is None:
+            raise TypeError("clamp_max() needs the bound: clamp_max(other)")
+        if is_tensor_collection(other):
+            return self._binary_default(torch.clamp_max, other, default)
+        return self.clamp(max=other)
 
     def abs_(self):
         return self._unary_("abs")
@@ -1110,8 +1245,9 @@ class TensorDictBase:
     def isfinite(self):
         return self._map(torch.isfinite, (), validate=False)
 
-    def logical_and(self, other):
-        return self._binary(torch.logical_and, other)
+    def logical_and(self, other, *, default: Any = None):
+        """Leafwise logical and (``default``: see :meth:`add`)."""
+        return self._binary_default(torch.logical_and, other, default)
 
     def logical_or(self, other):
         return self._binary(torch.logical_or, other)
@@ -1165,32 +1301,85 @@ class TensorDictBase:
                 return func(x, dims[0] if len(dims) == 1 else dims)
         return self._reduce(fn, dim, keepdim)
 
-    def sum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None):
-        """Sums over batch dims ``dim`` (``None``: each leaf entirely). ``reduce=True``: one tensor."""
+    def sum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None,
+            key_transform: Callable | None = None):
+        """Sums over batch dims ``dim`` (``None``: each leaf entirely). ``reduce=True``: one tensor.
+
+        ``dtype``: leaves are cast to it first. ``key_transform``: renames every key of the
+        result, at every level (``lambda key: f"sum_{key}"``; ignored with ``reduce=True``).
+
+        Example:
+            >>> import torch
+            >>> from steersman.tensordict import TensorDict
+            >>> td = TensorDict(a=torch.ones(3), n={"b": torch.ones(3)}, batch_size=[3])
+            >>> list(td.sum(key_transform=lambda k: "sum_" + k).keys(True, True))
+            ['sum_a', ('sum_n', 'sum_b')]
+        """
         kw = {} if dtype is None else {"dtype": dtype}
-        return self._reduction("sum", dim, keepdim, reduce, **kw)
+        return _rename(self._reduction("sum", dim, keepdim, reduce, **kw), key_transform, reduce)
 
-    def nansum(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
-        return self._reduction("nansum", dim, keepdim, reduce)
+    def nansum(self, dim: Any = None, keepdim: bool = False, *, dtype=None, reduce: bool = False):
+        """:meth:`sum` ignoring NaNs (``dtype``: leaves are cast to it first)."""
+        src = self if dtype is None else self.to(dtype)
+        return src._reduction("nansum", dim, keepdim, reduce)
 
-    def mean(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None):
+    def mean(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, dtype=None,
+             key_transform: Callable | None = None):
+        """The mean over batch dims ``dim`` (``dtype``, ``key_transform``: see :meth:`sum`)."""
         kw = {} if dtype is None else {"dtype": dtype}
-        return self._reduction("mean", dim, keepdim, reduce, **kw)
+        return _rename(self._reduction("mean", dim, keepdim, reduce, **kw), key_transform, reduce)
 
-    def nanmean(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
-        return self._reduction("nanmean", dim, keepdim, reduce)
+    def nanmean(self, dim: Any = None, keepdim: bool = False, *, dtype=None, reduce: bool = False):
+        """:meth:`mean` ignoring NaNs (``dtype``: leaves are cast to it first)."""
+        src = self if dtype is None else self.to(dtype)
+        return src._reduction("nanmean", dim, keepdim, reduce)
 
-    def std(self, dim: Any = None, keepdim: bool = False, *, correction: int = 1, reduce: bool = False):
-        return self._reduction("std", dim, keepdim, reduce, correction=correction)
+    def std(self, dim: Any = None, keepdim: bool = False, *, correction: int = 1, reduce: bool = False,
+            key_transform: Callable | None = None):
+        """The standard deviation over batch dims ``dim`` (``key_transform``: see :meth:`sum`)."""
+        return _rename(self._reduction("std", dim, keepdim, reduce, correction=correction), key_transform, reduce)
 
-    def var(self, dim: Any = None, keepdim: bool = False, *, correction: int = 1, reduce: bool = False):
-        return self._reduction("var", dim, keepdim, reduce, correction=correction)
+    def var(self, dim: Any = None, keepdim: bool = False, *, correction: int = 1, reduce: bool = False,
+            key_transform: Callable | None = None):
+        """The variance over batch dims ``dim`` (``key_transform``: see :meth:`sum`)."""
+        return _rename(self._reduction("var", dim, keepdim, reduce, correction=correction), key_transform, reduce)
 
-    def max(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
-        return self._reduction("max", dim, keepdim, reduce)
+    def max(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, return_indices: bool = True):
+        """The maximum over batch dim ``dim`` (``None``: of each leaf).
 
-    def min(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
-        return self._reduction("min", dim, keepdim, reduce)
+        With an int ``dim`` and ``return_indices=True`` (the default, as in tensordict) it
+        returns ``(values, indices)`` containers, as ``torch.max`` does;
+        ``return_indices=False``, or a tuple of dims, gives the values container alone.
+
+        Example:
+            >>> import torch
+            >>> from steersman.tensordict import TensorDict
+            >>> td = TensorDict(a=torch.tensor([1.0, 3.0, 2.0]), batch_size=[3])
+            >>> td.max(0).indices["a"]
+            tensor(1)
+            >>> td.max(0, return_indices=False)["a"]
+            tensor(3.)
+        """
+        return self._arg_reduction("max", dim, keepdim, reduce, return_indices)
+
+    def min(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, return_indices: bool = True):
+        """The minimum over batch dim ``dim`` (``return_indices``: see :meth:`max`)."""
+        return self._arg_reduction("min", dim, keepdim, reduce, return_indices)
+
+    def _arg_reduction(self, name: str, dim: Any, keepdim: bool, reduce: bool, return_indices: bool) -> Any:
+        if not return_indices or reduce or dim is None or dim is NO_DEFAULT:
+            return self._reduction(name, dim, keepdim, reduce)
+        dims = _dims_tuple(dim, self.batch_dims)
+        if len(dims) != 1:  # indices into several dims at once: torch has none either
+            return self._reduction(name, dim, keepdim, reduce)
+        d = dims[0]
+        bs = _reduced_size(self.batch_size, dims, keepdim)
+        values = self._map(lambda x: getattr(x, name)(dim=d, keepdim=keepdim).values, (), batch_size=bs,
+                           validate=False)
+        indices = self._map(lambda x: getattr(x, name)(dim=d, keepdim=keepdim).indices, (), batch_size=bs,
+                            validate=False)
+        return torch.return_types.max((values, indices)) if name == "max" else torch.return_types.min(
+            (values, indices))
 
     def amax(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
         return self._reduction("max", dim, keepdim, reduce)
@@ -1198,14 +1387,22 @@ class TensorDictBase:
     def amin(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
         return self._reduction("min", dim, keepdim, reduce)
 
-    def prod(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False):
-        return self._reduction("prod", dim, keepdim, reduce)
+    def prod(self, dim: Any = None, keepdim: bool = False, *, dtype=None, reduce: bool = False):
+        """The product over batch dims ``dim`` (``dtype``: leaves are cast to it first)."""
+        src = self if dtype is None else self.to(dtype)
+        return src._reduction("prod", dim, keepdim, reduce)
 
-    def norm(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, ord: float = 2):
+    def norm(self, dim: Any = None, keepdim: bool = False, *, reduce: bool = False, ord: float = 2,
+             dtype=None, key_transform: Callable | None = None):
+        """The vector norm over batch dims ``dim`` (``dtype``: leaves are cast to it first;
+        ``key_transform``: see :meth:`sum`)."""
+        src = self if dtype is None else self.to(dtype)
         if dim is None and not reduce:
-            return self._map(lambda x: torch.linalg.vector_norm(x, ord), (), batch_size=torch.Size(()),
-                             scalar_out=True)
-        return self._reduction("norm", dim, keepdim, reduce, ord=ord)
+            out = src._map(lambda x: torch.linalg.vector_norm(x, ord), (), batch_size=torch.Size(()),
+                           scalar_out=True)
+        else:
+            out = src._reduction("norm", dim, keepdim, reduce, ord=ord)
+        return _rename(out, key_transform, reduce)
 
     def cumsum(self, dim: int) -> TensorDictBase:
         d = _dims_tuple(dim, self.batch_dims)[0]
@@ -1740,6 +1937,29 @@ def _check_broadcast(src: Sequence[int], dst: Sequence[int], key: Any) -> None:
         raise ValueError(
             f"cannot write a value of shape {list(src)} into entry {key!r} of shape {list(dst)}"
         )
+
+
+def _rename(td: Any, key_transform: Callable | None, reduce: bool) -> Any:
+    """``td`` with every key, at every level, passed through ``key_transform``."""
+    if key_transform is None or reduce:
+        return td
+    out = td._new_empty(td.batch_size)
+    for k in td._keys_str():
+        v = td._get_str(k, NO_DEFAULT)
+        if _is_branch(v) and not _is_non_tensor(v):
+            v = _rename(v, key_transform, False)
+        out._set_str(key_transform(k), v, False, True)
+    return out
+
+
+def _update_source(src: Any, keys_to_update: Sequence[NestedKey] | None, clone: bool) -> Any:
+    """The input of ``update_``/``update_at_`` as a container, restricted to ``keys_to_update``
+    (keys the input lacks are skipped) and cloned if asked."""
+    if not is_tensor_collection(src):
+        src = _dict_view(src)
+    if keys_to_update is not None:
+        src = src.select(*keys_to_update, strict=False)
+    return src.clone() if clone else src
 
 
 def _dict_view(d: Mapping) -> Any:

@@ -380,21 +380,63 @@ def _allclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, eq
     return input.allclose(other, rtol, atol)
 
 
-def pad(tensordict: TensorDictBase, pad_size: Sequence[int], value: float = 0.0) -> TensorDictBase:
-    """Pads the batch dims like ``torch.nn.functional.pad`` (pairs from the last batch dim)."""
+def pad(tensordict: TensorDictBase, pad_size: Sequence[int], value: float = 0.0, inplace: bool = False,
+        safe: bool = True) -> TensorDictBase:
+    """Pads the batch dims with ``value``; ``pad_size`` pairs start from the FIRST batch dim.
+
+    Args:
+        tensordict: the container (or tensorclass) to pad.
+        pad_size: ``(dim0_before, dim0_after, dim1_before, dim1_after, ...)``: an even
+            length of at most twice the number of batch dims (``torch.nn.functional.pad``
+            starts from the last dim; tensordict's ``pad``, and this one, from the first).
+        value: the value of the new elements.
+        inplace: if ``True``, the container keeps its identity and gets the padded leaves
+            (and batch size); returns it. A lazy stack refuses (``to_tensordict()`` first).
+        safe: tensordict checks every leaf before an in-place pad writes anything; here the
+            padded leaves are always built before anything is written, so a failure never
+            leaves a half-padded container whatever ``safe`` is.
+
+    Shapes: a leaf ``[*B, *F]`` becomes ``[*B', *F]`` with ``B'[i] = B[i] + before_i + after_i``.
+
+    Example:
+        >>> import torch
+        >>> from steersman.tensordict import TensorDict, pad
+        >>> td = TensorDict({"a": torch.ones(3, 4, 1)}, batch_size=[3, 4])
+        >>> pad(td, [0, 1, 0, 2]).batch_size
+        torch.Size([4, 6])
+        >>> out = pad(td, [1, 0], value=5.0, inplace=True)
+        >>> out is td, td["a"].shape, td["a"][0, 0, 0].item()
+        (True, torch.Size([4, 4, 1]), 5.0)
+    """
     bd = tensordict.batch_dims
     if len(pad_size) % 2 or len(pad_size) // 2 > bd:
         raise ValueError(f"pad_size must have an even length of at most {2 * bd}, got {list(pad_size)}")
+    # a tensorclass keeps its fields in a TensorDict (``_tensordict``): that one is padded
+    target = tensordict if isinstance(tensordict, TensorDict) else getattr(tensordict, "_tensordict", None)
+    if inplace and not isinstance(target, TensorDict):
+        raise NotImplementedError(
+            f"pad(inplace=True) on a {type(tensordict).__name__}: only a TensorDict (or a tensorclass) "
+            "is padded in place here; call to_tensordict() first, or pad without inplace"
+        )
     pairs = [tuple(pad_size[i : i + 2]) for i in range(0, len(pad_size), 2)]
     new_bs = list(tensordict.batch_size)
     for j, (lo, hi) in enumerate(pairs):
-        new_bs[bd - 1 - j] += lo + hi
+        new_bs[j] += lo + hi
+    # F.pad takes pairs from the last dim: reverse ours and put zeros for the dims after them
+    spec: list[int] = []
+    for lo, hi in reversed(pairs):
+        spec += [lo, hi]
 
     def fn(x):
-        extra = [0, 0] * (x.ndim - bd)
-        return torch.nn.functional.pad(x, extra + list(pad_size), value=value)
+        return torch.nn.functional.pad(x, [0, 0] * (x.ndim - len(pairs)) + spec, value=value)
 
-    return tensordict._apply_batch(fn, torch.Size(new_bs), None)
+    result = tensordict._apply_batch(fn, torch.Size(new_bs), None)
+    if not inplace:
+        return result
+    res = result if isinstance(result, TensorDict) else result._tensordict
+    target._tensordict = dict(res._tensordict)
+    target._batch_size = res._batch_size
+    return tensordict
 
 
 def pad_sequence(list_of_tensordicts: Sequence[TensorDictBase], pad_dim: int = 0, padding_value: float = 0.0,

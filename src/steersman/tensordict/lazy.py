@@ -569,7 +569,7 @@ class LazyStackedTensorDict(TensorDictBase):
             raise KeyError(f"cannot set {key!r} in a lazy stack without members")
         return self._stack_values(key[:-1] if len(key) > 2 else key[0], parents)
 
-    def set_(self, key: NestedKey, item: Any) -> LazyStackedTensorDict:
+    def set_(self, key: NestedKey, item: Any, *, non_blocking: bool = False) -> LazyStackedTensorDict:
         """Copies ``item`` into the existing entry at ``key`` of every member (in place)."""
         key = unravel_key(key)
         if key not in self:
@@ -577,7 +577,7 @@ class LazyStackedTensorDict(TensorDictBase):
         _write_pairs_lazy([(self, _one_key_source(key, item))], ())
         return self
 
-    def set_at_(self, key: NestedKey, value: Any, index: Any) -> LazyStackedTensorDict:
+    def set_at_(self, key: NestedKey, value: Any, index: Any, *, non_blocking: bool = False) -> LazyStackedTensorDict:
         from ._utils import normalize_index
 
         key = unravel_key(key)
@@ -658,9 +658,17 @@ class LazyStackedTensorDict(TensorDictBase):
                 o[key] = p
         return out
 
-    def update_(self, input_dict_or_td: Any, clone: bool = False) -> LazyStackedTensorDict:
-        """Copies every entry of the input into the existing entries (validated before any write)."""
+    def update_(self, input_dict_or_td: Any, clone: bool = False, *, non_blocking: bool = False,
+                keys_to_update: Any = None) -> LazyStackedTensorDict:
+        """Copies every entry of the input into the existing entries (validated before any write).
+
+        ``keys_to_update``: only these keys; ``non_blocking``: the members are written one
+        copy at a time, synchronously (the result is the same)."""
         src = input_dict_or_td
+        if keys_to_update is not None or clone:
+            from .base import _update_source
+
+            src = _update_source(src, keys_to_update, clone)
         if isinstance(src, Mapping) and not is_tensor_collection(src):
             from .base import _dict_view
 
@@ -1311,7 +1319,7 @@ class LazyStackedTensorDict(TensorDictBase):
         """A shallow copy: new member containers, same leaf tensors."""
         return self._members_map(lambda m: m.copy())
 
-    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDictBase:
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> TensorDictBase:
         if inplace:
             for m in self.tensordicts:
                 m.select(*keys, inplace=True, strict=strict)
@@ -1344,10 +1352,13 @@ class LazyStackedTensorDict(TensorDictBase):
             return self
         return self._members_map(lambda m: m.unflatten_keys(separator))
 
-    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT) -> TensorDictBase:
-        if batch_size is not None:
-            return self._new_empty(as_size(batch_size))
-        return self._members_map(lambda m: m.empty(recurse))
+    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT,
+              names: Any = None) -> TensorDictBase:
+        out = self._new_empty(as_size(batch_size)) if batch_size is not None else self._members_map(
+            lambda m: m.empty(recurse))
+        if names is not None:
+            out.names = names
+        return out
 
     def _new_empty(self, batch_size: torch.Size) -> TensorDictBase:
         from .td import TensorDict

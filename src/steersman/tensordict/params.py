@@ -289,7 +289,7 @@ class TensorDictParams(TensorDictBase, nn.Module):
     def rename_key_(self, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> TensorDictParams:
         return self._mutate("rename_key_", old_key, new_key, safe)
 
-    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDictBase:
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> TensorDictBase:
         if inplace:
             return self._mutate("select", *keys, inplace=True, strict=strict)
         return self._param_td.select(*keys, strict=strict)

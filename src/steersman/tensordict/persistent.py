@@ -47,6 +47,7 @@ from .base import (
     _dict_view,
     _is_branch,
     _is_non_tensor,
+    _update_source,
     is_tensor_collection,
 )
 from .files import LoadError
@@ -1262,14 +1263,14 @@ class PersistentTensorDict(TensorDictBase):
         node._set_str(leaf, node._prepare_value(leaf, item), inplace, False)
         return self
 
-    def set_(self, key: NestedKey, item: Any) -> PersistentTensorDict:
+    def set_(self, key: NestedKey, item: Any, *, non_blocking: bool = False) -> PersistentTensorDict:
         """Writes ``item`` into the existing entry at ``key`` (broadcast, cast to its dtype)."""
         self._check_writable(key)
         node, leaf = self._walk(unravel_key(key))
         node._write_entry(leaf, item)
         return self
 
-    def set_at_(self, key: NestedKey, value: Any, index: Any) -> PersistentTensorDict:
+    def set_at_(self, key: NestedKey, value: Any, index: Any, *, non_blocking: bool = False) -> PersistentTensorDict:
         """``td.get(key)[index] = value``, written to the file."""
         self._check_writable(key)
         key = unravel_key(key)
@@ -1350,10 +1351,15 @@ class PersistentTensorDict(TensorDictBase):
             "couldn't write through; use reshape() for an in-memory copy"
         )
 
-    def update_(self, input_dict_or_td: Mapping | TensorDictBase | Any, clone: bool = False) -> PersistentTensorDict:
-        """Writes the input into the existing entries (validated first; nothing new is created)."""
+    def update_(self, input_dict_or_td: Mapping | TensorDictBase | Any, clone: bool = False, *,
+                non_blocking: bool = False, keys_to_update: Any = None) -> PersistentTensorDict:
+        """Writes the input into the existing entries (validated first; nothing new is created).
+
+        ``keys_to_update``: only these keys; ``non_blocking``: file writes are synchronous."""
         self._check_writable("<update_>")
         src = input_dict_or_td
+        if keys_to_update is not None:
+            src = _update_source(src, keys_to_update, False)
         if isinstance(src, Mapping) and not is_tensor_collection(src):
             src = _dict_view(src)
         pairs: list = []
@@ -1472,7 +1478,7 @@ class PersistentTensorDict(TensorDictBase):
         """Reads into memory, then moves/casts like :meth:`TensorDict.to`."""
         return self.to_tensordict().to(*args, **kwargs)
 
-    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDictBase:
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> TensorDictBase:
         """An in-memory TensorDict with ``keys`` (reads only them); ``inplace`` deletes the others."""
         out = super().select(*keys, inplace=inplace, strict=strict)
         return out if inplace else _materialize(out)

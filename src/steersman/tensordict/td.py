@@ -201,8 +201,25 @@ class TensorDict(TensorDictBase):
             out[k] = v
         return cls.from_trusted(out, torch.Size(()), dev)
 
-    def auto_batch_size_(self, batch_dims: int | None = None) -> TensorDict:
-        """Sets the batch size to the longest shape prefix shared by all leaves (in place)."""
+    def auto_batch_size_(self, batch_dims: int | None = None, keep_compliant_size: bool = False) -> TensorDict:
+        """Sets the batch size to the longest shape prefix shared by all leaves (in place).
+
+        Args:
+            batch_dims: at most this many batch dims, here and in every nested TensorDict.
+            keep_compliant_size: with ``batch_dims``, a nested TensorDict that already has
+                ``batch_dims`` batch dims or more keeps its batch size.
+
+        Example:
+            >>> import torch
+            >>> from steersman.tensordict import TensorDict
+            >>> def make():
+            ...     n = TensorDict(b=torch.zeros(2, 3, 4), batch_size=[2, 3, 4])
+            ...     return TensorDict({"a": torch.zeros(2, 3, 4), "n": n})
+            >>> make().auto_batch_size_(batch_dims=2)["n"].batch_size
+            torch.Size([2, 3])
+            >>> make().auto_batch_size_(batch_dims=2, keep_compliant_size=True)["n"].batch_size
+            torch.Size([2, 3, 4])
+        """
         shapes = [t.shape for t in self._tensor_leaves()]
         for k in self._keys_str():
             v = self._tensordict[k]
@@ -222,10 +239,13 @@ class TensorDict(TensorDictBase):
                 else:
                     break
             bs = torch.Size(common)
+        keep = keep_compliant_size and batch_dims is not None
         for v in self._tensordict.values():
             if isinstance(v, TensorDict):
+                if keep and len(v._batch_size) >= batch_dims:
+                    continue
                 v._batch_size = bs
-                v.auto_batch_size_()
+                v.auto_batch_size_(batch_dims, keep_compliant_size)
             elif _is_non_tensor(v) and not getattr(type(v), "_is_stack", False):
                 v.batch_size = bs
         self._batch_size = bs
@@ -766,7 +786,7 @@ class TensorDict(TensorDictBase):
             out[k] = v if isinstance(v, Tensor) else v.copy()
         return _td(out, self._batch_size, self._device, self._names)
 
-    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> TensorDict:
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> TensorDict:
         if not inplace:
             src = self._tensordict
             out = {}

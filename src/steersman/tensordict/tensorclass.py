@@ -425,16 +425,32 @@ class _TensorClass(TensorDictBase):
         """A shallow copy: a new container around the same leaf tensors."""
         return type(self)._wrap(self._tensordict.copy())
 
-    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True) -> Any:
+    def select(self, *keys: NestedKey, inplace: bool = False, strict: bool = True,
+               as_tensordict: bool = False) -> Any:
+        """The instance with only ``keys`` (other fields ``None``); ``as_tensordict=True``
+        returns the selected entries as a plain TensorDict instead."""
         out = self._tensordict.select(*keys, inplace=inplace, strict=strict)
-        return self if inplace else type(self)._wrap(out)
+        if inplace:
+            return self
+        return out if as_tensordict else type(self)._wrap(out)
+
+    def to_dict(self, *, retain_none: bool = True, convert_tensors: bool | str = False,
+                tolist_first: bool = False) -> dict[str, Any]:
+        """The fields as a nested dict; a ``None`` field is kept as ``None`` unless
+        ``retain_none=False`` (the other keywords: see ``TensorDictBase.to_dict``)."""
+        out = self._tensordict.to_dict(retain_none=retain_none, convert_tensors=convert_tensors,
+                                       tolist_first=tolist_first)
+        if not retain_none:
+            return out
+        return {**{name: out.get(name) for name in type(self)._field_names}, **out}
 
     def exclude(self, *keys: NestedKey, inplace: bool = False) -> Any:
         out = self._tensordict.exclude(*keys, inplace=inplace)
         return self if inplace else type(self)._wrap(out)
 
-    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT) -> Any:
-        return type(self)._wrap(self._tensordict.empty(recurse, batch_size=batch_size, device=device))
+    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = NO_DEFAULT,
+              names: Any = None) -> Any:
+        return type(self)._wrap(self._tensordict.empty(recurse, batch_size=batch_size, device=device, names=names))
 
     def flatten_keys(self, separator: str = ".", inplace: bool = False) -> TensorDictBase:
         """Nested keys joined by ``separator``; returns a plain TensorDict (the keys are
