@@ -1253,3 +1253,16 @@ def test_safetensors_round_trip(case, tmp_path):
     assert_matches(loaded, ref, has_str=case.has_str)
     loaded.fill_("a", 3)  # a copy: the source is untouched
     assert_matches(td, ref)
+
+
+def test_parse_tensor_dict_string(case):
+    """The printed structure of every variant (non-tensor entries left out) comes back."""
+    from steersman.tensordict import parse_tensor_dict_string
+
+    td = case.td.exclude(STR_KEY) if case.has_str else case.td
+    td = td.to_tensordict() if not isinstance(td, TensorDict) else td
+    out = parse_tensor_dict_string(repr(td))
+    assert out.batch_size == td.batch_size
+    for key in LEAF_KEYS:
+        assert out.get(key).shape == ref_get(case.ref, key).shape, key
+        assert out.get(key).dtype == ref_get(case.ref, key).dtype, key

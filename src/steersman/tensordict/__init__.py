@@ -47,6 +47,7 @@ from .memmap import MemoryMappedTensor
 from .module_params import ensemble_call, from_module, from_modules, shared_copy
 from .nontensor import MetaData, NonTensorData, NonTensorStack, is_non_tensor
 from .params import TensorDictParams
+from .parse import parse_tensor_dict_string
 from .persistent import PersistentTensorDict, to_h5
 from .safetensors_io import from_safetensors, to_safetensors
 from .switches import (
@@ -146,4 +147,5 @@ __all__ = [
     "TensorCollection",
     "collate",
     "unpad_sequence",
+    "parse_tensor_dict_string",
 ]
