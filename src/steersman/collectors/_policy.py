@@ -1,7 +1,8 @@
 """The policy side of the collectors: the random policy, policy weights and their sharing.
 
-* :class:`RandomPolicy`: writes actions drawn from the env's action spec (used for
-  ``policy=None`` and the ``init_random_frames``).
+* :class:`_EnvRandomPolicy`: writes actions drawn from the env's action spec (used for
+  ``policy=None`` and the ``init_random_frames``; the public, TorchRL-named one is
+  :class:`steersman.modules.RandomPolicy`).
 * :func:`weights_of` / :func:`as_weights` / :func:`copy_weights_`: a policy's parameters
   and buffers as a TensorDict (``TensorDict.from_module``), and in-place updates of them
   from a module, a TensorDict or a ``state_dict``.
@@ -27,10 +28,10 @@ from steersman.tensordict import TensorDictBase, from_module
 from ._buffer import leaf, nested_td
 from ._shm import SharedMemory
 
-__all__ = ["RandomPolicy", "weights_of", "as_weights", "copy_weights_", "SharedWeights", "policy_output_check"]
+__all__ = ["weights_of", "as_weights", "copy_weights_", "SharedWeights", "policy_output_check"]
 
 
-class RandomPolicy:
+class _EnvRandomPolicy:
     """Writes a random action (``action_spec.rand()``, torch's global RNG) into the TensorDict.
 
     Args:
@@ -39,9 +40,9 @@ class RandomPolicy:
 
     Example:
         >>> from steersman.envs import CartPoleEnv
-        >>> from steersman.collectors._policy import RandomPolicy
+        >>> from steersman.collectors._policy import _EnvRandomPolicy
         >>> env = CartPoleEnv(batch_size=[3])
-        >>> RandomPolicy(env.full_action_spec)(env.reset())["action"].shape
+        >>> _EnvRandomPolicy(env.full_action_spec)(env.reset())["action"].shape
         torch.Size([3])
     """
 

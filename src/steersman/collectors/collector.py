@@ -20,12 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from steersman.envs import EnvBase
+from steersman.modules.random_policy import RandomPolicy
 from steersman.tensordict import TensorDict, TensorDictBase, is_non_tensor
 from steersman.tensordict.nn import ExplorationType, set_exploration_type
 
 from ._buffer import RolloutBuffer
 from ._env_state import env_state, load_env_state
-from ._policy import RandomPolicy, policy_output_check, weights_of
+from ._policy import _EnvRandomPolicy, policy_output_check, weights_of
 from .base import BaseCollector, check_unsupported, run_hook
 from .utils import dense_copy, split_trajectories
 from .weight_update import VanillaWeightUpdater, WeightUpdaterBase
@@ -415,7 +416,9 @@ class Collector(BaseCollector):
             self.max_frames_per_traj = None
         else:
             self.max_frames_per_traj = int(_count(max_frames_per_traj, "max_frames_per_traj", 1))
-        self._random_policy = RandomPolicy(env.full_action_spec)
+        self._random_policy = _EnvRandomPolicy(env.full_action_spec)
+        if isinstance(policy, RandomPolicy) and policy.action_spec is None:
+            policy.action_spec = env.full_action_spec  # TorchRL's lazy RandomPolicy()
         self._orig_policy = None
         if policy is None:
             self.policy = self._random_policy

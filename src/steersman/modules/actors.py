@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import distributions as D
 from torch import nn
 
@@ -238,6 +239,12 @@ class SafeProbabilisticModule(ProbabilisticTensorDictModule):
         safe: project the drawn value into ``spec`` after each call (the log-probability
             is the one of the value before projection).
 
+    Keyword Args:
+        n_empirical_estimate, num_samples, log_prob_keys, generator: as
+            :class:`ProbabilisticTensorDictModule` (samples for an empirical mean when the
+            distribution has none; extra leading sample dims; one log-prob key per drawn
+            value; a ``torch.Generator`` or an int seed for the draws).
+
     Example:
         >>> import torch
         >>> from steersman.data import Bounded
@@ -259,6 +266,11 @@ class SafeProbabilisticModule(ProbabilisticTensorDictModule):
         return_log_prob: bool = False,
         log_prob_key: Any = None,
         cache_dist: bool = False,
+        *,
+        n_empirical_estimate: int = 1000,
+        num_samples: int | Sequence[int] | None = None,
+        log_prob_keys: Sequence[Any] | None = None,
+        generator: torch.Generator | int | None = None,
     ) -> None:
         sample_keys = ["action"] if out_keys is None else out_keys
         sample_keys = [sample_keys] if isinstance(sample_keys, (str, tuple)) else list(sample_keys)
@@ -274,6 +286,10 @@ class SafeProbabilisticModule(ProbabilisticTensorDictModule):
             return_log_prob=return_log_prob,
             log_prob_key=log_prob_key,
             cache_dist=cache_dist,
+            n_empirical_estimate=n_empirical_estimate,
+            num_samples=num_samples,
+            log_prob_keys=log_prob_keys,
+            generator=generator,
         )
         self.spec = spec
         self.safe = bool(safe)

@@ -63,6 +63,11 @@ class MLP(nn.Sequential):
         norm_kwargs: its keyword arguments (one dict or one per layer).
         dropout: if given, an ``nn.Dropout(dropout)`` after each hidden linear layer.
         bias_last_layer: whether the output layer has a bias.
+        single_bias_last_layer: one bias shared by all the output features (a
+            parameter of shape ``[1]`` in a module after the output layer, which then has
+            no bias of its own), e.g. for a value head whose outputs differ only by their
+            weights. No effect with ``bias_last_layer=False``; not with
+            :class:`NoisyLinear` layers (their bias is noisy per feature).
         layer_class: the linear layer class (lazy input only with ``nn.Linear``).
         layer_kwargs: extra keyword arguments of every linear layer.
         activate_last_layer: also put (dropout, norm and) an activation after the
@@ -98,6 +103,7 @@ class MLP(nn.Sequential):
         norm_kwargs: dict | Sequence[dict] | None = None,
         dropout: float | None = None,
         bias_last_layer: bool = True,
+        single_bias_last_layer: bool = False,
         layer_class: type[nn.Module] | Callable[..., nn.Module] = nn.Linear,
         layer_kwargs: dict | None = None,
         activate_last_layer: bool = False,
@@ -117,6 +123,15 @@ class MLP(nn.Sequential):
                 f"MLP: a lazy input size (in_features=None) needs layer_class=nn.Linear, got "
                 f"{getattr(layer_class, '__name__', layer_class)}; give in_features"
             )
+        single_bias = bool(single_bias_last_layer) and bool(bias_last_layer)
+        if single_bias:
+            from .noisy import NoisyLinear  # noqa: PLC0415 (a sibling module, loaded on use)
+
+            if isinstance(layer_class, type) and issubclass(layer_class, NoisyLinear):
+                raise ValueError(
+                    "MLP: single_bias_last_layer=True is incompatible with NoisyLinear layers "
+                    "(their bias is drawn with noise per output feature)"
+                )
         n_act = len(cells) + int(activate_last_layer)
         acts = per_layer_kwargs(activation_kwargs, n_act, "activation_kwargs")
         norms = per_layer_kwargs(norm_kwargs, n_act, "norm_kwargs")
@@ -126,11 +141,13 @@ class MLP(nn.Sequential):
         for i, (d_in, d_out) in enumerate(zip(sizes_in, sizes_out)):
             last = i == len(cells)
             kw = dict(layer_kwargs or {})
-            kw.setdefault("bias", bias_last_layer if last else True)
+            kw.setdefault("bias", (bias_last_layer and not single_bias) if last else True)
             if d_in is None:
                 layers.append(nn.LazyLinear(d_out, device=device, **kw))
             else:
                 layers.append(layer_class(d_in, d_out, device=device, **kw))
+            if last and single_bias:
+                layers.append(SharedBias(device=device))
             if last and not activate_last_layer:
                 continue
             if dropout is not None:
@@ -143,6 +160,7 @@ class MLP(nn.Sequential):
         self.out_features = out_features
         self.num_cells = cells
         self.depth = len(cells)
+        self.single_bias_last_layer = single_bias
         self._out_shape = out_shape
 
     def forward(self, *inputs: Tensor) -> Tensor:
@@ -152,6 +170,18 @@ class MLP(nn.Sequential):
         if self._out_shape is not None:
             x = x.reshape(*x.shape[:-1], *self._out_shape)
         return x
+
+
+class SharedBias(nn.Module):
+    """Adds one learned scalar (``bias``, shape ``[1]``, zeros at first) to every feature:
+    the output bias of ``MLP(single_bias_last_layer=True)``."""
+
+    def __init__(self, device: Any = None) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1, device=device))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.bias
 
 
 def _on_device(module: nn.Module, device: Any) -> nn.Module:

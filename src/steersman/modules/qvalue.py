@@ -100,6 +100,14 @@ class QValueModule(TensorDictModuleBase):
             ``Composite`` holding it under ``"action"``.
         safe: project the action into the spec (actions are valid by construction; kept
             for TorchRL signatures).
+        strict_shape: checks the action against ``spec`` (only with a spec): it must
+            have shape ``[*batch, *event]`` (``event`` is ``[]`` for ``Categorical``,
+            ``[1]`` for a ``Categorical`` of shape ``[1]``, ``[n]`` for ``OneHot``,
+            ``[sum(nvec)]`` for ``MultiOneHot``; an env's batch dims in the spec are
+            not required) and come from as many action values as the spec has actions.
+            ``True`` (default) and ``None`` raise ``RuntimeError`` on a mismatch,
+            ``"auto"`` reshapes the action to that shape when the element count allows
+            (else raises), ``False`` skips the check.
 
     The action is an int64 index ``[*batch]`` for ``Categorical`` (``[*batch, 1]`` when
     the spec's shape is ``[1]``), a one-hot vector ``[*batch, n]`` of the spec's dtype
@@ -127,8 +135,12 @@ class QValueModule(TensorDictModuleBase):
         var_nums: Sequence[int] | int | None = None,
         spec: TensorSpec | None = None,
         safe: bool = False,
+        strict_shape: bool | str | None = True,
     ) -> None:
         super().__init__()
+        if strict_shape not in (True, False, None, "auto"):
+            raise ValueError(f"strict_shape must be True, False, None or 'auto', got {strict_shape!r}")
+        self.strict_shape = strict_shape
         self.action_space, leaf = resolve_action_space(action_space, spec)
         action_value_key = "action_value" if action_value_key is None else action_value_key
         if out_keys is None:
@@ -154,6 +166,15 @@ class QValueModule(TensorDictModuleBase):
         self.var_nums = var_nums
         self._dtype = leaf.dtype if isinstance(leaf, (OneHot, MultiOneHot)) else torch.long
         self._keepdim = isinstance(leaf, Categorical) and leaf.shape == (1,)
+        # (number of action values, event shape of the action) the spec defines
+        self._expected: tuple[int, tuple[int, ...]] | None = None
+        if leaf is not None and strict_shape is not False:
+            if isinstance(leaf, Categorical):
+                self._expected = (leaf.n, (1,) if self._keepdim else ())
+            elif isinstance(leaf, OneHot):
+                self._expected = (leaf.n, (leaf.n,))
+            elif isinstance(leaf, MultiOneHot):
+                self._expected = (sum(leaf.nvec), (sum(leaf.nvec),))
 
     _n_out = 3
 
@@ -191,9 +212,27 @@ class QValueModule(TensorDictModuleBase):
             return nn.functional.one_hot(idx.squeeze(-1), values.shape[-1]).to(self._dtype), chosen
         return (idx if self._keepdim else idx.squeeze(-1)), chosen
 
+    def _check_action(self, action: Tensor, values: Tensor) -> Tensor:
+        """``strict_shape``: the action against the shape the spec implies."""
+        n, event = self._expected
+        target = values.shape[:-1] + event
+        if action.shape == target and values.shape[-1] == n:
+            return action
+        if self.strict_shape == "auto" and values.shape[-1] == n and action.numel() == target.numel():
+            return action.reshape(target)
+        raise RuntimeError(
+            f"{type(self).__name__}: action values of shape {list(values.shape)} give an action of "
+            f"shape {list(action.shape)}, but the spec ({self.spec[self.out_keys[0]]!r}) expects "
+            f"{n} action values and an action of shape {list(target)}"
+            + ("" if self.strict_shape == "auto" else "; strict_shape='auto' reshapes when possible, "
+               "strict_shape=False skips this check")
+        )
+
     def forward(self, tensordict: Any) -> Any:
         values = self._read_values(tensordict)
         action, chosen = self._greedy(values)
+        if self._expected is not None:
+            action = self._check_action(action, values)
         tensordict.set(self.out_keys[0], action)
         tensordict.set(self.out_keys[1], values)
         tensordict.set(self.out_keys[2], chosen)
@@ -283,7 +322,7 @@ class QValueActor(TensorDictSequential):
     Keyword Args:
         in_keys: inputs of a plain module (default ``["observation"]``).
         spec: the action spec; ``action_space`` the space name (one of them).
-        safe: see :class:`QValueModule`.
+        safe, strict_shape: see :class:`QValueModule`.
         action_value_key, action_key, chosen_action_value_key, action_mask_key: the keys
             (defaults ``"action_value"``, ``"action"``, ``"chosen_action_value"``, none).
 
@@ -312,6 +351,7 @@ class QValueActor(TensorDictSequential):
         action_key: Any = None,
         chosen_action_value_key: Any = None,
         action_mask_key: Any = None,
+        strict_shape: bool | str | None = True,
     ) -> None:
         action_value_key = "action_value" if action_value_key is None else action_value_key
         out_keys = [
@@ -321,7 +361,8 @@ class QValueActor(TensorDictSequential):
         ]
         net = _value_net(module, in_keys, action_value_key, type(self).__name__)
         qvalue = QValueModule(
-            action_space, action_value_key, action_mask_key, out_keys, spec=spec, safe=safe
+            action_space, action_value_key, action_mask_key, out_keys, spec=spec, safe=safe,
+            strict_shape=strict_shape,
         )
         super().__init__(net, qvalue)
         self.action_space = qvalue.action_space

@@ -15,7 +15,9 @@ class RandomPolicy(TensorDictModuleBase):
 
     Args:
         action_spec: the spec to sample from. A spec whose shape does not already start
-            with the TensorDict's batch size is sampled once per batch element.
+            with the TensorDict's batch size is sampled once per batch element. ``None``
+            (TorchRL's lazy form): a collector given this policy sets it to its env's
+            ``full_action_spec``; calling the policy before that raises ``RuntimeError``.
         action_key: where the action goes (default ``"action"``; ignored for a
             ``Composite``, whose keys are used).
 
@@ -32,20 +34,34 @@ class RandomPolicy(TensorDictModuleBase):
         (torch.Size([5, 2]), True)
     """
 
-    def __init__(self, action_spec: TensorSpec, action_key: Any = "action") -> None:
+    def __init__(self, action_spec: TensorSpec | None = None, action_key: Any = "action") -> None:
         super().__init__()
-        if not isinstance(action_spec, TensorSpec):
-            raise TypeError(f"RandomPolicy needs a TensorSpec, got {type(action_spec).__name__}")
-        self.action_spec = action_spec.clone()
         self.action_key = action_key
         self.in_keys = []
-        if isinstance(action_spec, Composite):
-            self.out_keys = list(action_spec.keys(True, True))
+        self.action_spec = action_spec
+
+    @property
+    def action_spec(self) -> TensorSpec | None:
+        return self._action_spec
+
+    @action_spec.setter
+    def action_spec(self, spec: TensorSpec | None) -> None:
+        """Sets the spec (a copy) and the keys the policy writes."""
+        if spec is not None and not isinstance(spec, TensorSpec):
+            raise TypeError(f"RandomPolicy needs a TensorSpec, got {type(spec).__name__}")
+        self._action_spec = None if spec is None else spec.clone()
+        if isinstance(spec, Composite):
+            self.out_keys = list(spec.keys(True, True))
         else:
-            self.out_keys = [action_key]
+            self.out_keys = [self.action_key]
 
     def forward(self, tensordict: Any) -> Any:
-        spec = self.action_spec
+        spec = self._action_spec
+        if spec is None:
+            raise RuntimeError(
+                "RandomPolicy() has no action_spec yet: pass one, set policy.action_spec, or give "
+                "the policy to a collector, which sets its env's full_action_spec"
+            )
         batch = tensordict.batch_size
         extra = None if spec.shape[: len(batch)] == batch else batch
         sample = spec.rand(extra)

@@ -201,8 +201,12 @@ class PercentileValueNorm(ValueNorm):
         shape: per-element shape (default 1).
         quantiles: the (low, high) quantiles (default ``(0.05, 0.95)``).
         beta: decay of the averages (default 0.99).
+        rate: TorchRL's name for ``1 - beta``: how fast the averages move towards the
+            batch quantiles (default 0.01; ``1.0`` keeps only the last batch's).
         min_scale: floor of the scale (default 1.0: small returns are not blown up).
         scale_only: do not re-centre (default ``True``).
+        center: TorchRL's name for ``not scale_only``: also subtract ``low``, mapping the
+            tracked quantile range onto ``[0, 1]`` (default ``False``).
         epsilon: unused floor kept for the common signature (default 1e-5).
         device: where the statistics live.
 
@@ -215,9 +219,27 @@ class PercentileValueNorm(ValueNorm):
     """
 
     def __init__(self, *, shape: int | Sequence[int] = 1, quantiles: tuple[float, float] = (0.05, 0.95),
-                 beta: float = 0.99, min_scale: float = 1.0, scale_only: bool = True, epsilon: float = 1e-5,
-                 device: Any = None) -> None:
+                 beta: float | None = None, min_scale: float = 1.0, scale_only: bool | None = None,
+                 epsilon: float = 1e-5, device: Any = None, rate: float | None = None,
+                 center: bool | None = None) -> None:
         super().__init__(shape=shape, epsilon=epsilon, device=device)
+        if rate is not None:
+            if beta is not None and abs((1.0 - float(rate)) - float(beta)) > 1e-12:
+                raise ValueError(
+                    f"PercentileValueNorm: rate={rate} and beta={beta} disagree (rate is 1 - beta); give one"
+                )
+            if not 0.0 < float(rate) <= 1.0:
+                raise ValueError(f"PercentileValueNorm: rate must be in (0, 1], got {rate}")
+            beta = 1.0 - float(rate)
+        beta = 0.99 if beta is None else beta
+        if center is not None:
+            if scale_only is not None and bool(scale_only) == bool(center):
+                raise ValueError(
+                    f"PercentileValueNorm: center={center} and scale_only={scale_only} disagree "
+                    "(center is not scale_only); give one"
+                )
+            scale_only = not center
+        scale_only = True if scale_only is None else scale_only
         lo, hi = (float(q) for q in quantiles)
         if not 0.0 <= lo < hi <= 1.0:
             raise ValueError(f"PercentileValueNorm: quantiles must satisfy 0 <= low < high <= 1, got {quantiles}")
@@ -227,6 +249,8 @@ class PercentileValueNorm(ValueNorm):
         self.beta = float(beta)
         self.min_scale = float(min_scale)
         self.scale_only = bool(scale_only)
+        self.rate = 1.0 - self.beta
+        self.center = not self.scale_only
         self.register_buffer("low", torch.zeros(self.shape, device=device))
         self.register_buffer("high", torch.zeros(self.shape, device=device))
         self.register_buffer("initialized", torch.zeros((), dtype=torch.bool, device=device))
