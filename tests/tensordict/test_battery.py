@@ -1266,3 +1266,17 @@ def test_parse_tensor_dict_string(case):
     for key in LEAF_KEYS:
         assert out.get(key).shape == ref_get(case.ref, key).shape, key
         assert out.get(key).dtype == ref_get(case.ref, key).dtype, key
+
+
+def test_consolidate_and_from_consolidated(case, tmp_path):
+    """Every variant consolidates into one storage (in memory and in a file) with its content."""
+    from steersman.tensordict import from_consolidated
+
+    c = case.td.consolidate()
+    assert c.is_locked and c.is_consolidated() and c.batch_size == BATCH
+    assert_matches(c, case.ref, BATCH, has_str=case.has_str)
+    path = tmp_path / "td.bin"
+    case.td.consolidate(filename=path)
+    back = from_consolidated(path)
+    assert back.is_consolidated() and back["nested"].batch_size == torch.Size([4, 3, 2])
+    assert_matches(back, case.ref, BATCH, has_str=case.has_str)

@@ -4,6 +4,7 @@ from . import pytree as _pytree  # noqa: F401  (registers TensorDict as a pytree
 from ._utils import NestedKey, unravel_key, unravel_key_list
 from .arrow_io import from_arrow, from_pandas, from_parquet, to_arrow
 from .base import TensorDictBase, is_tensor_collection
+from .consolidate import from_consolidated
 from .constructors import (
     from_any,
     from_csv,
@@ -148,4 +149,5 @@ __all__ = [
     "collate",
     "unpad_sequence",
     "parse_tensor_dict_string",
+    "from_consolidated",
 ]

@@ -636,6 +636,19 @@ class TensorDictBase:
                 out[key] = v
         return out
 
+    def consolidate(self, filename: Any = None, **kwargs: Any) -> TensorDictBase:
+        """Every leaf in one contiguous storage (a file with ``filename``); see
+        :func:`steersman.tensordict.consolidate.consolidate` for the keywords."""
+        from .consolidate import consolidate
+
+        return consolidate(self, filename, **kwargs)
+
+    def is_consolidated(self) -> bool:
+        """Whether every tensor leaf is a view of one storage (as :meth:`consolidate` makes)."""
+        from .consolidate import is_consolidated
+
+        return is_consolidated(self)
+
     def numpy(self) -> dict[str, Any]:
         return self.to_dict(convert_tensors="numpy")
 

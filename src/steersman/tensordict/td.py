@@ -892,6 +892,14 @@ class TensorDict(TensorDictBase):
                             lazy_stack=lazy_stack, expand_identical=expand_identical)
 
     @classmethod
+    def from_consolidated(cls, filename: Any) -> TensorDict:
+        """Rebuilds a TensorDict from a file written by ``consolidate(filename=...)``
+        (see :func:`steersman.tensordict.from_consolidated`)."""
+        from .consolidate import from_consolidated
+
+        return from_consolidated(filename)
+
+    @classmethod
     def load_memmap(cls, prefix: Any, device: Any = None, non_blocking: bool = False) -> TensorDict:
         """Opens a TensorDict saved by ``memmap``/``save`` (tensors stay memory-mapped)."""
         from .io import load
