@@ -2,6 +2,7 @@
 
 from . import pytree as _pytree  # noqa: F401  (registers TensorDict as a pytree node)
 from ._utils import NestedKey, unravel_key, unravel_key_list
+from .append import append_memmap
 from .arrow_io import from_arrow, from_pandas, from_parquet, to_arrow
 from .base import TensorDictBase, is_tensor_collection
 from .consolidate import from_consolidated
@@ -150,4 +151,5 @@ __all__ = [
     "unpad_sequence",
     "parse_tensor_dict_string",
     "from_consolidated",
+    "append_memmap",
 ]
