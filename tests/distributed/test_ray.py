@@ -1,4 +1,4 @@
-"""RayCollector, RayReplayBuffer and RayEvalWorker on a real 3-node local Ray cluster.
+"""RayCollector, RayReplayBuffer and RayEvalWorker on a real 2-node local Ray cluster (conftest.py).
 
 The policy writes its own weight (``"version"``) next to the action, so every batch
 shows which weights collected it; trajectory ids tell which actor did
@@ -14,12 +14,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from steersman.collectors import Collector, MultiSyncDataCollector
+from steersman.collectors import Collector, MultiaSyncDataCollector
 from steersman.data import LazyTensorStorage
 from steersman.distributed import RayCollector, RayCollectorError, RayEvalWorker, RayReplayBuffer
 from steersman.envs import CartPoleEnv
@@ -60,50 +61,83 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _run_checking_versions(collector: RayCollector, policy: VersionPolicy, *, sync: bool, n: int, fpb: int,
-                           on_batch=None) -> int:
-    """Iterates ``collector``, publishing version k + 1 after the k-th batch, and checks
-    every batch requested after the k-th update was collected with version k (not k - 1).
-    ``on_batch(k, actor)`` may return True for a batch whose request was sent again after
-    its actor died (then any version between the expected one and the newest is right)."""
-    expected = [0] * n  # the version each actor's next batch must have
+def _run_checking_versions(collector: RayCollector, policy: VersionPolicy, batches: int, *, n: int = 1,
+                           prefetching_workers: int = 0, on_batch=None, last_delivery: dict | None = None) -> int:
+    """Iterates ``batches`` batches of ``collector`` (from where it stands, with no request
+    in flight), publishing version k + 1 after the batch seen at version k, and checks that
+    every batch was collected with one version, the right one:
+
+    * sync: every actor's part has the version of the last update before it was requested;
+    * async: actor ``i``'s batch has the version of the update that followed its previous
+      batch (its request left then). ``on_batch(k, actor)`` may return True for a batch whose
+      request was sent again after its actor died (then any version between the expected one
+      and the newest is right);
+    * ``prefetching_workers=W`` (one actor running a ``MultiaSyncDataCollector`` of ``W``
+      worker processes, which start their next batch as soon as one is handed out): worker
+      ``w``'s batch has a version between that of the request which delivered ``w``'s previous
+      batch (``last_delivery[w]``, kept across calls) and that of its own request.
+    """
+    start = collector.policy_version
+    expected = [start] * n  # the version each actor's next batch must have
+    last_delivery = {} if last_delivery is None else last_delivery
     frames = 0
-    for k, batch in enumerate(collector):
+    for k, batch in enumerate(collector, start=start):
         frames += batch.numel()
-        assert batch.numel() == fpb
-        if sync:
+        versions = batch["version"].unique().tolist()
+        if prefetching_workers:
+            w = int(batch.get(TRAJ).flatten()[0]) % prefetching_workers
+            assert (batch.get(TRAJ) % prefetching_workers == w).all()  # a batch comes from one worker
+            assert len(versions) == 1 and last_delivery.get(w, 0) <= versions[0] <= k, (k, w, versions, last_delivery)
+            last_delivery[w] = k  # w starts its next batch now, with version k
+        elif collector.sync:
             assert batch.shape[0] == n
-            i = None
-            assert (batch["version"] == expected[0]).all(), (k, batch["version"].unique())
+            assert versions == [expected[0]], (k, versions)
         else:
             i = _actor_of(batch, n)
-            versions = batch["version"].unique().tolist()
             assert len(versions) == 1, versions
-            resent = on_batch(k, i) if on_batch is not None else False
-            if resent:
+            if on_batch is not None and on_batch(k, i):
                 assert expected[i] <= versions[0] <= k, (k, i, versions, expected)
             else:
                 assert versions[0] == expected[i], (k, i, versions, expected)
+            expected[i] = k + 1  # actor i's next request leaves after this update
         _set(policy, k + 1)
         assert collector.update_policy_weights_() == k + 1
-        if sync:
+        if collector.sync:
             expected = [k + 1] * n
-        else:
-            expected[i] = k + 1  # actor i's next request leaves after this update
+        if k + 1 - start == batches:
+            break
     return frames
 
 
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
-def test_multi_process_actor_uses_the_newest_weights(ray_cluster, sync):
-    """A MultiSyncDataCollector in the actor (its two worker processes both collect): every
-    batch requested after the k-th update is collected with version k by both workers.
-    (Collector-class actors: sync in the metrics test, async in the SIGKILL test.)"""
-    policy, fpb = VersionPolicy(), 32
-    with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=6 * fpb, num_collectors=1, sync=sync,
-                      collector_class=MultiSyncDataCollector, num_workers_per_collector=2) as collector:
-        assert len(collector.actor_info[0]["pids"]) == 3  # the actor and its two workers
-        assert _run_checking_versions(collector, policy, sync=sync, n=1, fpb=fpb) == collector.frames == 6 * fpb
-        assert list(collector) == []  # done: iterating again yields nothing
+def check_multi_process_actor_versions(collector_class: type) -> RayCollector:
+    """One actor running a multi-process collector (its two worker processes both collect),
+    first in sync mode, then in async mode (with one actor both ask it for the same batches);
+    returns the collector (still running: its actor holds its workers).
+    MultiSyncDataCollector: every batch requested after the k-th update is collected with
+    version k by both workers. MultiaSyncDataCollector: each worker starts its next batch
+    when one is handed out, so its batch carries the version of the request that delivered
+    its previous one, at the least (as locally); never older."""
+    policy, fpb, per_mode = VersionPolicy(), 32, 3
+    prefetching = 2 if collector_class is MultiaSyncDataCollector else 0
+    collector = RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=2 * per_mode * fpb,
+                             num_collectors=1, sync=True, collector_class=collector_class, num_workers_per_collector=2)
+    assert len(collector.actor_info[0]["pids"]) == 3  # the actor and its two workers
+    delivered: dict = {}
+    frames = _run_checking_versions(collector, policy, per_mode, prefetching_workers=prefetching,
+                                    last_delivery=delivered)
+    collector.sync = False
+    frames += _run_checking_versions(collector, policy, per_mode, prefetching_workers=prefetching,
+                                     last_delivery=delivered)
+    assert frames == collector.frames == 2 * per_mode * fpb
+    assert list(collector) == []  # done: iterating again yields nothing
+    assert not prefetching or len(delivered) == 2  # both workers delivered
+    return collector
+
+
+def test_async_multi_process_actor_versions_in_both_modes(ray_cluster):
+    """MultiaSyncDataCollector in the actor: see check_multi_process_actor_versions
+    (MultiSyncDataCollector: in test_killed_driver_leaves_no_worker's driver)."""
+    check_multi_process_actor_versions(MultiaSyncDataCollector).shutdown()
 
 
 def test_sync_actors_on_two_nodes_use_the_newest_weights_and_metrics_match_local(ray_cluster):
@@ -145,15 +179,16 @@ def test_eval_worker_matches_a_local_rollout(ray_cluster):
         worker.shutdown()
 
 
-def test_killed_actor_is_restarted_and_frames_count_once(ray_cluster):
+def test_killed_actor_is_restarted_frames_count_once_then_out_of_restarts_names_it(ray_cluster):
     """SIGKILL of a collector actor mid-run (async, Collector class): restarted, its lost
     batch collected again, the run delivers exactly total_frames, and every batch requested
-    after the k-th update (the restarted actor's included) has version k."""
-    policy, n, fpb, batches = VersionPolicy(), 2, 32, 10
+    after the k-th update (the restarted actor's included) has version k. Killed once more
+    (max_restarts=1 used up), the run fails with an error naming the actor."""
+    policy, n, fpb, batches = VersionPolicy(), 2, 32, 8
     with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=batches * fpb, num_collectors=n,
-                      max_restarts=2) as collector:
+                      max_restarts=1) as collector:
         victim = collector.actor_info[0]["pid"]
-        state = {"killed": False, "resent": False}
+        state = {"killed": False}
         from_0 = []
 
         def on_batch(k, i):
@@ -169,63 +204,93 @@ def test_killed_actor_is_restarted_and_frames_count_once(ray_cluster):
                 return len(from_0) == 1
             return False
 
-        with pytest.warns(UserWarning, match=r"collector actor 0 .* was restarted \(1/2\) after: .*collected again"):
-            frames = _run_checking_versions(collector, policy, sync=False, n=n, fpb=fpb, on_batch=on_batch)
+        with pytest.warns(UserWarning, match=r"collector actor 0 .* was restarted \(1/1\) after: .*collected again"):
+            frames = _run_checking_versions(collector, policy, batches, n=n, on_batch=on_batch)
         assert from_0  # (the warning above: a reply of the restarted actor arrived)
         assert frames == collector.frames == batches * fpb
+        assert list(collector) == []  # exactly total_frames: nothing more
         assert collector.actor_info[0]["pid"] != victim and not _alive(victim)
 
-
-def test_actor_out_of_restarts_names_it(ray_cluster):
-    collector = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=-1, num_collectors=1,
-                             max_restarts=0)
-    try:
-        os.kill(collector.actor_info[0]["pid"], signal.SIGKILL)
-        with pytest.raises(RayCollectorError, match=r"collector actor 0 \(node .*\) died 1 times \(max_restarts=0\); "
-                                                    r"last error: .*"):
+        os.kill(collector.actor_info[0]["pid"], signal.SIGKILL)  # no restart left
+        collector.total_frames += 4 * fpb  # the run goes on
+        with pytest.raises(RayCollectorError, match=r"collector actor 0 \(node .*, pid \d+\) died 2 times "
+                                                    r"\(max_restarts=1\); last error: .*"):
             for _ in collector:
                 pass
-    finally:
-        collector.shutdown()
-        collector.shutdown()  # idempotent
+    collector.shutdown()  # idempotent
 
 
-def test_collectors_write_into_remote_buffer_exactly_once(ray_cluster, tmp_path):
-    """Three collector actors on a 2-CPU cluster (a warning with the numbers; they share
-    the CPUs) write into a buffer actor: every transition stored once."""
-    rb = RayReplayBuffer(storage=LazyTensorStorage(10_000), batch_size=16, checkpoint_dir=tmp_path / "rb",
-                         checkpoint_interval=64)
+class Deterministic(nn.Module):
+    """A fixed linear policy on CartPole (no sampling: the same data locally and remotely);
+    it pushes the cart the way the pole leans away from, so episodes end within a few dozen steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.w.weight.copy_(torch.tensor([[0.0, 0.0, 1.0, 0.1], [0.0, 0.0, -1.0, -0.1]]))
+            self.w.bias.zero_()
+
+    def forward(self, td):
+        td.set("action", self.w(td.get("observation")).argmax(-1))
+        return td
+
+
+def test_remote_buffer_stores_local_data_once_and_restarts_from_checkpoint(ray_cluster, tmp_path):
+    """Two collector actors (asking 1.5 CPU each of a 2-CPU cluster: a warning with the
+    numbers, then they share the CPUs) write into a buffer actor, in a background thread:
+
+    * every transition is stored once (write count = length = total frames), and actor
+      ``i``'s transitions, in the order stored, are exactly what a local collector seeded
+      like it (``seed + 1000 * i``) collects;
+    * episode returns still reach the driver;
+    * the buffer actor killed: restarted from its last checkpoint (every 96 transitions:
+      at 192), it reports the 64 transitions written since as lost and holds the first 192
+      transitions as they were.
+    """
+    from steersman.data import TensorDictReplayBuffer
+
+    n, fpb, total, seed = 2, 32, 256, 3
+    policy = Deterministic()
+    rb = RayReplayBuffer(storage=LazyTensorStorage(1000), batch_size=16, checkpoint_dir=tmp_path / "rb",
+                         checkpoint_interval=96)
     try:
-        with pytest.warns(UserWarning, match=r"3 actors x 1 CPU = 3 CPUs requested, the Ray cluster has 2"):
-            collector = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=320, num_collectors=3,
-                                     replay_buffer=rb)
+        with pytest.warns(UserWarning, match=r"2 actors x 1.5 CPU = 3 CPUs requested, the Ray cluster has 2"):
+            collector = RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=total, num_collectors=n,
+                                     replay_buffer=rb, seed=seed, remote_configs={"num_cpus": 1.5})
         with collector:
             collector.start()
-            while collector.is_running():
-                time.sleep(0.1)
-            collector.join()
-            assert collector.frames == 320
+            collector.join(timeout=300)
+            assert not collector.is_running()
+            assert collector.frames == total
             assert len(collector.pop_episode_returns()) > 0  # metrics still reach the driver
-        assert rb.write_count == len(rb) == 320
+        assert rb.write_count == len(rb) == total
         sample = rb.sample()
         assert sample.shape == (16,) and ("next", "reward") in sample.keys(True)
-    finally:
-        rb.shutdown()
 
+        def stored(path):  # the buffer's content, read back on this machine (the actor's node)
+            rb.dumps(path)
+            copy = TensorDictReplayBuffer(storage=LazyTensorStorage(1000))
+            copy.loads(path)
+            return copy[:len(copy)]
 
-def test_killed_buffer_restarts_from_checkpoint_and_reports_loss(ray_cluster, tmp_path):
-    rb = RayReplayBuffer(storage=LazyTensorStorage(1000), batch_size=8, checkpoint_dir=tmp_path / "rb",
-                         checkpoint_interval=100)
-    try:
-        from steersman import TensorDict
+        before = stored(tmp_path / "before")
+        for i in range(n):
+            local = Collector(CartPoleEnv(), policy, frames_per_batch=fpb, total_frames=total // n)
+            local.set_seed(seed + 1000 * i)
+            want = torch.cat([batch.reshape(-1) for batch in local])
+            got = before[before.get(TRAJ) % n == i]
+            assert torch.equal(got.get(TRAJ), want.get(TRAJ) * n + i)
+            for key in [("next", "reward"), "observation", "action", ("next", "observation"), ("next", "done")]:
+                assert torch.equal(got.get(key), want.get(key)), (i, key)
 
-        for i in range(5):
-            rb.extend(TensorDict({"x": torch.full((50, 1), float(i))}, [50]))
         os.kill(rb.info()["pid"], signal.SIGKILL)
-        with pytest.warns(UserWarning, match=r"checkpoint of 200 transitions; 50 transitions written since were lost"):
-            assert len(rb) == 200
-        assert rb.lost_transitions == 50
-        assert set(rb.sample(64)["x"].flatten().tolist()) <= {0.0, 1.0, 2.0, 3.0}
+        with pytest.warns(UserWarning, match=r"checkpoint of 192 transitions; 64 transitions written since were lost"):
+            assert len(rb) == 192
+        assert rb.lost_transitions == 64
+        after = stored(tmp_path / "after")
+        for key in [("next", "reward"), "observation", TRAJ]:
+            assert torch.equal(after.get(key), before[:192].get(key)), key
     finally:
         rb.shutdown()
 
@@ -258,23 +323,30 @@ def test_env_factory_failing_remotely_shows_traceback_and_node(ray_cluster):
 
 
 DRIVER = """
-import json, sys, time, ray
+import json, sys, time
+sys.path.insert(0, sys.argv[2])  # the checkout: tests.distributed.test_ray, for this driver and its actors
+import ray
 ray.init(address=sys.argv[1], log_to_driver=False)
-from steersman.distributed import RayCollector
-from steersman.envs import CartPoleEnv
 from steersman.collectors import MultiSyncDataCollector
-c = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=-1, num_collectors=1,
-                 collector_class=MultiSyncDataCollector, num_workers_per_collector=2)
-print(json.dumps([p for info in c.actor_info for p in info["pids"]]), flush=True)
+from tests.distributed.test_ray import check_multi_process_actor_versions
+collector = check_multi_process_actor_versions(MultiSyncDataCollector)
+print(json.dumps(collector.actor_info[0]["pids"]), flush=True)
 time.sleep(600)
 """
 
 
 def test_killed_driver_leaves_no_worker(ray_cluster):
-    """SIGKILL of the driver: Ray kills the actors it owned, and their collector processes go too."""
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, ray_cluster.address], stdout=subprocess.PIPE, text=True)
+    """A driver script runs a MultiSyncDataCollector actor through both modes, checking the
+    versions (check_multi_process_actor_versions), and is then killed (SIGKILL): Ray kills
+    the actors it owned, and their collector worker processes (children of the actor, not
+    Ray processes) go too."""
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, ray_cluster.address, root], stdout=subprocess.PIPE,
+                            text=True, cwd=root)
     try:
-        pids = json.loads(proc.stdout.readline())
+        line = proc.stdout.readline()
+        assert line, "the driver script failed (its traceback is in the captured stderr)"
+        pids = json.loads(line)
         assert len(pids) == 3 and all(_alive(p) for p in pids)  # the actor and its 2 worker processes
     finally:
         proc.kill()
@@ -283,48 +355,3 @@ def test_killed_driver_leaves_no_worker(ray_cluster):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)]
-
-
-# ---------------------------------------------------------------- data path and recipe
-
-
-class Deterministic(nn.Module):
-    """A fixed linear policy on Pendulum (deterministic: the same data locally and remotely)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Linear(3, 1)
-
-    def forward(self, td):
-        td.set("action", self.w(td.get("observation")).tanh() * 2)
-        return td
-
-
-def test_remote_data_path_equals_local(ray_cluster, tmp_path):
-    """One actor seeded s, writing into a remote buffer, stores exactly what a local collector
-    seeded s stores into a local buffer (same transitions, same order)."""
-    from steersman.data import TensorDictReplayBuffer
-    from steersman.envs import PendulumEnv
-
-    def env_fn():
-        return PendulumEnv(batch_size=[2])
-
-    policy = Deterministic()
-    rb = RayReplayBuffer(storage=LazyTensorStorage(1000), batch_size=8)
-    try:
-        with RayCollector(env_fn, policy, frames_per_batch=64, total_frames=256, num_collectors=1,
-                          replay_buffer=rb, seed=3) as collector:
-            assert list(collector) == [None] * 4
-        local_rb = TensorDictReplayBuffer(storage=LazyTensorStorage(1000))
-        local = Collector(env_fn(), policy, frames_per_batch=64, total_frames=256)
-        local.set_seed(3)
-        for batch in local:
-            local_rb.extend(batch.reshape(-1))
-        rb.dumps(tmp_path / "rb")  # on the actor's node: this machine
-        remote_copy = TensorDictReplayBuffer(storage=LazyTensorStorage(1000))
-        remote_copy.loads(tmp_path / "rb")
-        got, want = remote_copy[:256], local_rb[:256]
-        for key in [("next", "reward"), "observation", "action"]:
-            assert torch.equal(got.get(key), want.get(key)), key
-    finally:
-        rb.shutdown()

@@ -11,7 +11,10 @@ The protocol (why frames are counted once and weights are never stale):
   is older fetches them (one fetch per node: the store is shared) before collecting.
   So every batch asked for after the k-th update is collected with version k, also by
   an actor restarted with its initial weights (the TorchRL bugs pytorch/rl#3729,
-  #3587, #3000 and #3530 cannot happen).
+  #3587, #3000 and #3530 cannot happen). The exception is an actor running an async
+  multi-process collector (``MultiaSyncDataCollector``): its workers start their next
+  batch when one is handed out, so a worker's batch carries the version the actor held
+  when that worker's previous batch left (never older), as with the collector locally.
 * With ``replay_buffer=`` a :class:`~steersman.distributed.RayReplayBuffer`, an actor
   writes its batch straight into the buffer actor, tagged ``(actor, seq)``: the buffer
   stores each number once, so a batch re-collected after a restart is not stored twice.
@@ -144,10 +147,13 @@ class _CollectorActor:
         return {"index": self.index, "node": self.node, "node_id": self.node_id, "pid": os.getpid(),
                 "pids": pids, "incarnation": self.incarnation, "version": self.version}
 
-    def _apply_weights(self, weights: list | None) -> None:
+    def _apply_weights(self, weights: list | None) -> float:
+        """Loads ``weights`` (``[version, ref]``) if newer than the policy's; returns the
+        seconds spent (fetch and copy; 0 if already held)."""
         import ray
 
         if weights is not None and weights[0] > self.version:
+            t = time.perf_counter()
             w = ray.get(weights[1])
             if isinstance(w, tuple) and w and w[0] == _FLAT:  # one buffer: views of it, copied into the policy
                 w = _unpack(w)
@@ -157,10 +163,15 @@ class _CollectorActor:
                     w = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in w.items()}
             self.collector.update_policy_weights_(w)
             self.version = weights[0]
+            return time.perf_counter() - t
+        return 0.0
 
     def collect(self, seq: int, weights: list | None) -> tuple[dict, Any]:
-        """The next batch, with the newest weights (``weights``: ``[version, ref]``)."""
-        self._apply_weights(weights)
+        """The next batch, with the newest weights (``weights``: ``[version, ref]``), and its
+        info (``busy_s``: seconds spent in this call, so the driver's round trip minus it is
+        Ray's transport and scheduling)."""
+        t = time.perf_counter()
+        weights_s = self._apply_weights(weights)
         batch = next(self._it)
         if TRAJ_KEY in batch.keys(True, True):  # ids unique across actors
             batch.set(TRAJ_KEY, batch.get(TRAJ_KEY) * self.n + self.index)
@@ -168,11 +179,14 @@ class _CollectorActor:
         self.batches += 1
         info = {"index": self.index, "seq": seq, "frames": batch.numel(), "version": self.version,
                 "episode_returns": returns, "incarnation": self.incarnation, "node": self.node,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "weights_s": weights_s}
         if self.replay_buffer is None:
-            return info, pack(batch)  # NumPy arrays + layout: far cheaper to send than a pickled TensorDict
-        info["stored"], info["write_count"], info["buffer_incarnation"] = self._write(batch, seq)
-        return info, None
+            out = pack(batch)  # NumPy arrays + layout: far cheaper to send than a pickled TensorDict
+        else:
+            out = None
+            info["stored"], info["write_count"], info["buffer_incarnation"] = self._write(batch, seq)
+        info["busy_s"] = time.perf_counter() - t
+        return info, out
 
     def _write(self, batch: TensorDictBase, seq: int) -> tuple[bool, int, str | None]:
         """Extends the remote buffer, waiting for it through a restart (up to 60 s)."""
@@ -244,7 +258,8 @@ class RayCollector:
         total_frames: frames to deliver in all (``-1``: no end).
         collector_class: the collector run in each actor: :class:`~steersman.collectors.Collector`
             or a multi-process one (``MultiSyncDataCollector``...) with
-            ``num_workers_per_collector`` processes.
+            ``num_workers_per_collector`` processes (with ``MultiaSyncDataCollector`` a
+            batch may be a few versions old: see the module's docstring).
         collector_kwargs: more keyword arguments of ``collector_class`` (``init_random_frames``...).
         num_workers_per_collector: processes per actor for multi-process classes.
         sync: see above.
