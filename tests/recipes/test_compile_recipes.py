@@ -21,8 +21,9 @@ from steersman.recipes import get_recipe
 from steersman.recipes.checkpoint import load_checkpoint
 from tests.recipes._tiny import tiny_config
 
-#: graphs one compiled run makes: one per update function (TD3: critic, actor + targets)
-GRAPHS = {"ppo": 1, "a2c": 1, "dqn": 1, "ddpg": 1, "td3": 2, "sac": 1}
+#: graphs one compiled run makes: one per update function (TD3: critic, actor + targets); PPO on a
+#: native env also the rollout (policy + env, a scan over the steps) and GAE (recipes/fused.py)
+GRAPHS = {"ppo": 3, "a2c": 1, "dqn": 1, "ddpg": 1, "td3": 2, "sac": 1}
 #: the optimizer entries of each recipe's checkpoint
 OPTIMS = {"ppo": ["optim"], "a2c": ["optim"], "dqn": ["optim"], "ddpg": ["optim"], "td3": ["optim_actor", "optim_critic"],
           "sac": ["optim"]}

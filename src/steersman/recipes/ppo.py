@@ -49,6 +49,7 @@ from .config import CheckpointConfig, ConfigError, EnvConfig, EvalConfig, Logger
 from .distributed import DistributedConfig, check_distributed, make_collector, shutdown
 from .envs import action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
+from .fused import FusedCollector, FusedGAE, fusable
 from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["PPOConfig", "PPOLossConfig", "PPOOptimConfig", "make_critic", "make_policy", "train"]
@@ -111,7 +112,8 @@ class PPOConfig:
     loss: PPOLossConfig = field(default_factory=PPOLossConfig)
     """Objective."""
     compile: bool = False
-    """torch.compile the whole minibatch update as one graph (eager, with a warning, if it cannot)."""
+    """torch.compile the minibatch update as one graph (eager, with a warning, if it cannot); on torch-native envs
+    with discrete actions also the env step with the policy and GAE (recipes/fused.py)."""
     compile_backend: str = "inductor"
     """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
@@ -213,11 +215,19 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     minibatch_keys = ("observation", keys.action, keys.sample_log_prob, keys.advantage, keys.value_target)
     policy = shared_copy(actor)  # collection/eval twin: same parameters, never toggled
     run = Run("ppo", cfg, run_dir, resume=resume, frames_per_batch=frames_per_batch)
-    collector = make_collector(cfg.distributed, cfg, env, policy, frames_per_batch=frames_per_batch,
-                               total_frames=run.total_frames, on_policy=True)
+    gae: Any = loss_fn.value_estimator
+    if cfg.compile and cfg.distributed.backend == "none" and fusable(env, policy, loss_fn.critic_network) is None:
+        # the whole iteration compiled: the step (policy + env) and GAE as graphs (recipes/fused.py)
+        collector: Any = FusedCollector(env, policy, frames_per_batch=frames_per_batch,
+                                        total_frames=run.total_frames, backend=cfg.compile_backend)
+        gae = FusedGAE(loss_fn.critic_network, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda,
+                       backend=cfg.compile_backend)
+    else:
+        collector = make_collector(cfg.distributed, cfg, env, policy, frames_per_batch=frames_per_batch,
+                                   total_frames=run.total_frames, on_policy=True)
     try:
         _loop(cfg, run, collector, actor, policy, loss_fn, optimizer, params, lr, eval_env,
-              functional if cfg.compile else None, minibatch_keys, frames_per_batch)
+              functional if cfg.compile else None, minibatch_keys, frames_per_batch, gae)
     finally:
         shutdown(collector)  # the actors and a Ray started here, also on errors and Ctrl-C
     return run.wrap_up(policy, eval_env)
@@ -225,9 +235,8 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
 
 def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn.Module, loss_fn: ClipPPOLoss,
           optimizer: Any, params: list, lr: torch.Tensor, eval_env: EnvBase, functional: FunctionalUpdate | None,
-          minibatch_keys: tuple, frames_per_batch: int) -> None:
+          minibatch_keys: tuple, frames_per_batch: int, gae: Any) -> None:
     remote = cfg.distributed.backend != "none"
-    gae = loss_fn.value_estimator
     episodes = EpisodeReturns()
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes)
 
