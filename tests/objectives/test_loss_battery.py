@@ -165,6 +165,13 @@ def test_value_estimators_accepted_or_refused_by_name(case):
         assert loss.value_estimator is kept
 
 
+#: the one case compiled with ``aot_eager``, which traces the backward graph too; the others
+#: use ``backend="eager"``: dynamo still raises on any graph break under ``fullgraph=True``, at
+#: a fraction of the cost (AOT tracing took 3-11 s per loss).
+AOT_CASE = "SACLoss"
+assert AOT_CASE in {c.name for c in COMPILE_CASES}, AOT_CASE
+
+
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=[c.name for c in COMPILE_CASES])
 def test_compiles_fullgraph_forward_backward(case):
     torch._dynamo.reset()
@@ -174,7 +181,8 @@ def test_compiles_fullgraph_forward_backward(case):
     def step(td):
         return total_loss(loss(td))
 
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    backend = "aot_eager" if case.name == AOT_CASE else "eager"
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
     torch.manual_seed(1)
     eager_value = step(batch.clone())
     eager_value.backward()

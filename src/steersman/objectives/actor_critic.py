@@ -13,6 +13,7 @@ the reduction of the ``loss_*`` terms.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,16 @@ def explained_variance(value: Tensor, target: Tensor, eps: float = 1e-8) -> Tens
     return 1 - (target - value).var(correction=0) / target.var(correction=0).clamp_min(eps)
 
 
+def _deprecated_alias(owner: str, name: str, value: Any, old: str, old_value: Any) -> Any:
+    """``value``, or TorchRL's deprecated spelling ``old_value`` (warns); both is an error."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"{owner}: {name} and {old} (its deprecated name) were both given; pass {name} only")
+    warnings.warn(f"{owner}({old}=...) is deprecated; use {name}=...", DeprecationWarning, stacklevel=3)
+    return old_value
+
+
 def shared_parameter_names(critic: nn.Module, actor: nn.Module) -> list[str]:
     """Names (in ``critic``) of the parameters that are also parameters of ``actor``."""
     actor_ids = {id(p) for p in actor.parameters()}
@@ -120,6 +131,17 @@ class ActorCriticLoss(LossModule):
         clip_value: clip the critic's change from the batch's ``"state_value"`` (PPO2).
         functional: accepted for TorchRL compatibility and ignored (see
             :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
+        actor, critic: TorchRL's deprecated names of ``actor_network``/``critic_network``
+            (warn); giving both spellings of one network is an error.
+        advantage_key, value_target_key, value_key: TorchRL's deprecated way of renaming
+            keys; the same as ``set_keys(advantage=..., value_target=..., value=...)``
+            (warns; TorchRL 0.14 refuses them, earlier releases honoured them, as here).
+        advantage_norm: a :class:`~steersman.modules.ValueNorm` (e.g.
+            ``PercentileValueNorm``, DreamerV3's return scale): the advantage is divided by
+            ``advantage_norm.scale()``, not re-centred. In training mode its statistics are
+            updated with the value targets when the loss runs its own value estimator (the
+            batch has no advantage), so repeated passes over a precomputed batch do not
+            skew them; otherwise call ``advantage_norm.update(value_target)`` yourself.
 
     Parameters, as TorchRL names them: ``actor_network_params``, ``critic_network_params``
     and their ``target_*`` versions (no target networks here: the online parameters,
@@ -144,7 +166,7 @@ class ActorCriticLoss(LossModule):
 
     def __init__(
         self,
-        actor_network: nn.Module,
+        actor_network: nn.Module | None = None,
         critic_network: nn.Module | None = None,
         *,
         entropy_bonus: bool = True,
@@ -159,9 +181,22 @@ class ActorCriticLoss(LossModule):
         reduction: str = "mean",
         clip_value: float | None = None,
         functional: bool = True,
+        actor: nn.Module | None = None,
+        critic: nn.Module | None = None,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
+        value_key: NestedKey | None = None,
+        advantage_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         name = type(self).__name__
+        actor_network = _deprecated_alias(name, "actor_network", actor_network, "actor", actor)
+        critic_network = _deprecated_alias(name, "critic_network", critic_network, "critic", critic)
+        if actor_network is None:
+            raise TypeError(f"{name} needs an actor_network (the policy)")
+        if advantage_norm is not None and not (hasattr(advantage_norm, "scale") and hasattr(advantage_norm, "update")):
+            raise TypeError(f"{name}: advantage_norm must be a ValueNorm (with update() and scale()), got "
+                            f"{type(advantage_norm).__name__}")
         if not hasattr(actor_network, "get_dist"):
             raise TypeError(
                 f"{name}: actor_network must build a distribution (a "
@@ -183,6 +218,13 @@ class ActorCriticLoss(LossModule):
         self.critic_coeff = None if critic_coeff is None else float(critic_coeff)
         self.loss_critic_type = loss_critic_type
         self.separate_losses = bool(separate_losses)
+        self.advantage_norm = advantage_norm
+        renames = {"advantage": advantage_key, "value_target": value_target_key, "value": value_key}
+        renames = {k: v for k, v in renames.items() if v is not None}
+        if renames:
+            warnings.warn(f"{name}(advantage_key/value_target_key/value_key=...) is deprecated; use "
+                          f"loss.set_keys({', '.join(f'{k}=...' for k in renames)})", DeprecationWarning, stacklevel=2)
+            self.set_keys(**renames)
         self.reduction = reduction
         self.clip_value = None if clip_value is None else float(clip_value)
         self.log_explained_variance = False  # PPO losses log it (TorchRL's option)
@@ -208,7 +250,8 @@ class ActorCriticLoss(LossModule):
     def _advantage(self, td: TensorDictBase) -> Tensor:
         """The batch's advantage, computed by the value estimator (no gradient) if absent."""
         advantage = td.get(self.tensor_keys.advantage, None)
-        if advantage is None:
+        computed = advantage is None
+        if computed:
             with torch.no_grad():
                 self.value_estimator(td)
             advantage = self._get(td, "advantage")
@@ -218,6 +261,10 @@ class ActorCriticLoss(LossModule):
                 f"{type(self).__name__}: {self.tensor_keys.advantage!r} has shape "
                 f"{list(advantage.shape)}, expected {list(expected)} (batch dims and a trailing 1)"
             )
+        if self.advantage_norm is not None:
+            if computed and self.training:
+                self.advantage_norm.update(self._get(td, "value_target"))
+            advantage = advantage / self.advantage_norm.scale()
         return advantage
 
     def _log_prob(self, td: TensorDictBase) -> tuple[Tensor, Tensor, D.Distribution]:

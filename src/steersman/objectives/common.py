@@ -75,7 +75,7 @@ NestedKey = str | tuple
 TORCHRL_COMPAT_IGNORED: dict[str, str] = {
     "functional": "TorchRL's switch between functional and stateful calls of the networks "
     "(PPO, A2C); both compute the same loss, and networks are called directly here.",
-    "separate_losses": "(SAC, DiscreteSAC, IQL, REDQ) the terms are always separated here, as "
+    "separate_losses": "(SAC, DiscreteSAC, IQL, REDQ, TD3, TD3BC) the terms are always separated here, as "
     "with TorchRL's separate_losses=True: the critic ensemble holds its own copies of the "
     "critic's parameters, so no term reaches another's parameters (a critic that shares "
     "parameters with the actor gets a warning: TorchRL keeps them shared). PPO and A2C use it.",
@@ -361,6 +361,35 @@ class LossModule(nn.Module):
         return pairs
 
     # -------------------------------------------------------- value estimator
+    def _prioritized_options(self, use_prioritized_weights: str | bool, priority_key: NestedKey | None) -> None:
+        """TorchRL's ``use_prioritized_weights`` (checked, stored) and its deprecated
+        ``priority_key`` (warns; the same as ``set_keys(priority=...)``)."""
+        name = type(self).__name__
+        if use_prioritized_weights not in ("auto", True, False):
+            raise ValueError(
+                f"{name}: use_prioritized_weights must be 'auto', True or False, got {use_prioritized_weights!r}"
+            )
+        self.use_prioritized_weights = use_prioritized_weights
+        if priority_key is not None:
+            warnings.warn(f"{name}(priority_key=...) is deprecated; use loss.set_keys(priority=...)",
+                          DeprecationWarning, stacklevel=3)
+            self.set_keys(priority=priority_key)
+
+    def _priority_weights(self, td: TensorDictBase, like: torch.Tensor) -> torch.Tensor | None:
+        """The batch's ``priority_weight`` entry reshaped like the per-sample loss ``like``,
+        when ``use_prioritized_weights`` is ``"auto"``/``True`` and the batch has one."""
+        if getattr(self, "use_prioritized_weights", False) not in ("auto", True):
+            return None
+        weights = td.get(self.tensor_keys.priority_weight, None)
+        if weights is None:
+            return None
+        if weights.numel() != like.numel():
+            raise ValueError(
+                f"{type(self).__name__}: {self.tensor_keys.priority_weight!r} has shape {list(weights.shape)}, "
+                f"expected one importance weight per sample ({list(like.shape)})"
+            )
+        return weights.reshape(like.shape)
+
     def _deprecated_gamma(self, gamma: float | None) -> None:
         """Builds the default value estimator; ``gamma=`` (deprecated here, as in TorchRL) warns."""
         if gamma is not None:

@@ -51,6 +51,7 @@ from .sac import (
     _output,
     _register_alpha,
     _sample,
+    _scalar_output_mode,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
 
@@ -84,6 +85,10 @@ class CQLLoss(LossModule):
         lagrange_thresh: the target gap.
         deactivate_vmap: accepted for TorchRL compatibility and ignored (see
             :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
+        scalar_output_mode: with ``reduction="none"``, ``None``/``"exclude"`` leave the scalar
+            diagnostics out of the per-sample output, ``"non_tensor"`` keeps ``alpha`` and
+            ``entropy`` as non-tensor entries.
+        gamma: deprecated (warns); the same as ``loss.make_value_estimator(gamma=...)``.
 
     Returns ``loss_actor``, ``loss_actor_bc``, ``loss_qvalue``, ``loss_cql``, ``loss_alpha``
     (and ``loss_alpha_prime``), and the detached ``alpha`` and ``entropy``; writes ``td_error``
@@ -140,9 +145,12 @@ class CQLLoss(LossModule):
         lagrange_thresh: float = 0.0,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        gamma: float | None = None,
+        scalar_output_mode: str | None = None,
     ) -> None:
         super().__init__()
         torchrl_compat(self, deactivate_vmap=deactivate_vmap)
+        _scalar_output_mode(self, scalar_output_mode)
         if num_random < 1:
             raise ValueError(f"CQLLoss: num_random must be >= 1, got {num_random}")
         if not temperature > 0:
@@ -167,6 +175,9 @@ class CQLLoss(LossModule):
             self.log_alpha_prime = nn.Parameter(torch.tensor(0.0))
 
     # ------------------------------------------------------------------ forward
+        if gamma is not None:
+            self._deprecated_gamma(gamma)
+
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         """The loss terms of one batch ``[*batch]`` (see the module docstring)."""
         action = self._get(td, "action")

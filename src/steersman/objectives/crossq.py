@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..tensordict import TensorDictBase, cat
+from .common import NestedKey
 from .sac import SACLoss, _call_critics, _sample
 from .utils import distance_loss
 
@@ -33,7 +34,8 @@ class CrossQLoss(SACLoss):
     Args: ``actor_network``, ``qvalue_network`` and the keywords of
     :class:`~steersman.objectives.SACLoss` that apply (``num_qvalue_nets``,
     ``loss_function``, ``alpha_init``, ``min_alpha``, ``max_alpha``, ``action_spec``,
-    ``fixed_alpha``, ``target_entropy``, ``reduction``; ``separate_losses`` and
+    ``fixed_alpha``, ``target_entropy``, ``reduction``, ``priority_key``,
+    ``scalar_output_mode``; ``separate_losses`` and
     ``deactivate_vmap`` accepted and ignored). No target networks: there is nothing for
     ``SoftUpdate`` to move (it refuses the loss); ``target_qvalue_network_params`` is the
     online parameters, detached.
@@ -83,12 +85,15 @@ class CrossQLoss(SACLoss):
         separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        priority_key: NestedKey | None = None,
+        scalar_output_mode: str | None = None,
     ) -> None:
         super().__init__(
             actor_network, qvalue_network, num_qvalue_nets=num_qvalue_nets, loss_function=loss_function,
             alpha_init=alpha_init, min_alpha=min_alpha, max_alpha=max_alpha, action_spec=action_spec,
             fixed_alpha=fixed_alpha, target_entropy=target_entropy, delay_actor=False, delay_qvalue=False,
             separate_losses=separate_losses, reduction=reduction, deactivate_vmap=deactivate_vmap,
+            priority_key=priority_key, scalar_output_mode=scalar_output_mode,
         )
 
     def _qvalue_loss(self, td: TensorDictBase, action: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:

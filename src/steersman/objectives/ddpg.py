@@ -18,8 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from ..tensordict import TensorDict, TensorDictBase
+from .actor_critic import shared_parameter_names
 from .common import LossModule, NestedKey, check_options
-from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, weighted_reduce
 
 __all__ = ["DDPGLoss"]
 
@@ -39,6 +40,11 @@ class DDPGLoss(LossModule):
             ``SoftUpdate``/``HardUpdate``.
         gamma: deprecated; use ``loss.make_value_estimator(gamma=...)``.
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        separate_losses: the critic's parameters shared with the actor (a common trunk)
+            learn from the actor loss only: they are detached in the value loss.
+        use_prioritized_weights: ``"auto"``/``True`` (default ``"auto"``): both terms are
+            weighted by the batch's ``"priority_weight"`` when it has one (``"mean"``:
+            ``sum(w * l) / sum(w)``); ``False``: never.
 
     Reads the networks' inputs at the root and under ``"next"``, ``"action"``, and
     ``("next", "reward" | "done" | "terminated")`` (``[*batch, 1]``). Returns
@@ -72,6 +78,7 @@ class DDPGLoss(LossModule):
         action: NestedKey = "action"  # what the actor writes and the critic reads
         state_action_value: NestedKey = "state_action_value"
         priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "priority_weight"
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
@@ -91,11 +98,18 @@ class DDPGLoss(LossModule):
         delay_value: bool = True,
         gamma: float | None = None,
         reduction: str = "mean",
+        separate_losses: bool = False,
+        use_prioritized_weights: str | bool = "auto",
     ) -> None:
         super().__init__()
         check_options(self, loss_function=loss_function, reduction=reduction)
+        self._prioritized_options(use_prioritized_weights, None)
         self.actor_network = actor_network
         self.value_network = value_network
+        self.separate_losses = bool(separate_losses)
+        # with separate_losses, the critic's parameters shared with the actor are detached in
+        # the value loss: they learn from the actor loss only (TorchRL's behaviour)
+        self._shared_in_value = shared_parameter_names(value_network, actor_network) if separate_losses else []
         self.delay_actor = bool(delay_actor)
         self.delay_value = bool(delay_value)
         if self.delay_actor:
@@ -120,16 +134,24 @@ class DDPGLoss(LossModule):
         td = self.actor_network(tensordict.copy())
         frozen = {name: p.detach() for name, p in self.value_network.named_parameters()}
         q = self._read_q(torch.func.functional_call(self.value_network, frozen, (td,)))
-        return reduce_loss(-q.squeeze(-1), self.reduction)
+        loss = -q.squeeze(-1)
+        return weighted_reduce(loss, self.reduction, self._priority_weights(tensordict, loss))
 
     def loss_value(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
         """The critic's regression to the TD target; returns ``(loss, diagnostics)``."""
         self._get(tensordict, "action")  # the loss's KeyError (naming set_keys) if the batch has none
-        pred = self._read_q(self.value_network(tensordict.copy())).squeeze(-1)  # [*B]
+        if self._shared_in_value:
+            params = dict(self.value_network.named_parameters())
+            detached = {name: params[name].detach() for name in self._shared_in_value}
+            out = torch.func.functional_call(self.value_network, detached, (tensordict.copy(),), strict=False)
+        else:
+            out = self.value_network(tensordict.copy())
+        pred = self._read_q(out).squeeze(-1)  # [*B]
         with torch.no_grad():
             next_value = self._next_value(tensordict.get("next"))              # [*B, 1]
             target = self.value_estimator.value_estimate(tensordict, next_value=next_value).squeeze(-1)
-        loss = reduce_loss(distance_loss(pred, target, self.loss_function), self.reduction)
+        loss = distance_loss(pred, target, self.loss_function)
+        loss = weighted_reduce(loss, self.reduction, self._priority_weights(tensordict, loss))
         td_error = (pred - target).detach().pow(2)
         tensordict.set(self.tensor_keys.priority, td_error)
         pred = pred.detach()

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..tensordict import TensorDictBase, ensemble_call
+from .common import NestedKey
 from .iql import IQLLoss
 from .sac import _find_action_space
 
@@ -61,11 +62,14 @@ class DiscreteIQLLoss(IQLLoss):
         gamma: float | None = None,
         separate_losses: bool = False,
         reduction: str = "mean",
+        priority_key: NestedKey | None = None,
+        scalar_output_mode: str | None = None,
     ) -> None:
         super().__init__(
             actor_network, qvalue_network, value_network, num_qvalue_nets=num_qvalue_nets,
             loss_function=loss_function, temperature=temperature, expectile=expectile,
-            separate_losses=separate_losses, reduction=reduction,
+            separate_losses=separate_losses, reduction=reduction, priority_key=priority_key,
+            scalar_output_mode=scalar_output_mode,
         )
         self.action_space, self.n_actions = _find_action_space(action_space)
         if gamma is not None:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..data import Categorical, Composite, OneHot
 from ..tensordict import TensorDict, TensorDictBase
 from .common import LossModule, NestedKey, check_options
-from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, weighted_reduce
 
 __all__ = ["DQNLoss", "DistributionalDQNLoss"]
 
@@ -77,6 +77,11 @@ class DQNLoss(LossModule):
             ``Categorical``/``OneHot`` spec. Default: the network's ``spec`` if it has
             one, else read from the action's shape (one-hot when it matches the Q-values').
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        priority_key: deprecated (warns); the same as ``loss.set_keys(priority=...)``.
+        use_prioritized_weights: ``"auto"``/``True`` (default ``"auto"``): when the batch has
+            ``"priority_weight"`` (a prioritized buffer's importance weights, one per sample)
+            the per-sample losses are weighted by it (``"mean"``: ``sum(w * l) / sum(w)``);
+            ``False``: never.
 
     Reads ``"action"`` and the network's inputs, ``("next", "reward")``,
     ``("next", "done")``, ``("next", "terminated")`` (shaped ``[*batch, 1]``) and the
@@ -118,6 +123,7 @@ class DQNLoss(LossModule):
         action: NestedKey = "action"
         action_mask: NestedKey = "action_mask"
         priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "priority_weight"
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
@@ -137,9 +143,12 @@ class DQNLoss(LossModule):
         gamma: float | None = None,
         action_space: Any = None,
         reduction: str = "mean",
+        priority_key: NestedKey | None = None,
+        use_prioritized_weights: str | bool = "auto",
     ) -> None:
         super().__init__()
         check_options(self, loss_function=loss_function, reduction=reduction)
+        self._prioritized_options(use_prioritized_weights, priority_key)
         self.value_network = value_network
         self.delay_value = bool(delay_value)
         if self.delay_value:
@@ -165,7 +174,8 @@ class DQNLoss(LossModule):
             next_value = self._next_value(next_td)                           # [*B, 1]
             target = self.value_estimator.value_estimate(tensordict, next_value=next_value).squeeze(-1)
 
-        loss = reduce_loss(distance_loss(pred, target, self.loss_function), self.reduction)
+        loss = distance_loss(pred, target, self.loss_function)
+        loss = weighted_reduce(loss, self.reduction, self._priority_weights(tensordict, loss))
         td_error = (pred - target).detach().pow(2)
         tensordict.set(self.tensor_keys.priority, td_error.unsqueeze(-1))
         return TensorDict({"loss": loss, "td_error": td_error.mean()}, [])
@@ -240,6 +250,7 @@ class DistributionalDQNLoss(LossModule):
         delay_value: use a target network for ``p_target`` (default ``True``).
         action_space: ``"categorical"``, ``"one_hot"`` or a spec, as for :class:`DQNLoss`.
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        priority_key, use_prioritized_weights: as for :class:`DQNLoss`.
 
     Reads and writes the keys :class:`DQNLoss` does (``"action"``, ``("next", "reward")``,
     ``("next", "terminated")``, optional ``("next", "action_mask")``); returns ``"loss"``;
@@ -273,6 +284,7 @@ class DistributionalDQNLoss(LossModule):
         action: NestedKey = "action"
         action_mask: NestedKey = "action_mask"
         priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "priority_weight"
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
@@ -289,9 +301,12 @@ class DistributionalDQNLoss(LossModule):
         delay_value: bool = True,
         action_space: Any = None,
         reduction: str = "mean",
+        priority_key: NestedKey | None = None,
+        use_prioritized_weights: str | bool = "auto",
     ) -> None:
         super().__init__()
         check_options(self, reduction=reduction)
+        self._prioritized_options(use_prioritized_weights, priority_key)
         support = support if support is not None else getattr(value_network, "support", None)
         if support is None or support.ndim != 1 or support.numel() < 2:
             raise ValueError("DistributionalDQNLoss needs a 1-d support of >= 2 atoms (support=... or value_network.support)")
@@ -334,7 +349,7 @@ class DistributionalDQNLoss(LossModule):
 
         loss = -(m * log_p_a).sum(-1)                                          # [*B]
         tensordict.set(self.tensor_keys.priority, loss.detach().unsqueeze(-1))
-        return TensorDict({"loss": reduce_loss(loss, self.reduction)}, [])
+        return TensorDict({"loss": weighted_reduce(loss, self.reduction, self._priority_weights(tensordict, loss))}, [])
 
     def _log_probs(self, net: nn.Module, td: TensorDictBase) -> Tensor:
         """``net``'s log-probabilities on a shallow copy of ``td``: ``[*B, n_atoms, n_actions]``."""

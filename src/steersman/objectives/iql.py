@@ -29,6 +29,7 @@ from .sac import (
     _call,
     _call_critics,
     _output,
+    _scalar_output_mode,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
 
@@ -58,6 +59,11 @@ class IQLLoss(LossModule):
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
         separate_losses, deactivate_vmap: accepted for TorchRL compatibility and ignored
             (see :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
+        scalar_output_mode: with ``reduction="none"``, ``None``/``"exclude"`` leave the scalar
+            diagnostics out of the per-sample output, ``"non_tensor"`` keeps ``alpha`` and
+            ``entropy`` as non-tensor entries.
+        gamma: deprecated (warns); the same as ``loss.make_value_estimator(gamma=...)``.
+        priority_key: deprecated (warns); the same as ``loss.set_keys(priority=...)``.
 
     Returns ``loss_actor``, ``loss_qvalue``, ``loss_value`` and ``entropy`` (the mean of
     ``-log pi(a|s)`` over the dataset's actions); writes ``td_error`` into the batch.
@@ -108,9 +114,14 @@ class IQLLoss(LossModule):
         separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        gamma: float | None = None,
+        priority_key: NestedKey | None = None,
+        scalar_output_mode: str | None = None,
     ) -> None:
         super().__init__()
         torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
+        _scalar_output_mode(self, scalar_output_mode)
+        self._prioritized_options(False, priority_key)
         if not 0.0 < expectile < 1.0:
             raise ValueError(f"IQLLoss: expectile must be in (0, 1), got {expectile}")
         if value_network is None:
@@ -119,6 +130,8 @@ class IQLLoss(LossModule):
         self.value_network = value_network
         self.temperature = float(temperature)
         self.expectile = float(expectile)
+        if gamma is not None:
+            self._deprecated_gamma(gamma)
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         """The loss terms of one batch ``[*batch]`` (see the module docstring)."""

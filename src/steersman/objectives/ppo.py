@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ import torch.distributions as D
 from torch import Tensor, nn
 
 from ..tensordict import TensorDictBase
-from .actor_critic import ActorCriticLoss
+from .actor_critic import ActorCriticLoss, actor_distribution
 from .value import normalize_advantage
 
 __all__ = ["PPOLoss", "ClipPPOLoss", "KLPENPPOLoss"]
@@ -71,6 +72,21 @@ class PPOLoss(ActorCriticLoss):
             every call's output. ``False`` returns the ``loss_*`` terms only, a few
             percent cheaper per update; :meth:`diagnose` computes them when wanted
             (e.g. once per collected batch for logging).
+        delay_actor: decoupled proximal policy (PPO-EWMA, Hilton et al. 2021): a frozen
+            copy of the actor (``target_actor_network_params``, moved by
+            ``SoftUpdate``/``HardUpdate``) is the proximal policy ``π_prox`` the trust
+            region acts on (the ratio ``r = π/π_prox`` is clipped, or the KL penalty is
+            taken from ``π_prox``), while each sample stays weighted by ``π_prox/π_behav``
+            (``π_behav``: the batch's log-probabilities), so the surrogate is
+            ``-(π_prox/π_behav) · min(r A, clip(r) A)``. ``kl_approx`` and
+            ``clip_fraction`` then describe ``r``.
+        max_importance_ratio: cap the behaviour ratio ``π/π_behav`` at this value, by
+            lifting the (gradient-free) behaviour log-probability: a capped sample keeps a
+            rescaled policy gradient instead of none. Default ``None``: no cap.
+        device: the device of the loss's own buffers (``clip_epsilon``, ``beta``); the
+            networks are not moved (as in TorchRL).
+        advantage_norm: see :class:`~steersman.objectives.actor_critic.ActorCriticLoss`;
+            exclusive with ``normalize_advantage``.
 
     Outputs: ``loss_objective``, ``loss_entropy``, ``loss_critic`` and the diagnostics
     ``entropy``, ``kl_approx`` (``mean(log π_old - log π)``), ``explained_variance``,
@@ -82,20 +98,64 @@ class PPOLoss(ActorCriticLoss):
 
     def __init__(
         self,
-        actor_network: nn.Module,
+        actor_network: nn.Module | None = None,
         critic_network: nn.Module | None = None,
         *,
         normalize_advantage: bool = False,
         normalize_advantage_exclude_dims: tuple[int, ...] = (),
         log_explained_variance: bool = True,
         diagnostics: bool = True,
+        delay_actor: bool = False,
+        max_importance_ratio: float | None = None,
+        device: torch.device | str | None = None,
         **common: Any,
     ) -> None:
         super().__init__(actor_network, critic_network, **common)
+        name = type(self).__name__
+        if normalize_advantage and self.advantage_norm is not None:
+            raise ValueError(f"{name}: normalize_advantage=True and advantage_norm are exclusive (one standardizes "
+                             "the advantage per minibatch, the other rescales it by running return statistics)")
+        if max_importance_ratio is not None and not float(max_importance_ratio) > 0:
+            raise ValueError(f"{name}: max_importance_ratio must be > 0, got {max_importance_ratio}")
+        self.max_importance_ratio = None if max_importance_ratio is None else float(max_importance_ratio)
+        self.delay_actor = bool(delay_actor)
+        if self.delay_actor:
+            self.make_target("actor_network")
+        self._buffer_device = None if device is None else torch.device(device)
         self.normalize_advantage = bool(normalize_advantage)
         self.normalize_advantage_exclude_dims = tuple(normalize_advantage_exclude_dims)
         self.log_explained_variance = bool(log_explained_variance)
         self.diagnostics = bool(diagnostics)
+
+    def _place_buffers(self) -> None:
+        """Moves the loss's own buffers (not the networks') to ``device`` when it was given."""
+        if self._buffer_device is not None:
+            for name, buf in self._buffers.items():
+                if buf is not None:
+                    self._buffers[name] = buf.to(self._buffer_device)
+
+    def _proximal_actor(self) -> nn.Module:
+        target = getattr(self, "target_actor_network", None)
+        return self.actor_network if target is None else target
+
+    def _ratios(self, td: TensorDictBase) -> tuple[Tensor, Tensor, Tensor | None, D.Distribution]:
+        """``(log r, log π_prox, log w or None, π)``: ``r = π/π_prox`` is what the trust
+        region acts on and ``w`` the extra per-sample weight ``π_prox/π_behav`` (capped with
+        ``max_importance_ratio``); without ``delay_actor`` ``π_prox`` is ``π_behav``."""
+        log_prob, behaviour, dist = self._log_prob(td)
+        log_is = None
+        proximal = behaviour
+        if self.delay_actor:
+            with torch.no_grad():
+                target = self._proximal_actor()
+                proximal = actor_distribution(target, td.copy()).log_prob(self._get(td, "action"))
+                proximal = proximal.reshape(log_prob.shape)
+            log_is = proximal - behaviour
+        log_ratio = log_prob - proximal
+        if self.max_importance_ratio is not None:
+            base = torch.zeros_like(log_ratio) if log_is is None else log_is
+            log_is = torch.minimum(base, math.log(self.max_importance_ratio) - log_ratio.detach())
+        return log_ratio, proximal, log_is, dist
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         return self._terms(td, self.diagnostics, update_state=True)
@@ -117,11 +177,11 @@ class PPOLoss(ActorCriticLoss):
     def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         td = td.copy()  # what the loss writes (advantage, values...) stays out of the caller's batch
         advantage = self._normalized_advantage(td)[..., 0]
-        log_prob, prev_log_prob, dist = self._log_prob(td)
-        ratio = (log_prob - prev_log_prob).exp()
-        out = {"loss_objective": -(ratio * advantage)}
+        log_ratio, _, log_is, dist = self._ratios(td)
+        gain = log_ratio.exp() * advantage
+        out = {"loss_objective": -(gain if log_is is None else log_is.exp() * gain)}
         if diagnostics:
-            out["kl_approx"] = (prev_log_prob - log_prob).detach().mean()
+            out["kl_approx"] = (-log_ratio).detach().mean()
         self._add_entropy_and_critic(out, td, dist, diagnostics)
         return self._output(out)
 
@@ -138,7 +198,7 @@ class ClipPPOLoss(PPOLoss):
 
     def __init__(
         self,
-        actor_network: nn.Module,
+        actor_network: nn.Module | None = None,
         critic_network: nn.Module | None = None,
         *,
         clip_epsilon: float = 0.2,
@@ -153,16 +213,16 @@ class ClipPPOLoss(PPOLoss):
         # a buffer (as TorchRL): schedules anneal it in place (``loss.clip_epsilon.fill_(e)``)
         # and a compiled update does not recompile when it changes
         self.register_buffer("clip_epsilon", torch.tensor(float(clip_epsilon)))
+        self._place_buffers()
 
     def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         td = td.copy()
         advantage = self._normalized_advantage(td)[..., 0]
-        log_prob, prev_log_prob, dist = self._log_prob(td)
-        log_ratio = log_prob - prev_log_prob
+        log_ratio, _, log_is, dist = self._ratios(td)
         eps = self.clip_epsilon
         clipped_log_ratio = log_ratio.clamp(torch.log1p(-eps), torch.log1p(eps))
         gain = torch.minimum(log_ratio.exp() * advantage, clipped_log_ratio.exp() * advantage)
-        out = {"loss_objective": -gain}
+        out = {"loss_objective": -(gain if log_is is None else log_is.exp() * gain)}
         if diagnostics:
             with torch.no_grad():
                 lw = log_ratio.flatten()
@@ -189,7 +249,7 @@ class KLPENPPOLoss(PPOLoss):
 
     def __init__(
         self,
-        actor_network: nn.Module,
+        actor_network: nn.Module | None = None,
         critic_network: nn.Module | None = None,
         *,
         dtarg: float = 0.01,
@@ -200,7 +260,7 @@ class KLPENPPOLoss(PPOLoss):
         **common: Any,
     ) -> None:
         super().__init__(actor_network, critic_network, **common)
-        if not hasattr(actor_network, "build_dist_from_params"):
+        if not hasattr(self.actor_network, "build_dist_from_params"):
             raise TypeError(
                 "KLPENPPOLoss: actor_network must rebuild the old distribution from stored "
                 "parameters (a ProbabilisticTensorDictSequential with build_dist_from_params)"
@@ -209,6 +269,7 @@ class KLPENPPOLoss(PPOLoss):
             raise ValueError(f"KLPENPPOLoss: need increment >= 1 and decrement <= 1, got {increment}, {decrement}")
         self.dtarg = float(dtarg)
         self.register_buffer("beta", torch.tensor(float(beta)))
+        self._place_buffers()
         self.increment = float(increment)
         self.decrement = float(decrement)
         self.samples_mc_kl = int(samples_mc_kl)
@@ -233,16 +294,22 @@ class KLPENPPOLoss(PPOLoss):
 
     def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         td = td.copy()
-        previous_dist = self._previous_dist(td)  # before the actor overwrites the parameters
+        if self.delay_actor:  # the penalty is taken from the proximal policy
+            with torch.no_grad():
+                target = self._proximal_actor()
+                previous_dist = actor_distribution(target, td.copy())
+        else:
+            previous_dist = self._previous_dist(td)  # before the actor overwrites the parameters
         advantage = self._normalized_advantage(td)[..., 0]
-        log_prob, prev_log_prob, dist = self._log_prob(td)
+        log_ratio, _, log_is, dist = self._ratios(td)
         kl = self._kl(previous_dist, dist)
         beta = self.beta.clone()  # this call's β; the buffer is updated below
-        out = {"loss_objective": -((log_prob - prev_log_prob).exp() * advantage - beta * kl)}
+        gain = log_ratio.exp() * advantage
+        out = {"loss_objective": -((gain if log_is is None else log_is.exp() * gain) - beta * kl)}
         kl_mean = kl.detach().mean()
         if diagnostics:
             out["kl"] = kl_mean
-            out["kl_approx"] = (prev_log_prob - log_prob).detach().mean()
+            out["kl_approx"] = (-log_ratio).detach().mean()
         if update_state:
             with torch.no_grad():
                 new_beta = torch.where(

@@ -35,6 +35,7 @@ from .sac import (
     _output,
     _register_alpha,
     _sample,
+    _scalar_output_mode,
 )
 from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss
 
@@ -54,7 +55,11 @@ class REDQLoss(LossModule):
         num_qvalue_nets: ``N`` (default 10).
         sub_sample_len: ``M``, the target subset size (default 2; at most ``N - 1``).
         loss_function, alpha_init, action_spec, fixed_alpha, target_entropy, delay_qvalue,
-        separate_losses, reduction, deactivate_vmap: as for :class:`~steersman.objectives.SACLoss`.
+        separate_losses, reduction, deactivate_vmap, priority_key, scalar_output_mode, gamma:
+            as for :class:`~steersman.objectives.SACLoss`.
+        gSDE: the actor explores with generalized state-dependent noise: when a batch has
+            no ``"_eps_gSDE"`` entry, the actor is given zeros ``[*batch]`` there (TorchRL's
+            signal to a gSDE module to draw fresh noise) instead of failing on the missing key.
         min_alpha, max_alpha: bounds of alpha (default 0.1 and 10, as in TorchRL).
 
     Returns ``loss_actor``, ``loss_qvalue``, ``loss_alpha``, and the detached ``alpha``,
@@ -112,15 +117,34 @@ class REDQLoss(LossModule):
         separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        gSDE: bool = False,
+        gamma: float | None = None,
+        priority_key: NestedKey | None = None,
+        scalar_output_mode: str | None = None,
     ) -> None:
         super().__init__()
         torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
+        _scalar_output_mode(self, scalar_output_mode)
+        self._prioritized_options(False, priority_key)
+        self.gSDE = bool(gSDE)
         if num_qvalue_nets < 2:
             raise ValueError(f"REDQLoss: num_qvalue_nets must be >= 2, got {num_qvalue_nets}")
         _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
         self.sub_sample_len = max(1, min(int(sub_sample_len), self.num_qvalue_nets - 1))
         entropy = _auto_target_entropy(self, target_entropy, action_spec, actor_network)
         _register_alpha(self, alpha_init, min_alpha, max_alpha, fixed_alpha, entropy)
+        if gamma is not None:
+            self._deprecated_gamma(gamma)
+
+    def _actor_input(self, td: TensorDictBase) -> TensorDictBase:
+        """With ``gSDE``: the actor's inputs plus a zero ``"_eps_gSDE"`` ``[*batch]`` when the
+        batch has none (TorchRL's signal to a gSDE module to draw fresh noise)."""
+        if not self.gSDE or td.get("_eps_gSDE", None) is not None:
+            return td
+        keys = [k for k in self.actor_network.in_keys if k != "_eps_gSDE"]
+        out = td.select(*keys)
+        out.set("_eps_gSDE", torch.zeros(td.batch_size, device=td.device))
+        return out
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         """The loss terms of one batch ``[*batch]`` (see the module docstring)."""
@@ -129,14 +153,14 @@ class REDQLoss(LossModule):
         alpha = _alpha(self)
 
         # actor: all N critics (detached) on a reparametrized action
-        new_action, log_prob = _sample(self, self.actor_network, td)
+        new_action, log_prob = _sample(self, self.actor_network, self._actor_input(td))
         q_actor = _call_critics(self, td, new_action, self.qvalue_network_params.detach()).squeeze(-1)
         loss_actor = (alpha * log_prob - q_actor).mean(0)
 
         # critics: target from a random subset of the target critics
         with torch.no_grad():
             next_td = td.get("next")
-            next_action, next_log_prob = _sample(self, self.actor_network, next_td)
+            next_action, next_log_prob = _sample(self, self.actor_network, self._actor_input(next_td))
             subset = torch.randperm(self.num_qvalue_nets, device=log_prob.device)[: self.sub_sample_len]
             params = self.target_qvalue_network_params if self.delay_qvalue else self.qvalue_network_params
             next_q = _call_critics(self, next_td, next_action, params[subset]).min(0).values

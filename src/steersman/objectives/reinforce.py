@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from ..tensordict import TensorDictBase
-from .actor_critic import ActorCriticLoss, actor_distribution
+from .actor_critic import ActorCriticLoss, _deprecated_alias, actor_distribution
+from .common import NestedKey
 
 __all__ = ["ReinforceLoss"]
 
@@ -48,13 +49,15 @@ class ReinforceLoss(ActorCriticLoss):
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
         clip_value: clip the critic's change from the batch's ``"state_value"``.
         functional: accepted for TorchRL compatibility and ignored.
+        actor, critic, advantage_key, value_target_key: TorchRL's deprecated spellings, as
+            for :class:`~steersman.objectives.actor_critic.ActorCriticLoss`.
 
     Outputs: ``loss_actor`` and ``loss_value``.
     """
 
     def __init__(
         self,
-        actor_network: nn.Module,
+        actor_network: nn.Module | None = None,
         critic_network: nn.Module | None = None,
         *,
         delay_value: bool = False,
@@ -64,11 +67,16 @@ class ReinforceLoss(ActorCriticLoss):
         reduction: str = "mean",
         clip_value: float | None = None,
         functional: bool = True,
+        actor: nn.Module | None = None,
+        critic: nn.Module | None = None,
+        advantage_key: NestedKey | None = None,
+        value_target_key: NestedKey | None = None,
     ) -> None:
+        critic_network = _deprecated_alias("ReinforceLoss", "critic_network", critic_network, "critic", critic)
         super().__init__(
             actor_network, critic_network, entropy_bonus=False, critic_coeff=None if critic_network is None else 1.0,
             loss_critic_type=loss_critic_type, gamma=gamma, separate_losses=separate_losses, reduction=reduction,
-            clip_value=clip_value, functional=functional,
+            clip_value=clip_value, functional=functional, actor=actor, advantage_key=advantage_key, value_target_key=value_target_key,
         )
         self.delay_value = bool(delay_value)
         if self.delay_value:

@@ -546,17 +546,25 @@ def _find_action_space(action_space: Any) -> tuple[str, int | None]:
     )
 
 
+def _scalar_output_mode(loss: LossModule, scalar_output_mode: str | None) -> None:
+    """TorchRL's ``scalar_output_mode``: with ``reduction="none"``, ``None``/``"exclude"``
+    leave the scalar diagnostics (``alpha``, ``entropy``) out of the per-sample output,
+    ``"non_tensor"`` keeps them as non-tensor entries."""
+    if scalar_output_mode not in (None, "exclude", "non_tensor"):
+        raise ValueError(f"{type(loss).__name__}: scalar_output_mode must be None, 'exclude' or 'non_tensor', "
+                         f"got {scalar_output_mode!r}")
+    loss.scalar_output_mode = scalar_output_mode
+
+
 def _sac_options(loss: LossModule, skip_done_states: bool, use_prioritized_weights: str | bool,
                  scalar_output_mode: str | None, priority_key: NestedKey | None, gamma: float | None) -> None:
     """TorchRL's SAC-family keywords (see :class:`SACLoss`), checked and stored."""
     name = type(loss).__name__
     if use_prioritized_weights not in ("auto", True, False):
         raise ValueError(f"{name}: use_prioritized_weights must be 'auto', True or False, got {use_prioritized_weights!r}")
-    if scalar_output_mode not in (None, "exclude", "non_tensor"):
-        raise ValueError(f"{name}: scalar_output_mode must be None, 'exclude' or 'non_tensor', got {scalar_output_mode!r}")
+    _scalar_output_mode(loss, scalar_output_mode)
     loss.skip_done_states = skip_done_states
     loss.use_prioritized_weights = use_prioritized_weights
-    loss.scalar_output_mode = scalar_output_mode
     if priority_key is not None:
         warnings.warn(f"{name}(priority_key=...) is deprecated; use loss.set_keys(priority=...)",
                       DeprecationWarning, stacklevel=3)

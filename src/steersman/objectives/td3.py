@@ -37,7 +37,7 @@ from .common import (
     register_critics,
     torchrl_compat,
 )
-from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, reduce_loss
+from .utils import Q_TARGET_ESTIMATORS, ValueEstimators, distance_loss, weighted_reduce
 
 __all__ = ["TD3Loss"]
 
@@ -85,8 +85,13 @@ class TD3Loss(LossModule):
             equal to the online ones when made; move them with ``SoftUpdate``/``HardUpdate``.
         gamma: deprecated; use ``loss.make_value_estimator(gamma=...)``.
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
-        deactivate_vmap: accepted for TorchRL compatibility and ignored (see
-            :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`).
+        deactivate_vmap, separate_losses: accepted for TorchRL compatibility and ignored
+            (see :data:`~steersman.objectives.common.TORCHRL_COMPAT_IGNORED`: the stacked
+            critic ensemble holds its own parameters, so the terms never share any).
+        priority_key: deprecated (warns); the same as ``loss.set_keys(priority=...)``.
+        use_prioritized_weights: ``"auto"``/``True`` (default ``"auto"``): both terms are
+            weighted by the batch's ``"priority_weight"`` when it has one (``"mean"``:
+            ``sum(w * l) / sum(w)``); ``False``: never.
 
     Reads the networks' inputs at the root and under ``"next"``, ``"action"``, and
     ``("next", "reward" | "done" | "terminated")`` (``[*batch, 1]``). Returns
@@ -125,6 +130,7 @@ class TD3Loss(LossModule):
         action: NestedKey = "action"  # what the actor writes and the critics read
         state_action_value: NestedKey = "state_action_value"
         priority: NestedKey = "td_error"
+        priority_weight: NestedKey = "priority_weight"
         reward: NestedKey = "reward"
         done: NestedKey = "done"
         terminated: NestedKey = "terminated"
@@ -150,10 +156,14 @@ class TD3Loss(LossModule):
         gamma: float | None = None,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        separate_losses: bool = False,
+        priority_key: NestedKey | None = None,
+        use_prioritized_weights: str | bool = "auto",
     ) -> None:
         super().__init__()
         check_options(self, loss_function=loss_function, reduction=reduction, num_qvalue_nets=num_qvalue_nets)
-        torchrl_compat(self, deactivate_vmap=deactivate_vmap)
+        torchrl_compat(self, deactivate_vmap=deactivate_vmap, separate_losses=separate_losses)
+        self._prioritized_options(use_prioritized_weights, priority_key)
         low, high = _bounds(action_spec, bounds, self.tensor_keys.action)
         self.register_buffer("min_action", low)
         self.register_buffer("max_action", high)
@@ -184,7 +194,7 @@ class TD3Loss(LossModule):
         """``-Q_1(s, mu(s))`` with the critics frozen (gradient reaches the actor only)."""
         td = self.actor_network(tensordict.copy())
         q = self._qvalues(td, self.qvalue_network_params.detach()).squeeze(-1)  # [N, *B]
-        loss = reduce_loss(-q[0], self.reduction)
+        loss = weighted_reduce(-q[0], self.reduction, self._priority_weights(tensordict, q[0]))
         return loss, {"state_action_value_actor": q.detach().mean()}
 
     def value_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
@@ -200,7 +210,7 @@ class TD3Loss(LossModule):
 
         pred = self._qvalues(tensordict, self.qvalue_network_params).squeeze(-1)       # [N, *B]
         loss = distance_loss(pred, target.expand_as(pred), self.loss_function).sum(0)  # [*B]
-        loss = reduce_loss(loss, self.reduction)
+        loss = weighted_reduce(loss, self.reduction, self._priority_weights(tensordict, loss))
         tensordict.set(self.tensor_keys.priority, (pred.detach() - target).abs().max(0).values)
         metadata = {
             "pred_value": pred.detach().mean(),

@@ -15,9 +15,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..tensordict import TensorDictBase
-from .common import torchrl_compat
+from .common import NestedKey
 from .td3 import TD3Loss
-from .utils import reduce_loss
+from .utils import weighted_reduce
 
 __all__ = ["TD3BCLoss"]
 
@@ -73,12 +73,14 @@ class TD3BCLoss(TD3Loss):
         separate_losses: bool = False,
         reduction: str = "mean",
         deactivate_vmap: bool = False,
+        priority_key: NestedKey | None = None,
+        use_prioritized_weights: str | bool = "auto",
     ) -> None:
-        torchrl_compat(self, separate_losses=separate_losses)
         super().__init__(
             actor_network, qvalue_network, action_spec=action_spec, bounds=bounds, num_qvalue_nets=num_qvalue_nets,
             policy_noise=policy_noise, noise_clip=noise_clip, loss_function=loss_function, delay_actor=delay_actor,
             delay_qvalue=delay_qvalue, reduction=reduction, deactivate_vmap=deactivate_vmap,
+            separate_losses=separate_losses, priority_key=priority_key, use_prioritized_weights=use_prioritized_weights,
         )
         if not float(alpha) > 0:
             raise ValueError(f"TD3BCLoss: alpha must be > 0, got {alpha}")
@@ -92,5 +94,6 @@ class TD3BCLoss(TD3Loss):
         q = self._qvalues(td, self.qvalue_network_params.detach()).squeeze(-1)   # [N, *B]
         bc = (action - dataset_action).pow(2).flatten(len(tensordict.batch_size)).mean(-1)  # [*B]
         lmbd = self.alpha / q[0].abs().mean().detach()
-        loss = reduce_loss(-lmbd * q[0] + bc, self.reduction)
+        loss = -lmbd * q[0] + bc
+        loss = weighted_reduce(loss, self.reduction, self._priority_weights(tensordict, loss))
         return loss, {"bc_loss": bc.detach().mean(), "lmbd": lmbd, "state_action_value_actor": q.detach().mean()}

@@ -65,7 +65,8 @@ def default_value_kwargs(value_type: ValueEstimators) -> dict[str, Any]:
 class TargetNetUpdater:
     """Base of the updaters: collects ``(online, target)`` leaf lists of a loss."""
 
-    def __init__(self, loss: nn.Module) -> None:
+    def __init__(self, loss_module: nn.Module) -> None:
+        loss = loss_module
         if not loss.target_names:  # targets of lazy networks count: they are made on the first call
             raise ValueError(
                 f"{type(loss).__name__} has no target networks to update "
@@ -98,13 +99,13 @@ class SoftUpdate(TargetNetUpdater):
     """Polyak averaging of the targets: ``target <- eps * target + (1 - eps) * online``.
 
     Args:
-        loss: a loss with target networks.
+        loss_module: a loss with target networks (TorchRL's name; positional as usual).
         eps: weight kept by the target (TorchRL's name); or
         tau: weight given to the online network (``tau = 1 - eps``). Give one of the two.
     """
 
-    def __init__(self, loss: nn.Module, *, eps: float | None = None, tau: float | None = None) -> None:
-        super().__init__(loss)
+    def __init__(self, loss_module: nn.Module, *, eps: float | None = None, tau: float | None = None) -> None:
+        super().__init__(loss_module)
         if (eps is None) == (tau is None):
             raise ValueError("SoftUpdate takes exactly one of eps= or tau=")
         self.tau = float(tau) if tau is not None else 1.0 - float(eps)
@@ -130,8 +131,8 @@ class SoftUpdate(TargetNetUpdater):
 class HardUpdate(TargetNetUpdater):
     """Copies the online networks into the targets every ``value_network_update_interval`` steps."""
 
-    def __init__(self, loss: nn.Module, *, value_network_update_interval: int = 1000) -> None:
-        super().__init__(loss)
+    def __init__(self, loss_module: nn.Module, *, value_network_update_interval: int = 1000) -> None:
+        super().__init__(loss_module)
         if value_network_update_interval < 1:
             raise ValueError(f"HardUpdate: value_network_update_interval must be >= 1, got {value_network_update_interval}")
         self.value_network_update_interval = int(value_network_update_interval)
@@ -152,10 +153,23 @@ class HardUpdate(TargetNetUpdater):
         self.counter = int(state["counter"])
 
 
-def distance_loss(v1: torch.Tensor, v2: torch.Tensor, loss_function: str = "l2") -> torch.Tensor:
-    """Element-wise distance (no reduction): ``"l2"`` (squared error), ``"l1"`` or ``"smooth_l1"``."""
+def distance_loss(
+    v1: torch.Tensor, v2: torch.Tensor, loss_function: str = "l2", strict_shape: bool = True
+) -> torch.Tensor:
+    """Element-wise distance (no reduction): ``"l2"`` (squared error), ``"l1"`` or ``"smooth_l1"``.
+
+    ``strict_shape=False`` lets the two broadcast against each other (TorchRL's keyword);
+    by default different shapes raise, as silent broadcasting hides bugs.
+
+    Example:
+        >>> distance_loss(torch.zeros(2, 1), torch.ones(3), strict_shape=False).shape
+        torch.Size([2, 3])
+    """
     if v1.shape != v2.shape:
-        raise ValueError(f"distance_loss: shapes differ, {tuple(v1.shape)} vs {tuple(v2.shape)} (no silent broadcasting)")
+        if strict_shape:
+            raise ValueError(f"distance_loss: shapes differ, {tuple(v1.shape)} vs {tuple(v2.shape)} (no silent "
+                             "broadcasting; strict_shape=False allows it)")
+        v1, v2 = torch.broadcast_tensors(v1, v2)
     if loss_function == "l2":
         return (v1 - v2).pow(2)
     if loss_function == "l1":
@@ -163,6 +177,23 @@ def distance_loss(v1: torch.Tensor, v2: torch.Tensor, loss_function: str = "l2")
     if loss_function == "smooth_l1":
         return torch.nn.functional.smooth_l1_loss(v1, v2, reduction="none")
     raise ValueError(f"loss_function must be one of 'l2', 'l1', 'smooth_l1', got {loss_function!r}")
+
+
+def weighted_reduce(loss: torch.Tensor, reduction: str, weights: torch.Tensor | None) -> torch.Tensor:
+    """:func:`reduce_loss` with importance weights (a prioritized buffer's), shaped like
+    ``loss``: ``"mean"`` is ``sum(w * l) / sum(w)``, ``"sum"`` is ``sum(w * l)``, ``"none"``
+    is ``w * l``. ``weights=None`` is the plain reduction.
+
+    Example:
+        >>> weighted_reduce(torch.tensor([1.0, 3.0]), "mean", torch.tensor([3.0, 1.0]))
+        tensor(1.5000)
+    """
+    if weights is None:
+        return reduce_loss(loss, reduction)
+    weights = weights.detach().to(loss.dtype)
+    if reduction == "mean":
+        return (loss * weights).sum() / weights.sum()
+    return reduce_loss(loss * weights, reduction)
 
 
 def reduce_loss(loss: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
