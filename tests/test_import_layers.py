@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests._source_scan import all_nodes
+
+pytestmark = pytest.mark.xdist_group("source-scan")  # one process parses the package once
+
 REPO = Path(__file__).resolve().parents[1]
 ROOT = "steersman"
 
@@ -56,9 +60,9 @@ def layer_of(module: str) -> tuple[str, int] | None:
 
 
 def imported_modules(
-    source: str, module: str, is_package: bool
+    path: Path, module: str, is_package: bool
 ) -> list[tuple[int, tuple[str, ...]]]:
-    """(line, candidate names) for every import in ``source``, relative ones resolved.
+    """(line, candidate names) for every import in the file at ``path``, relative ones resolved.
 
     ``from a.b import c`` gives ``("a.b.c", "a.b")``: ``c`` may be a submodule (``from
     steersman.tensordict import nn`` is an L1 import) or just a name defined in ``a.b``.
@@ -66,7 +70,7 @@ def imported_modules(
     """
     package = module if is_package else module.rpartition(".")[0]
     found: list[tuple[int, tuple[str, ...]]] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in all_nodes(path):
         if isinstance(node, ast.Import):
             found += [(node.lineno, (alias.name,)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -114,8 +118,7 @@ def violations(repo: Path) -> list[str]:
             out.append(f"{where}: module {module} has no layer; add it to LAYERS")
             continue
         in_tensordict = own[0] == "steersman.tensordict"
-        source = path.read_text(encoding="utf-8")
-        for line, candidates in imported_modules(source, module, is_package):
+        for line, candidates in imported_modules(path, module, is_package):
             target = candidates[0]
             if target.startswith("<"):
                 out.append(f"{where}:{line}: {target}")
@@ -152,7 +155,7 @@ def third_party_violations(repo: Path) -> list[str]:
         own = layer_of(module)
         if own is None:
             continue
-        for line, candidates in imported_modules(path.read_text(encoding="utf-8"), module, is_package):
+        for line, candidates in imported_modules(path, module, is_package):
             top = candidates[0].split(".")[0]
             if top in THIRD_PARTY_FLOOR and own[1] < THIRD_PARTY_FLOOR[top]:
                 out.append(f"{path.relative_to(repo)}:{line}: {own[0]} (L{own[1]}) imports {top}, "

@@ -18,6 +18,12 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+from tests._source_scan import all_nodes
+
+pytestmark = pytest.mark.xdist_group("source-scan")  # one process parses the package once
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "steersman"
 CONTAINER_DIR = PACKAGE / "tensordict"
 #: receivers that hold a TensorDict at every call site that reads a shared private name
@@ -25,7 +31,7 @@ TD_NAME = re.compile(r"^(td|tensordict|.*_td|td_.*|tensordict_.*|.*_tensordict)$
 
 
 def _all_classes(files: list[Path]) -> list[ast.ClassDef]:
-    return [n for p in files for n in ast.walk(ast.parse(p.read_text(), str(p))) if isinstance(n, ast.ClassDef)]
+    return [n for p in files for n in all_nodes(p) if isinstance(n, ast.ClassDef)]
 
 
 def _base_names(cls: ast.ClassDef) -> set[str]:
@@ -82,7 +88,7 @@ def private_uses() -> list[str]:
     shared = container & elsewhere
     found = []
     for path in other_files:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in all_nodes(path):
             if not isinstance(node, ast.Attribute):
                 continue
             recv = _receiver_name(node.value)
