@@ -66,6 +66,7 @@ from .switches import (
 )
 from .td import TensorDict
 from .tensorclass import TensorClass, from_dataclass, is_tensorclass, tensorclass
+from .typed import TypedTensorDict
 
 __all__ = [
     "TensorDict",
@@ -152,4 +153,5 @@ __all__ = [
     "parse_tensor_dict_string",
     "from_consolidated",
     "append_memmap",
+    "TypedTensorDict",
 ]
