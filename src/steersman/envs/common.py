@@ -473,6 +473,15 @@ class EnvBase:
             self._batch_size, self._device,
         )
 
+    @property
+    def specs(self) -> Composite:
+        """``Composite(output_spec=..., input_spec=...)``: every spec of the env, as
+        TorchRL's ``env.specs`` (built on access)."""
+        return Composite._new_unchecked(
+            {"output_spec": self.output_spec, "input_spec": self.input_spec},
+            self._batch_size, self._device,
+        )
+
     @staticmethod
     def _single_leaf(spec: Composite) -> TensorSpec:
         keys = _leaf_keys(spec)

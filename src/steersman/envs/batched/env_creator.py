@@ -19,12 +19,26 @@ __all__ = ["EnvCreator", "EnvMetaData", "get_env_metadata"]
 class EnvMetaData:
     """What a batched env needs to know about its sub-env: specs, batch size, device.
 
-    Attributes:
+    Args (positional, as built here; or TorchRL's keywords):
         specs: the ``full_*_spec`` Composites by name (observation, action, state,
-            reward, done), each of shape ``batch_size``.
+            reward, done), each of shape ``batch_size``; or TorchRL's ``env.specs``
+            (a Composite holding ``output_spec`` and ``input_spec``), split by name.
         batch_size: the sub-env's batch size.
         device: the sub-env's device.
-        env_type: the sub-env's class name (for messages).
+        env_type: the sub-env's class name (for messages; default: from ``env_str``).
+
+    Keyword Args:
+        tensordict: a TensorDict shaped as the env's data (TorchRL: ``fake_tensordict()``
+            with the ``"_reset"`` entries); default: built from the specs on first access.
+        env_str: the env's ``str`` (default ``env_type + "()"``).
+        batch_locked: whether the env only takes data of its own batch size
+            (default ``True``).
+        device_map: ``{key: device}`` of the tensordict's leaves (default: every leaf of
+            the tensordict on ``device``).
+        supports_set_state: whether the env can restore a saved state (default ``False``).
+
+    Attributes: the arguments above, by the same names (``specs`` as the dict of
+    ``full_*_spec``).
 
     Example:
         >>> from steersman.envs import CartPoleEnv
@@ -33,21 +47,66 @@ class EnvMetaData:
         >>> b = EnvMetaData.from_env(CartPoleEnv(batch_size=[2]))
         >>> a.mismatch(a) is None, a.mismatch(b)
         (True, 'batch_size [2] instead of []')
+        >>> a.batch_locked, a.env_str.startswith("CartPoleEnv("), sorted(a.tensordict.keys())[:2]
+        (True, True, ['_reset', 'action'])
     """
 
-    __slots__ = ("specs", "batch_size", "device", "env_type")
+    __slots__ = ("specs", "batch_size", "device", "env_type", "env_str", "batch_locked",
+                 "_device_map", "supports_set_state", "_tensordict")
 
-    def __init__(self, specs: dict[str, Composite], batch_size: torch.Size, device: torch.device,
-                 env_type: str) -> None:
-        self.specs = specs
+    def __init__(self, specs: dict[str, Composite] | Composite, batch_size: torch.Size = (),
+                 device: torch.device | str | None = None, env_type: str | None = None, *,
+                 tensordict: Any = None, env_str: str | None = None, batch_locked: bool = True,
+                 device_map: dict | None = None, supports_set_state: bool = False) -> None:
+        self.specs = _spec_dict(specs)
         self.batch_size = torch.Size(batch_size)
-        self.device = torch.device(device)
+        self.device = torch.device("cpu" if device is None else device)
+        if env_type is None:
+            env_type = env_str.split("(")[0].strip() if env_str else "EnvBase"
         self.env_type = env_type
+        self.env_str = f"{env_type}()" if env_str is None else str(env_str)
+        self.batch_locked = bool(batch_locked)
+        self.supports_set_state = bool(supports_set_state)
+        self._tensordict = tensordict
+        self._device_map = None if device_map is None else dict(device_map)
 
     @classmethod
     def from_env(cls, env: EnvBase) -> EnvMetaData:
         specs = {name: getattr(env, name).clone() for name in SPEC_NAMES}
-        return cls(specs, env.batch_size, env.device, type(env).__name__)
+        try:
+            env_str = str(env)
+        except Exception:  # noqa: BLE001 - a repr that fails is not worth a crash
+            env_str = f"{type(env).__name__}()"
+        return cls(specs, env.batch_size, env.device, type(env).__name__, env_str=env_str,
+                   batch_locked=env.batch_locked,
+                   supports_set_state=bool(getattr(env, "_supports_set_state", False)))
+
+    #: TorchRL's name of :meth:`from_env`.
+    metadata_from_env = from_env
+
+    @property
+    def tensordict(self) -> Any:
+        """A TensorDict of zeros shaped as the env's data: the specs' ``zero()`` values of
+        the root and ``"next"`` entries, and a ``"_reset"`` flag per done entry."""
+        if self._tensordict is None:
+            self._tensordict = _fake_td(self.specs, self.batch_size)
+        return self._tensordict
+
+    @tensordict.setter
+    def tensordict(self, value: Any) -> None:
+        self._tensordict = value
+
+    @property
+    def device_map(self) -> dict:
+        """``{key: device}`` of the tensordict's leaves (default: all on ``device``)."""
+        if self._device_map is None:
+            keys = self.tensordict.keys(include_nested=True, leaves_only=True)
+            self._device_map = {k: self.device for k in keys}
+        return self._device_map
+
+    @device_map.setter
+    def device_map(self, value: dict) -> None:
+        self._device_map = dict(value)
 
     def __getstate__(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -55,6 +114,14 @@ class EnvMetaData:
     def __setstate__(self, state: dict) -> None:
         for k, v in state.items():
             setattr(self, k, v)
+
+    def clone(self) -> EnvMetaData:
+        """A copy that shares no spec or tensor with this one."""
+        dm = self._device_map
+        return EnvMetaData({k: v.clone() for k, v in self.specs.items()}, self.batch_size, self.device,
+                           self.env_type, env_str=self.env_str, batch_locked=self.batch_locked,
+                           device_map=dm, supports_set_state=self.supports_set_state,
+                           tensordict=None if self._tensordict is None else self._tensordict.clone())
 
     def mismatch(self, other: EnvMetaData) -> str | None:
         """A sentence naming the first difference with ``other`` (None if they agree)."""
@@ -78,7 +145,54 @@ class EnvMetaData:
 
     def __repr__(self) -> str:
         return (f"EnvMetaData(env_type={self.env_type}, batch_size={list(self.batch_size)}, "
-                f"device={self.device})")
+                f"device={self.device}, batch_locked={self.batch_locked})")
+
+
+def _spec_dict(specs: Any) -> dict[str, Composite]:
+    """The ``full_*_spec`` dict from itself, or from TorchRL's ``env.specs`` Composite."""
+    if isinstance(specs, dict):
+        missing = [n for n in SPEC_NAMES if n not in specs]
+        if missing:
+            raise KeyError(f"EnvMetaData: specs lacks {missing} (it needs {list(SPEC_NAMES)})")
+        return specs
+    if isinstance(specs, Composite):
+        out = {}
+        for name in SPEC_NAMES:
+            parent = "input_spec" if name in ("full_action_spec", "full_state_spec") else "output_spec"
+            for key in ((parent, name), name):
+                try:
+                    out[name] = specs[key]
+                    break
+                except KeyError:
+                    continue
+            else:
+                raise KeyError(
+                    f"EnvMetaData: the specs Composite has no {name!r} (under {parent!r} or at the "
+                    f"root); it holds {sorted(map(str, specs.keys(True)))}"
+                )
+        return out
+    raise TypeError(
+        f"EnvMetaData: specs must be a dict of the full_*_spec Composites or env.specs, got "
+        f"{type(specs).__name__}"
+    )
+
+
+def _fake_td(specs: dict[str, Composite], batch_size: torch.Size) -> Any:
+    from steersman.tensordict import TensorDict  # noqa: PLC0415 (only when asked)
+
+    root = TensorDict(batch_size=batch_size)
+    for name in ("full_observation_spec", "full_action_spec", "full_state_spec"):
+        root.update(specs[name].zero())
+    nxt = TensorDict(batch_size=batch_size)
+    for name in ("full_observation_spec", "full_reward_spec", "full_done_spec"):
+        nxt.update(specs[name].zero())
+    done = specs["full_done_spec"].zero()
+    root.update(done)
+    for key in done.keys(include_nested=True, leaves_only=True):
+        reset = key[:-1] + ("_reset",) if isinstance(key, tuple) else "_reset"
+        root.set(reset, done.get(key).clone())
+    root.set("next", nxt)
+    return root
 
 
 def _fn_name(fn: Any) -> str:
