@@ -297,7 +297,7 @@ def targets(pristine):
     return {kind: fill(make(kind, base / f"scratch_dst_{kind}"), kind, seed=3) for kind in KINDS}
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                     HealthCheck.too_slow])
 @given(data=st.data())
 def test_fuzzed_checkpoint_json_loads_or_raises_checkpoint_error(pristine, targets, data, tmp_path_factory):

@@ -10,6 +10,7 @@ caches) in step with the storage.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -525,6 +526,23 @@ def _replace_last(key: NestedKey, new: str) -> NestedKey:
     return new if isinstance(key, str) else key[:-1] + (new,)
 
 
+def _span_pair(span: Any) -> tuple[int, int]:
+    """TorchRL's ``span`` as ``(left, right)`` overhangs: ``True`` -> ``slice_len - 1``
+    (capped when sampling), ``False`` -> 0, an int as given."""
+    pair = tuple(span) if isinstance(span, (tuple, list)) else (span, span)
+    if len(pair) != 2:
+        raise ValueError(f"span is a bool, an int or a (left, right) pair, got {span!r}")
+    out = []
+    for x in pair:
+        if isinstance(x, bool):
+            out.append(10**9 if x else 0)
+        elif isinstance(x, int) and x >= 0:
+            out.append(x)
+        else:
+            raise ValueError(f"span values are bools or non-negative ints, got {span!r}")
+    return out[0], out[1]
+
+
 class SliceSampler(Sampler):
     """Samples sub-trajectories (slices) of consecutive steps that stay inside one episode.
 
@@ -545,6 +563,28 @@ class SliceSampler(Sampler):
             boundaries are found with plain tensor ops on the storage's device).
         strict_length: if False, episodes shorter than ``slice_len`` yield shorter slices
             and the batch is a flat concatenation of fewer than ``batch_size`` steps.
+        end_keys: several end flags OR-ed together (e.g. ``("next", "done")``,
+            ``("next", "truncated")``, ``("next", "terminated")``) for data whose episodes end
+            under different flags; keys the storage lacks are skipped (one must be there).
+            Exclusive with ``end_key``.
+        init_key: where ``info`` flags the first step of every slice (OR-ed with the stored
+            flags when the storage has that entry), so recurrent modules restart from the
+            stored hidden state at each slice start. Default ``"is_init"`` (TorchRL's);
+            ``None`` leaves the stored flags as they are.
+        fragmented: rebuild episodes from ``traj_key`` (default ``"episode"``) and
+            ``step_key`` (default ``"step_count"``), one scalar integer each per step, even
+            where an episode's steps sit at non-adjacent storage positions (several writers
+            interleaving): steps are ordered by (episode, step) and a gap in the step count
+            splits an episode. Each (episode, step) pair must be unique. Not with ``ndim=2``
+            storages, ``span``, ``ends`` or ``trajectories``.
+        pad_output: with ``strict_length=False``, pad each short slice to ``slice_len`` by
+            repeating its last step, so the batch always has ``batch_size`` steps;
+            ``info[("collector", "mask")]`` is True on real steps, False on repeats.
+        span: let slices hang over the start and/or end of their episode (``(left,
+            right)``, or one value for both): ``True`` keeps at least one step of the
+            episode, an int ``i`` at least ``slice_len - i`` steps; only the steps inside the
+            episode are returned, so slices can be shorter (flat concatenation as with
+            ``strict_length=False``) and episodes shorter than ``slice_len`` can be drawn.
 
     Episode boundaries come from ``traj_key``/``end_key`` and from the writer: the newest
     item ends a trajectory (in a full circular buffer the next slot holds the oldest data),
@@ -575,15 +615,37 @@ class SliceSampler(Sampler):
                  end_key: NestedKey | None = None, traj_key: NestedKey | None = None,
                  ends: Tensor | None = None, trajectories: Tensor | None = None, cache_values: bool = False,
                  truncated_key: NestedKey | None = ("next", "truncated"), strict_length: bool = True,
-                 compile: bool | dict = False, use_gpu: bool | Any = False) -> None:
+                 compile: bool | dict = False, use_gpu: bool | Any = False,
+                 end_keys: Sequence[NestedKey] | None = None, init_key: NestedKey | None = "is_init",
+                 step_key: NestedKey | None = None, fragmented: bool = False, pad_output: bool = False,
+                 span: bool | int | tuple[bool | int, bool | int] = False) -> None:
         if (num_slices is None) == (slice_len is None):
             raise ValueError("give exactly one of num_slices and slice_len")
+        if end_keys is not None and end_key is not None:
+            raise ValueError("end_key and end_keys are exclusive: give the single flag or the list to OR together")
+        if pad_output and strict_length:
+            raise ValueError("pad_output=True pads the slices that strict_length=False allows to be short; "
+                             "pass strict_length=False with it")
+        if fragmented and (ends is not None or trajectories is not None or span not in (False, 0, (False, False), (0, 0))):
+            raise ValueError("fragmented=True rebuilds episodes from traj_key and step_key: it takes neither "
+                             "ends/trajectories nor span")
+        self.end_keys = None if end_keys is None else [unravel_key(k) for k in end_keys]
+        if self.end_keys is not None and not self.end_keys:
+            raise ValueError("end_keys is empty: give at least one end flag")
+        self.init_key = None if init_key is None else unravel_key(init_key)
+        self.fragmented = bool(fragmented)
+        self.step_key = unravel_key("step_count" if step_key is None else step_key)
+        self.pad_output = bool(pad_output)
+        self.span = _span_pair(span)
+        self._order: Tensor | None = None
         for name, v in (("num_slices", num_slices), ("slice_len", slice_len)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.num_slices = num_slices
         self.slice_len = slice_len
-        self._auto_episode = end_key is None and traj_key is None  # TorchRL: "episode" if stored
+        self._auto_episode = end_key is None and traj_key is None and end_keys is None  # TorchRL: "episode" if stored
+        if fragmented and traj_key is None:
+            traj_key = "episode"
         self.end_key = ("next", "done") if end_key is None else unravel_key(end_key)
         self.traj_key = None if traj_key is None else unravel_key(traj_key)
         self._ends = ends
@@ -612,6 +674,9 @@ class SliceSampler(Sampler):
         n = len(storage)
         rows = storage._filled_rows
         td = storage._storage
+        self._order = None
+        if self.fragmented:
+            return self._fragmented_ends(storage, td, n, rows)
         if self._trajectories is not None:
             traj = torch.as_tensor(self._trajectories).reshape(-1)[:n]
             ends = traj != traj.roll(-1)
@@ -627,6 +692,13 @@ class SliceSampler(Sampler):
                     raise KeyError(f"the storage has no trajectory-id entry {traj_key!r}")
                 traj = td.get(traj_key)[:rows].reshape(n, -1)[:, 0]
                 ends = traj != traj.roll(-1)
+            elif self.end_keys is not None:
+                present = [k for k in self.end_keys if k in keys]
+                if not present:
+                    raise KeyError(f"the storage has none of the end_keys {self.end_keys}")
+                ends = torch.zeros(n, dtype=torch.bool, device=td.device)
+                for k in present:
+                    ends |= td.get(k)[:rows].reshape(n, -1).bool().any(-1).to(ends.device)
             else:
                 if self.end_key not in keys:
                     raise KeyError(
@@ -640,6 +712,28 @@ class SliceSampler(Sampler):
         else:
             last = storage._last_cursor
             ends[(n - 1) if last is None or last >= n else last] = True
+        return ends
+
+    def _fragmented_ends(self, storage: Storage, td: Any, n: int, rows: int) -> Tensor:
+        """Ends in (episode, step) order; ``self._order`` maps that order to storage slots."""
+        if storage.ndim != 1:
+            raise ValueError("fragmented=True needs a storage with ndim=1")
+        keys = td.keys(include_nested=True, leaves_only=True)
+        for what, key in (("traj_key", self.traj_key), ("step_key", self.step_key)):
+            if key not in keys:
+                raise KeyError(f"fragmented=True: the storage has no {what} entry {key!r}")
+        traj = td.get(self.traj_key)[:rows].reshape(n, -1)[:, 0].long().cpu()
+        step = td.get(self.step_key)[:rows].reshape(n, -1)[:, 0].long().cpu()
+        order = torch.sort(step, stable=True).indices
+        order = order[torch.sort(traj[order], stable=True).indices]
+        t, st = traj[order], step[order]
+        same = t[1:] == t[:-1]
+        if bool((same & (st[1:] == st[:-1])).any()):
+            raise ValueError(f"fragmented=True: some ({self.traj_key!r}, {self.step_key!r}) pairs appear twice in "
+                             "the storage; trajectory ids must not be reused while their steps are stored")
+        ends = torch.ones(n, dtype=torch.bool)
+        ends[:-1] = ~(same & (st[1:] == st[:-1] + 1))
+        self._order = order
         return ends
 
     def _layout(self, storage: Storage) -> tuple[Tensor, Tensor, Tensor, int]:
@@ -682,22 +776,44 @@ class SliceSampler(Sampler):
             )
         return starts[ok], lengths[ok]
 
-    def _finish(self, storage: Storage, start: Tensor, avail: Tensor, L: int, n: int) -> tuple[Tensor, dict]:
-        """Indices of slices beginning at ``start`` with ``avail`` steps left in their episode."""
+    def _finish(self, storage: Storage, start: Tensor, avail: Tensor, L: int, n: int,
+                seq: Tensor | None = None) -> tuple[Tensor, dict]:
+        """Indices of slices beginning at ``start`` with ``avail`` steps left in their episode
+        (``seq``: the steps each slice keeps, when already known)."""
         k = start.shape[0]
         steps = torch.arange(L)
         index = (start.unsqueeze(1) + steps) % n
-        if self.strict_length:
-            index = index.reshape(-1)
-            seq = None
-        else:
-            seq = avail.clamp(max=L)
-            index = index[steps < seq.unsqueeze(1)]
         info: dict[Any, Any] = {}
+        pad = getattr(self, "pad_output", False)
+        if seq is None and not self.strict_length:
+            seq = avail.clamp(max=L)
+        if seq is None:
+            index = index.reshape(-1)
+        elif pad:  # repeat each slice's last step up to L
+            keep = steps < seq.unsqueeze(1)
+            index = ((start.unsqueeze(1) + torch.minimum(steps, (seq - 1).unsqueeze(1))) % n).reshape(-1)
+            info[("collector", "mask")] = keep.reshape(-1)
+        else:
+            index = index[steps < seq.unsqueeze(1)]
+        order = getattr(self, "_order", None)
+        if order is not None:  # fragmented: positions in (episode, step) order -> storage slots
+            index = order[index]
+        first = torch.zeros(index.shape[0], 1, dtype=torch.bool)
+        if seq is None or pad:
+            first.view(k, L)[:, 0] = True
+        else:
+            first[seq.cumsum(0) - seq] = True
+        init_key = getattr(self, "init_key", None)
+        if init_key is not None:
+            td = storage._storage
+            stored = td.get(init_key)[storage._unflat(index)] if init_key in td.keys(True, True) else None
+            info[init_key] = first if stored is None else stored.reshape(index.shape[0], -1).bool() | first
         if self.truncated_key is not None:
             truncated = torch.zeros(index.shape[0], 1, dtype=torch.bool)
             if seq is None:
                 truncated.view(k, L)[:, -1] = True
+            elif pad:
+                truncated.view(k, L)[steps >= (seq - 1).unsqueeze(1)] = True
             else:
                 truncated[seq.cumsum(0) - 1] = True
             done_key = _replace_last(self.truncated_key, "done")
@@ -708,7 +824,7 @@ class SliceSampler(Sampler):
             done = td.get(done_key)[nd] if done_key in keys else None
             done = truncated.clone() if done is None else done.reshape(index.shape[0], -1).bool() | truncated
             term = td.get(term_key)[nd].reshape(index.shape[0], -1).bool() if term_key in keys else torch.zeros_like(truncated)
-            info = {self.truncated_key: truncated, done_key: done, term_key: term}
+            info.update({self.truncated_key: truncated, done_key: done, term_key: term})
         dev = storage._leaf_device()
         if dev.type != "cpu":
             index = index.to(dev)
@@ -717,6 +833,8 @@ class SliceSampler(Sampler):
     def sample(self, storage: Storage, batch_size: int) -> tuple[Tensor, dict]:
         k, L = self._slice_shape(batch_size)
         _, starts, lengths, n = self._layout(storage)
+        if getattr(self, "span", (0, 0)) != (0, 0):
+            return self._sample_span(storage, starts, lengths, k, L, n)
         starts, lengths = self._eligible(starts, lengths, L)
         traj = self._pick(starts.shape[0], k)
         if traj.numel() == 0:
@@ -725,6 +843,24 @@ class SliceSampler(Sampler):
         span = (length - L + 1).clamp_min(1)
         offset = (torch.rand(traj.shape[0]) * span).long().clamp_(max=span - 1)
         return self._finish(storage, starts[traj] + offset, length - offset, L, n)
+
+    def _sample_span(self, storage: Storage, starts: Tensor, lengths: Tensor, k: int, L: int,
+                     n: int) -> tuple[Tensor, dict]:
+        """Slices ``[o, o + L)`` with ``o`` uniform in ``[-left, length - L + right]``, cut to
+        the episode (``left``/``right``: how far they may hang over each end)."""
+        left, right = (min(int(x), L - 1) for x in self.span)
+        ok = lengths + left + right >= L  # an episode yields at least one step
+        if not bool(ok.any()):
+            raise RuntimeError(f"no stored episode can give a slice of slice_len={L} with span={self.span}")
+        starts, lengths = starts[ok], lengths[ok]
+        traj = self._pick(starts.shape[0], k)
+        length = lengths[traj]
+        lo = torch.full_like(length, -left)
+        hi = torch.minimum(length - L + right, length - 1)
+        offset = lo + (torch.rand(k) * (hi - lo + 1)).long().clamp_(max=hi - lo)
+        begin = offset.clamp_min(0)
+        seq = torch.minimum(offset + L, length) - begin
+        return self._finish(storage, starts[traj] + begin, length - begin, L, n, seq=seq)
 
     def __repr__(self) -> str:
         what = f"num_slices={self.num_slices}" if self.num_slices is not None else f"slice_len={self.slice_len}"
@@ -735,7 +871,7 @@ class SliceSampler(Sampler):
 class SliceSamplerWithoutReplacement(SliceSampler):
     """A :class:`SliceSampler` that draws each episode at most once per epoch.
 
-    Args: as :class:`SliceSampler`, plus ``drop_last`` (drop a final batch with fewer than
+    Args: as :class:`SliceSampler` (``end_keys`` and ``init_key`` included), plus ``drop_last`` (drop a final batch with fewer than
     ``num_slices`` episodes left) and ``shuffle`` (random episode order, default True).
     One slice (at a random start) is taken from each episode drawn; ``ran_out`` is True
     after the epoch's last batch.
@@ -757,10 +893,11 @@ class SliceSamplerWithoutReplacement(SliceSampler):
                  end_key: NestedKey | None = None, traj_key: NestedKey | None = None, ends: Tensor | None = None,
                  trajectories: Tensor | None = None, truncated_key: NestedKey | None = ("next", "truncated"),
                  strict_length: bool = True, shuffle: bool = True, cache_values: bool = False,
-                 compile: bool | dict = False, use_gpu: bool | Any = False) -> None:
+                 compile: bool | dict = False, use_gpu: bool | Any = False,
+                 end_keys: Sequence[NestedKey] | None = None, init_key: NestedKey | None = "is_init") -> None:
         super().__init__(num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key, ends=ends,
                          trajectories=trajectories, cache_values=cache_values, truncated_key=truncated_key,
-                         strict_length=strict_length)
+                         strict_length=strict_length, end_keys=end_keys, init_key=init_key)
         self.drop_last = drop_last
         self.shuffle = shuffle
         self._perm: Tensor | None = None
@@ -808,7 +945,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     stored steps, is repeated over the slice in ``info["_weight"]``.
 
     Args: ``max_capacity, alpha, beta, eps, dtype, reduction, max_priority_within_buffer``
-    as :class:`PrioritizedSampler`; the rest as :class:`SliceSampler`.
+    as :class:`PrioritizedSampler`; the rest as :class:`SliceSampler` (``end_keys`` and
+    ``init_key`` included; ``span`` is refused: see the error's reason).
 
     Example:
         >>> import torch
@@ -829,10 +967,19 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
                  traj_key: NestedKey | None = None, ends: Tensor | None = None, trajectories: Tensor | None = None,
                  cache_values: bool = False, truncated_key: NestedKey | None = ("next", "truncated"),
                  strict_length: bool = True, max_priority_within_buffer: bool = False,
-                 compile: bool | dict = False) -> None:
+                 compile: bool | dict = False, end_keys: Sequence[NestedKey] | None = None,
+                 init_key: NestedKey | None = "is_init",
+                 span: bool | int | tuple[bool | int, bool | int] = False) -> None:
+        if _span_pair(span) != (0, 0):
+            raise ValueError(
+                f"PrioritizedSliceSampler: span={span!r} is not supported here (priorities are kept per slice "
+                "start inside an episode, and an overhanging start has no step to hold its priority); use "
+                "SliceSampler(span=...) or span=False"
+            )
         SliceSampler.__init__(self, num_slices=num_slices, slice_len=slice_len, end_key=end_key, traj_key=traj_key,
                               ends=ends, trajectories=trajectories, cache_values=cache_values,
-                              truncated_key=truncated_key, strict_length=strict_length)
+                              truncated_key=truncated_key, strict_length=strict_length, end_keys=end_keys,
+                              init_key=init_key)
         PrioritizedSampler.__init__(self, max_capacity, alpha, beta, eps, dtype, reduction,
                                     max_priority_within_buffer)
 
