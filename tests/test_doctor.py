@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -41,14 +40,26 @@ PLANTED = textwrap.dedent('''
 ''')
 
 
-def _steersman(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", "import sys; from steersman.cli import main; sys.exit(main())", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+def _steersman(*args: str, cwd: Path, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """``steersman ARGS`` in this process (doctor profiles a script or recipe in-process
+    anyway: a subprocess would only add the imports); torch's thread count, RNG and
+    dynamo state are restored afterwards."""
+    monkeypatch.chdir(cwd)
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    capsys.readouterr()
+    try:
+        code = cli.main(list(args))
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+        torch._dynamo.reset()
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
-def test_doctor_finds_a_planted_toggle_and_graph_break_in_a_script(tmp_path: Path) -> None:
+def test_doctor_finds_a_planted_toggle_and_graph_break_in_a_script(tmp_path: Path, capsys, monkeypatch) -> None:
     (tmp_path / "train.py").write_text(PLANTED)
-    proc = _steersman("doctor", "train.py", "--seconds", "1.5", cwd=tmp_path)
+    proc = _steersman("doctor", "train.py", "--seconds", "1.5", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "steersman doctor: train.py:" in out and "stopped after the time limit" in out
@@ -59,9 +70,10 @@ def test_doctor_finds_a_planted_toggle_and_graph_break_in_a_script(tmp_path: Pat
     assert "loss backward" in out and "policy forward" in out and "optimizer" in out
 
 
-def test_doctor_ppo_prints_the_phase_table(tmp_path: Path) -> None:
+def test_doctor_ppo_prints_the_phase_table(tmp_path: Path, capsys, monkeypatch) -> None:
     proc = _steersman("doctor", "ppo", "total_frames=512", "n_steps=16", "epochs=1", "minibatch_size=64",
-                      "env.num_envs=4", "eval.episodes=1", "--seconds", "1.5", cwd=tmp_path)
+                      "env.num_envs=4", "eval.episodes=1", "--seconds", "1.5", cwd=tmp_path, capsys=capsys,
+                      monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("steersman doctor: ppo total_frames=512")

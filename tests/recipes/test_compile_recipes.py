@@ -6,7 +6,10 @@ fallback, and ends with the eager run's parameters and targets (to float toleran
 eager path runs the fused torch.optim kernels); a compiled run stopped at a checkpoint and
 resumed ends bit for bit where the uninterrupted run ends. The ``aot_eager`` backend
 proves all of that without generating code (inductor's numbers are tested in
-tests/objectives/test_functional_update.py)."""
+tests/objectives/test_functional_update.py). SACLoss's update through CompiledUpdate (the
+temperature, the stacked critics and their soft-updated targets) is the ``sac`` case: its
+parameters, targets and ``log_alpha`` are compared with the eager run's. PPO on a native
+env compiles its whole iteration (recipes/fused.py; tests/recipes/test_fused.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 from torch._dynamo.utils import counters
 
 from steersman.recipes import get_recipe
@@ -57,11 +59,23 @@ def _flat(obj, prefix: str = "") -> dict:
     return out
 
 
+#: recipes whose test also stops the compiled run at its first checkpoint and resumes it (DQN's epsilon
+#: schedule, which follows total_frames, held flat so that the shorter first leg draws the same actions)
+RESUME = {"dqn": {"checkpoint.interval": 64, "eps_init": 0.2, "eps_end": 0.2}}
+
+
 @pytest.mark.parametrize("algo", sorted(GRAPHS))
 def test_compiled_recipe_matches_eager_in_one_graph_per_update(algo, tmp_path):
-    eager = _train(algo, tmp_path / "eager")
+    """The compiled run makes GRAPHS[algo] graphs (no recompile across batches, epochs,
+    minibatches), no graph break, and ends with the eager run's parameters, targets and
+    buffers. For RESUME's recipes (DQN; TD3's two-graph path was 47 s more of CI, PPO's
+    compiled resume runs the same CompiledUpdate) the compiled run stopped at its first
+    checkpoint and resumed ends with the same parameters, targets and optimizer state,
+    bit for bit, as the uninterrupted compiled run."""
+    extra = RESUME.get(algo, {})
+    eager = _train(algo, tmp_path / "eager", **extra)
     assert counters["stats"]["unique_graphs"] == 0
-    compiled = _train(algo, tmp_path / "compiled", compile=True)
+    compiled = _train(algo, tmp_path / "compiled", compile=True, **extra)
     assert counters["stats"]["unique_graphs"] == GRAPHS[algo]  # no recompile across batches/minibatches
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     for name in OPTIMS[algo]:
@@ -69,92 +83,16 @@ def test_compiled_recipe_matches_eager_in_one_graph_per_update(algo, tmp_path):
     assert compiled["loss"].keys() == eager["loss"].keys()
     for key, value in eager["loss"].items():  # parameters, targets and buffers (the eager run moved them)
         torch.testing.assert_close(compiled["loss"][key], value, rtol=1e-4, atol=1e-5, msg=key)
-
-
-# DQN only: TD3's two-graph compiled path is covered by the eager-equality test above, and its
-# resume case cost 47 s of a CI budget that is already over (PPO's compiled resume is in
-# tests/objectives/test_functional_update.py)
-@pytest.mark.parametrize("algo", ["dqn"])
-def test_compiled_resume_is_bit_exact(algo, tmp_path):
-    """Stopped at its first checkpoint and resumed, a compiled run ends with the same
-    parameters, targets and optimizer state, bit for bit, as the uninterrupted run
-    (DQN's epsilon schedule, which follows total_frames, is held flat: the first leg
-    shortens total_frames). PPO's compiled resume runs the same CompiledUpdate."""
-    common = {"compile": True, "checkpoint.interval": 64}
-    if algo == "dqn":
-        common.update({"eps_init": 0.2, "eps_end": 0.2})
-    ref = _train(algo, tmp_path / "reference", total_frames=128, **common)
-    _train(algo, tmp_path / "resumed", total_frames=64, **common)
-    got = _train(algo, tmp_path / "resumed", resume=True, total_frames=128, **common)
+    if algo not in RESUME:
+        return
+    total = tiny_config(algo).total_frames
+    assert extra["checkpoint.interval"] < total
+    _train(algo, tmp_path / "resumed", compile=True, **{**extra, "total_frames": extra["checkpoint.interval"]})
+    got = _train(algo, tmp_path / "resumed", resume=True, compile=True, **extra)
     for part in ["loss", *OPTIMS[algo]]:
-        flat_ref, flat_got = _flat(ref[part]), _flat(got[part])
+        flat_ref, flat_got = _flat(compiled[part]), _flat(got[part])
         assert flat_ref.keys() == flat_got.keys()
         for key, value in flat_ref.items():
             assert torch.equal(flat_got[key], value), (part, key)
 
 
-def test_sac_loss_compiled_update_matches_eager():
-    """SACLoss (actor, two critics, the temperature; one Adam, soft target update) through
-    CompiledUpdate equals zero_grad/backward/Adam/SoftUpdate, in one graph."""
-    from steersman.data import Bounded
-    from steersman.modules import MLP, ProbabilisticActor, ValueOperator
-    from steersman.objectives import SACLoss, SoftUpdate
-    from steersman.objectives.functional_update import (
-        CompiledUpdate,
-        FunctionalUpdate,
-        OptimizerState,
-    )
-    from steersman.tensordict import TensorDict
-    from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule
-    from steersman.tensordict.nn.optim import Adam
-
-    spec = Bounded(-2.0, 2.0, shape=(1,))
-
-    def loss_module() -> SACLoss:
-        torch.manual_seed(0)
-        actor = ProbabilisticActor(
-            TensorDictModule(nn.Sequential(MLP(in_features=3, out_features=2, num_cells=[16]), NormalParamExtractor()),
-                             ["observation"], ["loc", "scale"]),
-            in_keys=["loc", "scale"], spec=spec, distribution_class=TanhNormal)
-        qvalue = ValueOperator(MLP(in_features=4, out_features=1, num_cells=[16]), in_keys=["observation", "action"])
-        loss = SACLoss(actor, qvalue, action_spec=spec, loss_function="l2")
-        loss.make_value_estimator(gamma=0.9)
-        return loss
-
-    g = torch.Generator().manual_seed(1)
-    batches = [TensorDict({"observation": torch.randn(8, 3, generator=g), "action": torch.rand(8, 1, generator=g) * 4 - 2,
-                           "next": {"observation": torch.randn(8, 3, generator=g), "reward": torch.randn(8, 1, generator=g),
-                                    "done": torch.zeros(8, 1, dtype=torch.bool),
-                                    "terminated": torch.zeros(8, 1, dtype=torch.bool)}}, [8]) for _ in range(4)]
-
-    eager = loss_module()
-    optim = torch.optim.Adam([p for p in eager.parameters() if p.requires_grad], lr=1e-2, foreach=False)
-    soft = SoftUpdate(eager, tau=0.1)
-    torch.manual_seed(2)
-    for batch in batches:
-        out = eager(batch)
-        optim.zero_grad()
-        (out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]).backward()
-        optim.step()
-        soft.step()
-
-    loss = loss_module()
-    update = FunctionalUpdate(loss, Adam(lr=1e-2))
-    names = update.names
-    assert any(n.startswith("actor_network") for n in names) and "log_alpha" in names
-    assert any(n.startswith("qvalue_network_params") for n in names)
-    compiled = CompiledUpdate(update, OptimizerState(update.init()[1]), tau=0.1, backend="aot_eager")
-    torch.manual_seed(2)  # the same action samples inside the graph
-    for batch in batches:
-        metrics = compiled(batch)
-    compiled.sync()
-    assert compiled.compiled and counters["stats"]["unique_graphs"] == 1
-    assert {"loss_actor", "loss_qvalue", "loss_alpha", "loss"} <= metrics.keys()
-    start = loss_module().state_dict()
-    expected = eager.state_dict()
-    moving = set(names) | {n for n, _ in loss.named_buffers() if n.startswith("target_qvalue_network_params")}
-    assert len(moving) == len(names) + 4  # the two stacked critics' targets
-    for key, value in loss.state_dict().items():
-        torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=1e-6, msg=key)
-        if key in moving:
-            assert not torch.equal(value, start[key]), key  # the update and the soft update moved it
