@@ -2,22 +2,25 @@
 the vmapped multi-agent MLP against a Python loop over the agents' networks.
 
     python benchmarks/marl.py [--frames 16000] [--seeds 1] [--envs navigation vmas/navigation]
-    python benchmarks/marl.py --benchmarl PYTHON [--frames 12800] [--seeds 3]
+    python benchmarks/marl.py --benchmarl PYTHON [--frames 12800] [--seeds 3] [--epochs 4] [--minibatch 800]
 
 ``--benchmarl PYTHON`` (a Python with ``benchmarl`` and ``vmas``, e.g. a side venv: BenchMARL
 1.5 pins torchrl < 0.12) runs the side-by-side instead: for each seed and algorithm,
 steersman's recipe and BenchMARL's experiment train on VMAS navigation with the same
 hyper-parameters (3 agents, 50-step episodes, shared reward; 64 sub-envs x 50 steps = 3,200
-frames per batch; 4 epochs of 800-transition minibatches = 16 minibatch iterations; Adam
-lr 3e-3, eps 1e-8; gamma 0.99, GAE lambda 0.9, clip 0.2, no entropy bonus, l2 critic loss,
-advantages not standardized (BenchMARL's setting),
-gradient norm clipped at 1; [64, 64] tanh MLPs, parameters shared by the agents, tanh-normal
-actor; centralised critic for MAPPO, per-agent for IPPO; CPU, one torch thread; no
-evaluation, checkpoints or loggers besides one CSV). BenchMARL runs in a subprocess of
-``PYTHON``, one run at a time (never two runs at once). Reported: the loop's frames/s
-(ours: the run summary's; BenchMARL: frames over the wall time of ``experiment.run()``)
-and the mean training episode return of the last batch (the team return; with the shared
-reward every agent's return).
+frames per batch; 4 epochs of 800-transition minibatches = 16 gradient steps per batch:
+BenchMARL's ``on_policy_n_minibatch_iters`` counts epochs, not steps; Adam lr 3e-3, eps
+1e-8; gamma 0.99, GAE lambda 0.9, clip 0.2, no entropy bonus, l2 critic loss, advantages
+not standardized (BenchMARL's setting), gradient norm clipped at 1 per network; [64, 64]
+tanh MLPs, parameters shared by the agents, tanh-normal actor; centralised critic for
+MAPPO, per-agent for IPPO; CPU, one torch thread; no evaluation, checkpoints or loggers
+besides one CSV). BenchMARL runs in a subprocess of ``PYTHON``, one run at a time (never
+two runs at once). Reported: the training loop's frames/s (ours: ``time/fps`` logged after
+the last batch's update, i.e. without the final evaluation and checkpoint, which BenchMARL
+with ``evaluation=False`` does not make; BenchMARL: frames over the wall time of
+``experiment.run()``) and the mean training episode return of each batch (the team return;
+with the shared reward every agent's return): the last batch's per seed, and the mean over
+seeds of each batch's.
 
 Part 1 trains each recipe (``steersman.recipes.mappo``/``ippo``) for ``--frames`` frames on
 each env id (64 sub-envs x 50 steps per batch, 4 epochs of 800-transition minibatches,
@@ -69,8 +72,8 @@ def time_limit_terminal() -> None:
     VmasWrapper._groups_out = terminal
 
 
-def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float]:
-    """(frames/s, last batch's mean training return) of our recipe on vmas/navigation."""
+def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, list[float]]:
+    """(training loop frames/s, each batch's mean training return) of our recipe on vmas/navigation."""
     import importlib
 
     mod = importlib.import_module(f"steersman.recipes.{algo}")
@@ -84,11 +87,12 @@ def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float]:
     cfg.eval.interval, cfg.eval.episodes, cfg.checkpoint.interval = 0, 2, 0
     cfg.logger.backends = ["csv"]
     run_dir = tempfile.mkdtemp() + "/run"
-    summary = mod.train(cfg, run_dir)
+    mod.train(cfg, run_dir)
     from steersman.record import read_metrics_csv
 
-    returns = read_metrics_csv(run_dir + "/metrics.csv")["train/return"]
-    return float(summary["frames_per_s"]), float(returns[-1])
+    cols = read_metrics_csv(run_dir + "/metrics.csv")
+    fps = [x for x in cols["time/fps"] if x == x]  # NaN on the evaluation's row
+    return float(fps[-1]), [float(x) for x in cols["train/return"] if x == x]
 
 
 def benchmarl_worker(algo: str, frames: int, seed: int) -> None:  # pragma: no cover - runs in BenchMARL's venv
@@ -111,7 +115,9 @@ def benchmarl_worker(algo: str, frames: int, seed: int) -> None:  # pragma: no c
     exp.sampling_device = exp.train_device = exp.buffer_device = "cpu"
     exp.on_policy_collected_frames_per_batch, exp.on_policy_n_envs_per_worker = batch, SIDE["num_envs"]
     exp.on_policy_minibatch_size = SIDE["minibatch"]
-    exp.on_policy_n_minibatch_iters = SIDE["epochs"] * batch // SIDE["minibatch"]
+    # BenchMARL's "n_minibatch_iters" counts passes over the batch (each of batch // minibatch
+    # minibatches), i.e. epochs: 16 here gave BenchMARL 64 gradient steps per batch to our 16
+    exp.on_policy_n_minibatch_iters = SIDE["epochs"]
     exp.lr, exp.adam_eps, exp.gamma, exp.clip_grad_norm, exp.clip_grad_val = SIDE["lr"], 1e-8, 0.99, True, 1.0
     exp.share_policy_params, exp.max_n_frames, exp.max_n_iters = True, frames, None
     exp.evaluation, exp.render, exp.loggers, exp.create_json = False, False, ["csv"], False
@@ -125,8 +131,8 @@ def benchmarl_worker(algo: str, frames: int, seed: int) -> None:  # pragma: no c
     wall = time.perf_counter() - t
     path = glob.glob(f"{exp.save_folder}/**/collection_agents_reward_episode_reward_mean.csv", recursive=True)
     with open(path[0]) as f:
-        last = float(list(csv.reader(f))[-1][-1])
-    print(json.dumps({"fps": experiment.total_frames / wall, "return": last}))
+        curve = [float(row[-1]) for row in csv.reader(f)]  # rows: iteration, return
+    print(json.dumps({"fps": experiment.total_frames / wall, "curve": curve}))
 
 
 def side_by_side(python: str, frames: int, seeds: int) -> None:
@@ -138,22 +144,27 @@ def side_by_side(python: str, frames: int, seeds: int) -> None:
     print("|---|---|---|---|---|---|---|", flush=True)
     for seed in range(seeds):
         for algo in ("mappo", "ippo"):
-            fps, ret = ours_on_vmas(algo, frames, seed)
-            out = subprocess.run([python, __file__, "--benchmarl-worker", algo, str(frames), str(seed)],
+            fps, curve = ours_on_vmas(algo, frames, seed)
+            out = subprocess.run([python, __file__, "--benchmarl-worker", algo, str(frames), str(seed),
+                                  str(SIDE["epochs"]), str(SIDE["minibatch"])],
                                  capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 raise RuntimeError(f"BenchMARL {algo} seed {seed} failed:\n{out.stderr[-3000:]}")
             theirs = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append((algo, fps, theirs["fps"], ret, theirs["return"]))
-            print(f"| {algo} | {seed} | {fps:.0f} | {theirs['fps']:.0f} | {fps / theirs['fps']:.2f}x | {ret:.3f} "
-                  f"| {theirs['return']:.3f} |", flush=True)
+            rows.append((algo, fps, theirs["fps"], curve, theirs["curve"]))
+            print(f"| {algo} | {seed} | {fps:.0f} | {theirs['fps']:.0f} | {fps / theirs['fps']:.2f}x | {curve[-1]:.3f} "
+                  f"| {theirs['curve'][-1]:.3f} |", flush=True)
     for algo in ("mappo", "ippo"):
         r = [row for row in rows if row[0] == algo]
         ratios = [a / b for _, a, b, _, _ in r]
+        ours, theirs = [x[3][-1] for x in r], [x[4][-1] for x in r]
         print(f"{algo}: frames/s ratio median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x); last-batch "
-              f"return steersman {statistics.mean(x[3] for x in r):.3f} +- {statistics.pstdev([x[3] for x in r]):.3f}, "
-              f"BenchMARL {statistics.mean(x[4] for x in r):.3f} +- {statistics.pstdev([x[4] for x in r]):.3f}",
-              flush=True)
+              f"return steersman {statistics.mean(ours):.3f} +- {statistics.pstdev(ours):.3f}, "
+              f"BenchMARL {statistics.mean(theirs):.3f} +- {statistics.pstdev(theirs):.3f}", flush=True)
+        for name, i in (("steersman", 3), ("BenchMARL", 4)):  # mean over seeds of each batch's return
+            n = min(len(x[i]) for x in r)
+            print(f"  {name} return per batch: " + ", ".join(f"{statistics.mean(x[i][b] for x in r):.3f}"
+                                                          for b in range(n)), flush=True)
 
 
 def time_ms(fn, repeats: int = 7, calls: int = 20) -> float:
@@ -193,11 +204,18 @@ def main() -> None:
     parser.add_argument("--benchmarl", metavar="PYTHON", help="side by side with BenchMARL run by this Python")
     parser.add_argument("--time-limit-terminal", action="store_true",
                         help="side by side: our VMAS time limit ends episodes as terminated (TorchRL's convention)")
-    parser.add_argument("--benchmarl-worker", nargs=3, metavar=("ALGO", "FRAMES", "SEED"), help=argparse.SUPPRESS)
+    parser.add_argument("--epochs", type=int, default=SIDE["epochs"],
+                        help="side by side: passes over each batch (both sides)")
+    parser.add_argument("--minibatch", type=int, default=SIDE["minibatch"],
+                        help="side by side: transitions per gradient step (both sides)")
+    parser.add_argument("--benchmarl-worker", nargs=5, metavar=("ALGO", "FRAMES", "SEED", "EPOCHS", "MINIBATCH"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    SIDE["epochs"], SIDE["minibatch"] = args.epochs, args.minibatch
     if args.benchmarl_worker:
-        algo, frames, seed = args.benchmarl_worker
+        algo, frames, seed, SIDE["epochs"], SIDE["minibatch"] = args.benchmarl_worker
+        SIDE["epochs"], SIDE["minibatch"] = int(SIDE["epochs"]), int(SIDE["minibatch"])
         return benchmarl_worker(algo, int(frames), int(seed))
     if args.benchmarl:
         if args.time_limit_terminal:
