@@ -198,6 +198,27 @@ def test_redq_gsde_gives_the_actor_zero_noise_when_the_batch_has_none():
     assert seen and all(e.shape == (B,) and not e.any() for e in seen)
 
 
+@pytest.mark.parametrize("cls", [TD3Loss, TD3BCLoss])
+def test_td3_given_noise_replaces_the_smoothing_draw(cls):
+    torch.manual_seed(0)
+    loss = cls(vb.actor(), vb.critic(), action_spec=BOUNDS, given_noise_key=("next", "noise"))
+    plain = cls(loss.actor_network, vb.critic(), action_spec=BOUNDS)
+    plain.load_state_dict(loss.state_dict())
+    batch = vb.continuous_batch(None, (B,))
+    torch.manual_seed(5)
+    eps = torch.randn_like(batch["action"])  # what plain TD3 draws first under seed 5
+    batch["next", "noise"] = eps * 4  # some beyond noise_clip / policy_noise: clipped the same way
+    torch.manual_seed(123)
+    given = loss(batch.clone())
+    ref_batch = batch.clone()
+    plain.policy_noise *= 4  # clip(4 σ ε) drawn by plain TD3 = clip(σ · 4ε) given
+    torch.manual_seed(5)
+    ref = plain(ref_batch)
+    torch.testing.assert_close(given["loss_qvalue"], ref["loss_qvalue"])
+    with pytest.raises(KeyError, match="given_noise_key"):
+        loss(batch.exclude(("next", "noise")))
+
+
 # ------------------------------------------------------------------ actor-critic losses
 @pytest.mark.parametrize("cls", [A2CLoss, PPOLoss, ClipPPOLoss, ReinforceLoss])
 def test_actor_critic_deprecated_spellings(cls):

@@ -33,6 +33,7 @@ from ..tensordict import TensorDict, TensorDictBase, ensemble_call
 from .common import (
     LossModule,
     NestedKey,
+    _norm_key,
     check_options,
     register_critics,
     torchrl_compat,
@@ -92,6 +93,10 @@ class TD3Loss(LossModule):
         use_prioritized_weights: ``"auto"``/``True`` (default ``"auto"``): both terms are
             weighted by the batch's ``"priority_weight"`` when it has one (``"mean"``:
             ``sum(w * l) / sum(w)``); ``False``: never.
+        given_noise_key: steersman's own option (not TorchRL's): a batch key holding the
+            standard normal draws of the target smoothing noise, shaped like the action,
+            used instead of ``torch.randn`` (e.g. a seed population's own random streams:
+            the noise becomes ``clip(policy_noise * eps, ±noise_clip)``). Default ``None``.
 
     Reads the networks' inputs at the root and under ``"next"``, ``"action"``, and
     ``("next", "reward" | "done" | "terminated")`` (``[*batch, 1]``). Returns
@@ -159,8 +164,10 @@ class TD3Loss(LossModule):
         separate_losses: bool = False,
         priority_key: NestedKey | None = None,
         use_prioritized_weights: str | bool = "auto",
+        given_noise_key: NestedKey | None = None,
     ) -> None:
         super().__init__()
+        self.given_noise_key = None if given_noise_key is None else _norm_key(given_noise_key)
         check_options(self, loss_function=loss_function, reduction=reduction, num_qvalue_nets=num_qvalue_nets)
         torchrl_compat(self, deactivate_vmap=deactivate_vmap, separate_losses=separate_losses)
         self._prioritized_options(use_prioritized_weights, priority_key)
@@ -200,7 +207,7 @@ class TD3Loss(LossModule):
     def value_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
         """Every critic's regression to the clipped double-Q target; returns ``(loss, diagnostics)``."""
         action = self._get(tensordict, "action")
-        noise = self._smoothing_noise(action)
+        noise = self._smoothing_noise(action) if self.given_noise_key is None else self._given_noise(tensordict, action)
         with torch.no_grad():
             next_td = tensordict.get("next").copy()
             next_td.set(self.tensor_keys.action, self._next_action(next_td, noise))
@@ -223,6 +230,18 @@ class TD3Loss(LossModule):
     def _smoothing_noise(self, action: Tensor) -> Tensor:
         """``clip(policy_noise * randn, -noise_clip, noise_clip)``, shaped like ``action``."""
         return (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
+
+    def _given_noise(self, td: TensorDictBase, action: Tensor) -> Tensor:
+        """``clip(policy_noise * eps, -noise_clip, noise_clip)`` from the batch's standard
+        normal draws ``eps`` at ``given_noise_key`` (shaped like the action)."""
+        eps = td.get(self.given_noise_key, None)
+        if eps is None:
+            raise KeyError(f"TD3Loss: given_noise_key={self.given_noise_key!r} is not in the batch; it holds the "
+                           "standard normal draws of the target smoothing noise, shaped like the action")
+        if eps.shape != action.shape:
+            raise ValueError(f"TD3Loss: {self.given_noise_key!r} has shape {list(eps.shape)}, expected the action's "
+                             f"{list(action.shape)}")
+        return (eps * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
 
     def _next_action(self, next_td: TensorDictBase, noise: Tensor) -> Tensor:
         """The smoothed target action ``clip(mu_target(s') + noise, low, high)``: ``[*B, *action]``."""

@@ -75,12 +75,14 @@ class TD3BCLoss(TD3Loss):
         deactivate_vmap: bool = False,
         priority_key: NestedKey | None = None,
         use_prioritized_weights: str | bool = "auto",
+        given_noise_key: NestedKey | None = None,
     ) -> None:
         super().__init__(
             actor_network, qvalue_network, action_spec=action_spec, bounds=bounds, num_qvalue_nets=num_qvalue_nets,
             policy_noise=policy_noise, noise_clip=noise_clip, loss_function=loss_function, delay_actor=delay_actor,
             delay_qvalue=delay_qvalue, reduction=reduction, deactivate_vmap=deactivate_vmap,
             separate_losses=separate_losses, priority_key=priority_key, use_prioritized_weights=use_prioritized_weights,
+            given_noise_key=given_noise_key,
         )
         if not float(alpha) > 0:
             raise ValueError(f"TD3BCLoss: alpha must be > 0, got {alpha}")
