@@ -361,17 +361,28 @@ def member_row(state: dict, k: int) -> dict:
     return out
 
 
+class _Singles(dict):
+    """``(algo, seed) -> (final checkpoint row, metrics)`` of that seed trained alone, each
+    run the first time a test asks for it (an xdist worker that runs only some algorithms'
+    cases trains only their seeds)."""
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, key):
+        algo, seed = key
+        make, train, _ = TINY[algo]
+        train(make(seed=seed), self.root / f"{algo}{seed}")
+        self[key] = (member_row(final_state(self.root / f"{algo}{seed}"), 0),
+                     read_metrics_csv(self.root / f"{algo}{seed}" / "seed_0" / "metrics.csv"))
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def singles_off(tmp_path_factory):
-    """A2C, DQN, SAC and TD3 seeds 3..6 trained alone: final checkpoint rows and metrics."""
-    root = tmp_path_factory.mktemp("singles_off")
-    out = {}
-    for algo, (make, train, _) in TINY.items():
-        for seed in range(3, 7):
-            train(make(seed=seed), root / f"{algo}{seed}")
-            out[algo, seed] = (member_row(final_state(root / f"{algo}{seed}"), 0),
-                               read_metrics_csv(root / f"{algo}{seed}" / "seed_0" / "metrics.csv"))
-    return out
+    """A2C, DQN, SAC and TD3 seeds 3..6 trained alone (lazily): final checkpoint rows and metrics."""
+    return _Singles(tmp_path_factory.mktemp("singles_off"))
 
 
 @pytest.mark.parametrize("algo", list(TINY))
