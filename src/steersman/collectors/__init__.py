@@ -11,6 +11,7 @@ profiles a few rollouts with ``torch.profiler``.
 
 from .base import BaseCollector
 from .collector import Collector, SyncDataCollector
+from .evaluator import Evaluator
 from .multi import (
     AsyncCollector,
     CollectorWorkerError,
@@ -48,4 +49,5 @@ __all__ = [
     "CollectorWorkerError",
     "split_trajectories",
     "ProfileConfig",
+    "Evaluator",
 ]
