@@ -19,11 +19,14 @@ STORE = 80 * 2**20  # per node: Ray's minimum is 75 MiB
 def ray_cluster():
     from ray.cluster_utils import Cluster
 
-    # workers at the driver's priority (Ray's default niceness 15 starves the actors on a busy machine)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE,
-                                                             "include_dashboard": False,
+    # workers at the driver's priority (Ray's default niceness 15 starves the actors on a busy machine);
+    # no autoscaler monitor and no log monitors (the tests read no worker logs): two Python
+    # processes fewer to start, each importing Ray
+    quiet = {"object_store_memory": STORE, "include_log_monitor": False}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                             "no_monitor": True, **quiet,
                                                              "_system_config": {"worker_niceness": 0}})
-    cluster.add_node(num_cpus=1, object_store_memory=STORE)
+    cluster.add_node(num_cpus=1, **quiet)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         yield cluster

