@@ -19,7 +19,7 @@ import tests.objectives.cases_onpolicy as onp
 import tests.objectives.cases_sac as sac
 import tests.objectives.cases_value_based as vb
 from steersman.data import Bounded
-from steersman.modules import PercentileValueNorm
+from steersman.modules import PercentileValueNorm, ProbabilisticActor
 from steersman.objectives import (
     A2CLoss,
     ClipPPOLoss,
@@ -35,13 +35,14 @@ from steersman.objectives import (
     PPOLoss,
     REDQLoss,
     ReinforceLoss,
+    SACLoss,
     SoftUpdate,
     TD3BCLoss,
     TD3Loss,
 )
 from steersman.objectives.utils import distance_loss
 from steersman.tensordict import TensorDict
-from steersman.tensordict.nn import ProbabilisticTensorDictSequential, TensorDictModule
+from steersman.tensordict.nn import ProbabilisticTensorDictSequential, TanhNormal, TensorDictModule
 
 B = 6
 BOUNDS = Bounded(-1.0, 1.0, shape=(vb.ACT,))
@@ -217,6 +218,36 @@ def test_td3_given_noise_replaces_the_smoothing_draw(cls):
     torch.testing.assert_close(given["loss_qvalue"], ref["loss_qvalue"])
     with pytest.raises(KeyError, match="given_noise_key"):
         loss(batch.exclude(("next", "noise")))
+
+
+def test_sac_given_noise_equals_an_actor_that_reads_the_noise():
+    class GivenTanhNormal(TanhNormal):  # the reference: the distribution itself reads the draws
+        def __init__(self, loc, scale, eps, **kw):
+            super().__init__(loc, scale, **kw)
+            self.eps = eps
+
+        def rsample(self, sample_shape=torch.Size()):
+            return self._squash(self.loc + self.scale * self.eps)
+
+    def build(given: bool) -> SACLoss:
+        torch.manual_seed(0)
+        actor = sac.actor()
+        if not given:
+            actor = ProbabilisticActor(actor.module[0], in_keys={"loc": "loc", "scale": "scale", "eps": "noise"},
+                                       distribution_class=GivenTanhNormal, return_log_prob=True)
+        return SACLoss(actor, sac.qvalue(), target_entropy=-2.0, given_noise_key="noise" if given else None)
+
+    batch = sac.continuous_batch(None, (B,))
+    batch["noise"] = torch.randn(B, sac.ACT)
+    batch["next", "noise"] = torch.randn(B, sac.ACT)
+    torch.manual_seed(1)
+    out = build(True)(batch.clone())
+    torch.manual_seed(2)
+    ref = build(False)(batch.clone())
+    for k in ("loss_actor", "loss_qvalue", "loss_alpha"):
+        torch.testing.assert_close(out[k], ref[k])
+    with pytest.raises(KeyError, match="given_noise_key"):
+        build(True)(batch.exclude("noise"))
 
 
 # ------------------------------------------------------------------ actor-critic losses

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributions as D
 from torch import Tensor, nn
 
 from ..data import Categorical as CategoricalSpec
@@ -41,6 +42,7 @@ from .actor_critic import shared_parameter_names
 from .common import (
     LossModule,
     NestedKey,
+    _norm_key,
     check_options,
     register_critics,
     torchrl_compat,
@@ -92,6 +94,11 @@ class SACLoss(LossModule):
             (accepted, no effect).
         priority_key, gamma: TorchRL's deprecated keywords (warn): ``set_keys(priority=...)``
             and ``make_value_estimator(gamma=...)``.
+        given_noise_key: steersman's own option (not TorchRL's): a key, read in the batch
+            for actions at ``s`` and under ``"next"`` for actions at ``s'``, of standard
+            normal draws shaped like the action; the reparametrized actions are then
+            ``squash(loc + scale * eps)`` from them instead of fresh ``randn`` draws (a seed
+            population's own random streams). Needs a (Tanh)Normal-family actor.
 
     Reads ``observation`` keys, ``action``, ``("next", <obs keys>)``, ``("next", "reward")``,
     ``("next", "done")`` and ``("next", "terminated")`` (``[*batch, 1]``); writes
@@ -169,9 +176,11 @@ class SACLoss(LossModule):
         scalar_output_mode: str | None = None,
         priority_key: NestedKey | None = None,
         gamma: float | None = None,
+        given_noise_key: NestedKey | None = None,
     ) -> None:
         super().__init__()
         torchrl_compat(self, separate_losses=separate_losses, deactivate_vmap=deactivate_vmap)
+        self.given_noise_key = None if given_noise_key is None else _norm_key(given_noise_key)
         _actor_and_critics(self, actor_network, qvalue_network, num_qvalue_nets, delay_qvalue, loss_function, reduction)
         _sac_options(self, skip_done_states, use_prioritized_weights, scalar_output_mode, priority_key, gamma)
         if delay_actor:
@@ -435,12 +444,46 @@ def _call(module: nn.Module, td: TensorDictBase, out_key: NestedKey) -> Tensor:
     return module(td.select(*module.in_keys)).get(out_key)
 
 
+def rsample_from_noise(dist: D.Distribution, eps: Tensor) -> Tensor:
+    """The reparametrized sample of ``dist`` at the standard normal draws ``eps``:
+    ``loc + scale * eps`` through the distribution's transforms (TanhNormal's squash,
+    ``Independent``, ``TransformedDistribution``), for the Normal family.
+
+    Example:
+        >>> from steersman.tensordict.nn import TanhNormal
+        >>> d = TanhNormal(torch.zeros(2), torch.ones(2))
+        >>> rsample_from_noise(d, torch.tensor([0.0, 100.0])).round(decimals=3)
+        tensor([0., 1.])
+    """
+    if hasattr(dist, "_squash") and hasattr(dist, "loc") and hasattr(dist, "scale"):
+        return dist._squash(dist.loc + dist.scale * eps)
+    if isinstance(dist, D.Independent):
+        return rsample_from_noise(dist.base_dist, eps)
+    if isinstance(dist, D.Normal):
+        return dist.loc + dist.scale * eps
+    if isinstance(dist, D.TransformedDistribution):
+        x = rsample_from_noise(dist.base_dist, eps)
+        for t in dist.transforms:
+            x = t(x)
+        return x
+    raise TypeError(f"given noise drives Normal-family distributions (Normal, Independent, TanhNormal, "
+                    f"TransformedDistribution of those), got {type(dist).__name__}")
+
+
 def _sample(loss: LossModule, actor: nn.Module, td: TensorDictBase) -> tuple[Tensor, Tensor]:
     """A reparametrized action ``[*batch, *action]`` and its log-probability ``[*batch]``."""
     # an explicit interaction type: get_dist then sets none of its own (keeps it compilable)
     with set_exploration_type(ExplorationType.RANDOM):
         dist = actor.get_dist(td.select(*actor.in_keys))
-    action = dist.rsample()
+    key = getattr(loss, "given_noise_key", None)
+    if key is None:
+        action = dist.rsample()
+    else:
+        eps = td.get(key, None)
+        if eps is None:
+            raise KeyError(f"{type(loss).__name__}: given_noise_key={key!r} is not in the batch (nor under "
+                           "'next' for the next actions); it holds standard normal draws shaped like the action")
+        action = rsample_from_noise(dist, eps)
     log_prob = dist.log_prob(action)
     if log_prob.shape != td.batch_size:
         raise ValueError(
