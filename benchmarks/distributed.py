@@ -3,9 +3,11 @@
 Measures, on one machine (a local Ray instance):
 
 1. frames/s of ``RayCollector`` with N collector actors against the local
-   ``MultiSyncDataCollector`` with N worker processes (same env, same policy, one run);
-2. the weight broadcast of a 1M-parameter policy to 4 actors (ms per update: one
-   ``ray.put`` plus every actor fetching and loading it);
+   ``MultiSyncDataCollector`` with N worker processes (same env, same policy, one run:
+   the median of ``--reps`` alternating windows), and where a Ray batch's time goes;
+2. the weight broadcast of a 1M-parameter policy to 4 actors (median and p90 of 30
+   updates: the learner's ``update_policy_weights_``, each actor's fetch and copy, and the
+   standalone round trip with the actors' wake-up);
 3. ``RayReplayBuffer.sample(256)`` and ``extend(1000 transitions)`` round trips (ms);
 4. ``--pendulum``: frames/s of RayCollector on an unbatched Pendulum (2 actors, a linear
    policy, 256 frames per batch), the setting ``--torchrl`` runs with TorchRL's
@@ -19,6 +21,7 @@ Results go to benchmarks/README.md (section "Distributed (Ray)").
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -117,24 +120,74 @@ class Greedy(nn.Module):
         return td
 
 
-def bench_collect(n: int, frames: int, fpb: int) -> tuple[float, float]:
+def _q(xs: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``xs``."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any]:
+    """Frames/s of the local MultiSyncDataCollector and of RayCollector (n workers / actors,
+    sync), both built once and measured in alternating windows of ``frames`` frames
+    (``reps`` each, after a warm-up batch): the median of the per-window ratios. Then where a
+    RayCollector batch's time goes: the driver's round trip of one request to every actor
+    against the actors' own time in the call (``busy_s``: collecting and packing), and the
+    driver's unpacking and stacking."""
+    import ray
+
+    from steersman.distributed._wire import unpack
+
+    out: dict[str, Any] = {"load_before": _load()}
     local = MultiSyncDataCollector([make_env] * n, Greedy(), frames_per_batch=fpb, total_frames=-1)
-    try:
-        local_fps = fps(local, frames)
-    finally:
-        local.shutdown()
     remote = RayCollector(make_env, Greedy(), frames_per_batch=fpb, total_frames=-1, num_collectors=n, sync=True)
     try:
-        ray_fps = fps(remote, frames)
+        lf, rf = [], []
+        for _ in range(reps):
+            lf.append(fps(local, frames))
+            rf.append(fps(remote, frames))
+        out["local_fps"], out["ray_fps"] = statistics.median(lf), statistics.median(rf)
+        out["ratios"] = [ray_ / local_ for ray_, local_ in zip(rf, lf)]
+        out["ratio"] = statistics.median(out["ratios"])
+        # one sync step by hand: what RayCollector's sync iterator does, timed piecewise
+        wall, busy, unpack_s, seq = [], [], [], 10**6
+        for _ in range(20):
+            t = time.perf_counter()
+            replies = ray.get([a.collect.remote(seq, None) for a in remote._actors])
+            t1 = time.perf_counter()
+            torch.stack([unpack(b) for _, b in replies], 0)
+            unpack_s.append(time.perf_counter() - t1)
+            wall.append(t1 - t)
+            busy.append(max(info["busy_s"] for info, _ in replies))
+            seq += 1
+        out["ray_round_trip_ms"] = 1e3 * statistics.median(wall)
+        out["ray_busy_ms"] = 1e3 * statistics.median(busy)
+        out["ray_overhead_ms"] = 1e3 * statistics.median([w - b for w, b in zip(wall, busy)])
+        out["ray_unpack_ms"] = 1e3 * statistics.median(unpack_s)
+        it, t_local = iter(local), []
+        for _ in range(20):
+            t = time.perf_counter()
+            next(it)
+            t_local.append(time.perf_counter() - t)
+        out["local_batch_ms"] = 1e3 * statistics.median(t_local)
     finally:
+        local.shutdown()
         remote.shutdown()
-    return local_fps, ray_fps
+    out["load_after"] = _load()
+    return out
 
 
-def bench_broadcast(n_actors: int = 4, reps: int = 20) -> dict[str, float]:
-    """ms per update of a ~1M-parameter policy: put once + every actor has loaded it, for
-    the previous message (a dict of one NumPy array per tensor) and the current one (one
-    flat byte buffer + its layout); plus the floor: an empty call to the 4 actors."""
+def bench_broadcast(n_actors: int = 4, reps: int = 30) -> dict[str, float]:
+    """A ~1M-parameter policy's weights to 4 actors, per update (median and p90 of
+    ``reps``): what the learner waits for in ``update_policy_weights_`` (packing into the
+    flat buffer and one ``ray.put``); what each actor spends taking them (fetch from the
+    object store and copy into its policy: paid inside its next ``collect`` request, which
+    carries the reference); and the standalone round trip the earlier rows measured (put,
+    then one call to each actor that loads them, waiting for all), with its floor (an empty
+    call to the 4 actors: waking them)."""
     import ray
 
     class Holder(nn.Module):
@@ -151,34 +204,27 @@ def bench_broadcast(n_actors: int = 4, reps: int = 20) -> dict[str, float]:
                              remote_configs={"num_cpus": 0.25})
     try:
         policy = collector.policy
-        out = {"params": sum(p.numel() for p in policy.parameters())}
-
-        def per_tensor() -> Any:  # the message before: one array per tensor
-            return ray.put({k: v.detach().numpy() for k, v in policy.state_dict().items()})
-
-        def flat() -> Any:  # the message now
-            collector.update_policy_weights_()
-            return collector._weights_ref
-
-        for name, make in (("per_tensor", per_tensor), ("flat", flat), ("per_tensor", per_tensor), ("flat", flat)):
-            times, put_times = [], []
-            for k in range(reps):
-                with torch.no_grad():
-                    policy.net[0].bias.fill_(k)
-                t = time.perf_counter()
-                ref = make()
-                put_times.append(time.perf_counter() - t)
-                version = 10_000 + len(times) + 100 * len(out)  # always newer: every actor loads it
-                ray.get([a._apply_weights.remote([version, ref]) for a in collector._actors])
-                times.append(time.perf_counter() - t)
-            out[name] = 1e3 * statistics.median(times[2:])  # the second round of each wins (warm)
-            out[name + "_put"] = 1e3 * statistics.median(put_times[2:])
-        times = []
-        for _ in range(reps):
+        out: dict[str, Any] = {"params": sum(p.numel() for p in policy.parameters()), "load_before": _load()}
+        put, apply, total, empty = [], [], [], []
+        for k in range(reps + 3):  # the first 3 warm up
+            with torch.no_grad():
+                policy.net[0].bias.fill_(k)
             t = time.perf_counter()
+            version = collector.update_policy_weights_()
+            t1 = time.perf_counter()
+            spent = ray.get([a._apply_weights.remote([version, collector._weights_ref]) for a in collector._actors])
+            t2 = time.perf_counter()
             ray.get([a.ping.remote() for a in collector._actors])
-            times.append(time.perf_counter() - t)
-        out["empty_call"] = 1e3 * statistics.median(times[2:])
+            t3 = time.perf_counter()
+            if k >= 3:
+                put.append(t1 - t)
+                apply.append(max(spent))
+                total.append(t2 - t)
+                empty.append(t3 - t2)
+        for name, xs in (("update", put), ("actor_apply", apply), ("round_trip", total), ("empty_call", empty)):
+            out[name] = 1e3 * statistics.median(xs)
+            out[name + "_p90"] = 1e3 * _q(xs, 0.9)
+        out["load_after"] = _load()
         return out
     finally:
         collector.shutdown()
@@ -222,6 +268,8 @@ def main() -> None:
     p.add_argument("--collectors", type=int, default=2)
     p.add_argument("--frames", type=int, default=20_000)
     p.add_argument("--frames-per-batch", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=5, help="alternating measurement windows per collector")
+    p.add_argument("--only", choices=["collect", "broadcast", "buffer"], default=None)
     p.add_argument("--pendulum", action="store_true", help="only the Pendulum setting of --torchrl")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -232,14 +280,26 @@ def main() -> None:
         print(f"steersman RayCollector, Pendulum, {PENDULUM['collectors']} collectors: "
               f"{steersman_pendulum():,.0f} frames/s")
         return
-    local_fps, ray_fps = bench_collect(args.collectors, args.frames, args.frames_per_batch)
-    print(f"collect, {args.collectors} collectors, CartPole[16], {args.frames_per_batch} frames/batch: "
-          f"local MultiSync {local_fps:,.0f} frames/s, RayCollector {ray_fps:,.0f} frames/s, "
-          f"ratio {ray_fps / local_fps:.2f}")
-    b = bench_broadcast()
-    print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms/update (put): one array per tensor "
-          f"{b['per_tensor']:.1f} ({b['per_tensor_put']:.1f}), one flat buffer {b['flat']:.1f} ({b['flat_put']:.1f}); "
-          f"ratio {b['per_tensor'] / b['flat']:.2f}x; floor (empty call to the 4 actors) {b['empty_call']:.1f}")
+    if args.only in (None, "collect"):
+        c = bench_collect(args.collectors, args.frames, args.frames_per_batch, args.reps)
+        print(f"collect, {args.collectors} collectors, CartPole[16], {args.frames_per_batch} frames/batch, "
+              f"{args.reps} alternating windows of {args.frames} frames (load {c['load_before']} -> "
+              f"{c['load_after']}): local MultiSync {c['local_fps']:,.0f} frames/s, RayCollector "
+              f"{c['ray_fps']:,.0f} frames/s (medians); ratio median {c['ratio']:.2f} "
+              f"(windows: {', '.join(f'{r:.2f}' for r in c['ratios'])})")
+        print(f"  per batch, ms (median of 20): local MultiSync {c['local_batch_ms']:.1f}; Ray round trip "
+              f"{c['ray_round_trip_ms']:.1f} = actors busy {c['ray_busy_ms']:.1f} + Ray {c['ray_overhead_ms']:.1f}; "
+              f"then unpack+stack {c['ray_unpack_ms']:.2f}")
+    if args.only in (None, "broadcast"):
+        b = bench_broadcast()
+        print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms median (p90) of 30 updates "
+              f"(load {b['load_before']} -> {b['load_after']}): update_policy_weights_ (pack + put) "
+              f"{b['update']:.1f} ({b['update_p90']:.1f}); each actor's fetch+copy, the slowest "
+              f"{b['actor_apply']:.1f} ({b['actor_apply_p90']:.1f}); standalone round trip put + 4 calls "
+              f"{b['round_trip']:.1f} ({b['round_trip_p90']:.1f}); floor: empty call to the 4 actors "
+              f"{b['empty_call']:.1f} ({b['empty_call_p90']:.1f})")
+    if args.only not in (None, "buffer"):
+        return
     r = bench_buffer()
     print(f"RayReplayBuffer sample(256), ms median (mean): waiting {r['sample_wait']:.2f} ({r['sample_wait_mean']:.2f}), "
           f"prefetch=4 {r['sample_async']:.2f} ({r['sample_async_mean']:.2f}); ratio "
