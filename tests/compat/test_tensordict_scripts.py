@@ -115,3 +115,35 @@ def test_tensorclass_batches_and_pytrees():
     tree = {"obs": {"pixels": torch.zeros(4, 3, 8, 8), "state": torch.zeros(4, 5)}, "extras": [torch.ones(4)]}
     td = from_pytree(tree, batch_size=[4])
     assert_close(from_pytree(td.to_pytree(), batch_size=[4]), td)
+
+
+def test_typed_state_shared_table_and_a_growing_dataset(tmp_path):
+    """A typed rollout state with a shared (unbatched) lookup table, consolidated to ship
+    it, appended to an on-disk dataset chunk by chunk, and a structure pasted from a log."""
+    from steersman.tensordict import (
+        TypedTensorDict,
+        UnbatchedTensor,
+        append_memmap,
+        from_consolidated,
+        load_memmap,
+        parse_tensor_dict_string,
+    )
+
+    class Step(TypedTensorDict):
+        obs: torch.Tensor
+        reward: torch.Tensor
+
+    table = UnbatchedTensor(torch.randn(10, 4))
+    chunk = Step(obs=torch.randn(8, 3), reward=torch.zeros(8, 1), batch_size=[8])
+    chunk["table"] = table
+    first = chunk[:4]
+    assert type(first) is Step and first["table"].data_ptr() == table.data_ptr()
+    shipped = chunk.consolidate(filename=tmp_path / "chunk.bin")
+    assert torch.equal(from_consolidated(tmp_path / "chunk.bin")["obs"], shipped.obs)
+    data = chunk.exclude("table").to_tensordict()
+    data.save(tmp_path / "ds")
+    for _ in range(3):
+        append_memmap(tmp_path / "ds", data)
+    assert load_memmap(tmp_path / "ds").batch_size == (32,)
+    logged = "TensorDict(batch_size=[8], fields={obs: f32[3], reward: f32[1]})"
+    assert parse_tensor_dict_string(logged)["obs"].shape == (8, 3)

@@ -181,3 +181,33 @@ def test_pad_first_dim_first_inplace_safe():
 
     p = P(a=torch.zeros(2), batch_size=[2])
     assert pad(p, [0, 1], inplace=True) is p and p.batch_size == (3,) and p.a.shape == (3,)
+
+
+INPLACE = {
+    "flatten": lambda td, **kw: td.flatten(0, 1, **kw),
+    "unflatten": lambda td, **kw: td.unflatten(1, unflattened_size=(2, 2), **kw),
+    "repeat": lambda td, **kw: td.repeat(2, 1, **kw),
+    "repeat_interleave": lambda td, **kw: td.repeat_interleave(2, dim=1, output_size=8, **kw),
+    "roll": lambda td, **kw: td.roll(1, 0, **kw),
+    "masked_select": lambda td, **kw: td.masked_select(torch.tensor([True, False, True]), **kw),
+    "gather": lambda td, **kw: td.gather(1, torch.tensor([[0, 3], [1, 1], [2, 0]]), **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(INPLACE))
+def test_shape_ops_inplace(name):
+    td = TensorDict(a=torch.arange(12.0).reshape(3, 4), n={"b": torch.arange(24).reshape(3, 4, 2)}, batch_size=[3, 4])
+    want = INPLACE[name](td.clone())
+    got = INPLACE[name](td, inplace=True)
+    assert got is td and td.batch_size == want.batch_size
+    assert torch.equal(td["a"], want["a"]) and torch.equal(td["n", "b"], want["n", "b"])
+    lz = as_lazy(TensorDict(a=torch.zeros(3, 4), batch_size=[3, 4]))
+    with pytest.raises(NotImplementedError, match="to_tensordict"):
+        INPLACE[name](lz, inplace=True)
+
+
+def test_gather_out():
+    td = TensorDict(a=torch.arange(6.0).reshape(2, 3), batch_size=[2, 3])
+    out = TensorDict(a=torch.zeros(2, 2), batch_size=[2, 2])
+    idx = torch.tensor([[2, 0], [1, 1]])
+    assert td.gather(1, idx, out=out) is out and out["a"].tolist() == [[2, 0], [4, 4]]

@@ -67,6 +67,7 @@ from .switches import (
 from .td import TensorDict
 from .tensorclass import TensorClass, from_dataclass, is_tensorclass, tensorclass
 from .typed import TypedTensorDict
+from .unbatched import UnbatchedTensor
 
 __all__ = [
     "TensorDict",
@@ -154,4 +155,5 @@ __all__ = [
     "from_consolidated",
     "append_memmap",
     "TypedTensorDict",
+    "UnbatchedTensor",
 ]

@@ -1436,9 +1436,11 @@ class TensorDictBase:
         self._map_(lambda x: x.masked_fill_(expand_right(mask, x.shape), value), (), assign=False)
         return self
 
-    def masked_select(self, mask: Tensor) -> TensorDictBase:
+    def masked_select(self, mask: Tensor, *, inplace: bool = False) -> TensorDictBase:
+        """The elements where ``mask`` (over the leading batch dims) is True
+        (``inplace``: see :meth:`flatten`)."""
         _check_mask(self, mask)
-        return self[mask]
+        return _maybe_inplace(self, self[mask], inplace, "masked_select")
 
     def where(self, condition: Tensor, other: Any, *, pad: Any = None) -> TensorDictBase:
         """Keeps ``self`` where ``condition`` is True, takes ``other`` elsewhere."""
@@ -1480,7 +1482,10 @@ class TensorDictBase:
         t = tuple(shape)
         return self._apply_batch(lambda x: x.view(*t, *x.shape[bd:]), shape, None)
 
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> TensorDictBase:
+    def flatten(self, start_dim: int = 0, end_dim: int = -1, *, inplace: bool = False) -> TensorDictBase:
+        """Merges batch dims ``start_dim..end_dim``. ``inplace=True``: the container keeps
+        its identity and gets the new leaves and batch size (a TensorDict only; the same for
+        ``unflatten``, ``repeat``, ``repeat_interleave``, ``roll``, ``masked_select``, ``gather``)."""
         bd = self.batch_dims
         if bd == 0:
             return self
@@ -1489,9 +1494,13 @@ class TensorDictBase:
             return self
         bs = self.batch_size
         shape = bs[:s] + (math.prod(bs[s : e + 1]),) + bs[e + 1 :]
-        return self.reshape(shape)
+        return _maybe_inplace(self, self.reshape(shape), inplace, "flatten")
 
-    def unflatten(self, dim: int, sizes: Sequence[int]) -> TensorDictBase:
+    def unflatten(self, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False) -> TensorDictBase:
+        """Splits batch dim ``dim`` into ``unflattened_size`` (``inplace``: see :meth:`flatten`)."""
+        if inplace:
+            return _maybe_inplace(self, self.unflatten(dim, unflattened_size), True, "unflatten")
+        sizes = unflattened_size
         bd = self.batch_dims
         d = _dims_tuple(dim, bd)[0]
         bs = self.batch_size
@@ -1573,7 +1582,10 @@ class TensorDictBase:
     def expand_as(self, other: Any) -> TensorDictBase:
         return self.expand(other.shape)
 
-    def repeat(self, *repeats: Any) -> TensorDictBase:
+    def repeat(self, *repeats: Any, inplace: bool = False) -> TensorDictBase:
+        """Tiles the batch dims (``inplace``: see :meth:`flatten`)."""
+        if inplace:
+            return _maybe_inplace(self, self.repeat(*repeats), True, "repeat")
         repeats = _shape_args(repeats)
         bd = self.batch_dims
         if len(repeats) != bd:
@@ -1581,19 +1593,28 @@ class TensorDictBase:
         new_bs = torch.Size(s * r for s, r in zip(self.batch_size, repeats))
         return self._apply_batch(lambda x: x.repeat(*repeats, *(1,) * (x.ndim - bd)), new_bs, None)
 
-    def repeat_interleave(self, repeats: int | Tensor, dim: int = 0) -> TensorDictBase:
+    def repeat_interleave(self, repeats: int | Tensor, dim: int = 0, *, output_size: int | None = None,
+                          inplace: bool = False) -> TensorDictBase:
+        """Repeats each element along batch dim ``dim``; ``output_size`` (the new length,
+        as for ``torch.repeat_interleave``) saves a sync on a tensor ``repeats`` and is checked;
+        ``inplace``: see :meth:`flatten`."""
         d = _dims_tuple(dim, self.batch_dims)[0]
         bs = list(self.batch_size)
-        bs[d] = int(repeats.sum()) if isinstance(repeats, Tensor) else bs[d] * repeats
-        return self._apply_batch(lambda x: x.repeat_interleave(repeats, dim=d), torch.Size(bs), None)
+        bs[d] = output_size if output_size is not None else (
+            int(repeats.sum()) if isinstance(repeats, Tensor) else bs[d] * repeats)
+        out = self._apply_batch(lambda x: x.repeat_interleave(repeats, dim=d, output_size=output_size),
+                                torch.Size(bs), None)
+        return _maybe_inplace(self, out, inplace, "repeat_interleave")
 
     def flip(self, dims: Any) -> TensorDictBase:
         dims = _dims_tuple(dims, self.batch_dims)
         return self._apply_batch(lambda x: x.flip(dims), self.batch_size, self.names_or_none())
 
-    def roll(self, shifts: Any, dims: Any) -> TensorDictBase:
+    def roll(self, shifts: Any, dims: Any, *, inplace: bool = False) -> TensorDictBase:
+        """Rolls batch dims ``dims`` by ``shifts`` (``inplace``: see :meth:`flatten`)."""
         dims = _dims_tuple(dims, self.batch_dims)
-        return self._apply_batch(lambda x: x.roll(shifts, dims), self.batch_size, self.names_or_none())
+        out = self._apply_batch(lambda x: x.roll(shifts, dims), self.batch_size, self.names_or_none())
+        return _maybe_inplace(self, out, inplace, "roll")
 
     def narrow(self, dim: int, start: int, length: int) -> TensorDictBase:
         d = _dims_tuple(dim, self.batch_dims)[0]
@@ -1632,8 +1653,15 @@ class TensorDictBase:
         size = -(-n // chunks) if n else 1
         return self.split(size, dim)
 
-    def gather(self, dim: int, index: Tensor) -> TensorDictBase:
-        return torch.gather(self, dim, index)
+    def gather(self, dim: int, index: Tensor, *, out: TensorDictBase | None = None,
+               inplace: bool = False) -> TensorDictBase:
+        """``torch.gather`` along batch dim ``dim`` on every leaf; ``out``: written into it
+        (in place, returned); ``inplace``: see :meth:`flatten`."""
+        result = torch.gather(self, dim, index)
+        if out is not None:
+            out.update_(result)
+            return out
+        return _maybe_inplace(self, result, inplace, "gather")
 
     # ------------------------------------------------------------------ names
     def names_or_none(self) -> list | None:
@@ -1950,6 +1978,23 @@ def _check_broadcast(src: Sequence[int], dst: Sequence[int], key: Any) -> None:
         raise ValueError(
             f"cannot write a value of shape {list(src)} into entry {key!r} of shape {list(dst)}"
         )
+
+
+def _maybe_inplace(td: Any, result: Any, inplace: bool, name: str) -> Any:
+    """``result``, or (``inplace``) ``td`` given ``result``'s entries and batch size."""
+    if not inplace:
+        return result
+    from .td import TensorDict
+
+    if not isinstance(td, TensorDict) or not isinstance(result, TensorDict):
+        raise NotImplementedError(f"{name}(inplace=True) replaces the entries of a TensorDict; a "
+                                  f"{type(td).__name__} cannot, call to_tensordict() first (or drop inplace)")
+    if td.is_locked:
+        raise RuntimeError(f"{name}(inplace=True): the TensorDict is locked (unlock_() it first)")
+    td._tensordict = dict(result._tensordict)
+    td._batch_size = result._batch_size
+    td._names = result._names
+    return td
 
 
 def _rename(td: Any, key_transform: Callable | None, reduce: bool) -> Any:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .base import TensorDictBase, _is_branch, _is_non_tensor, _unwrap
 from .files import LoadError
+from .unbatched import UnbatchedTensor
 
 __all__ = ["consolidate", "from_consolidated", "is_consolidated"]
 
@@ -43,7 +44,7 @@ def _describe(td: Any, prefix: tuple, leaves: list, offset: list) -> dict:
                 raise TypeError(f"consolidate: the dtype of {prefix + (key,)!r} ({v.dtype}) is not supported")
             nbytes = v.numel() * v.element_size()
             fields[key] = {"kind": "tensor", "dtype": name, "shape": list(v.shape), "offset": offset[0],
-                           "nbytes": nbytes}
+                           "nbytes": nbytes, "unbatched": type(v) is UnbatchedTensor}
             leaves.append((v, offset[0]))
             offset[0] += -(-nbytes // _ALIGN) * _ALIGN
         elif _is_non_tensor(v):
@@ -93,7 +94,8 @@ def _rebuild(tree: dict, storage: Tensor, device: torch.device | None, file: Any
                 raise LoadError(f"tensor entry {prefix + (key,)!r} does not fit the file (dtype "
                                 f"{node.get('dtype')!r}, shape {shape}, offset {off}, {nbytes} bytes of {n})",
                                 file=file, field=str(key))
-            out._set_str(key, storage[off:off + nbytes].view(dtype).view(shape), False, False)
+            view = storage[off:off + nbytes].view(dtype).view(shape)
+            out._set_str(key, UnbatchedTensor(view) if node.get("unbatched") is True else view, False, False)
         elif kind == "non_tensor":
             out._set_str(key, NonTensorData(node.get("value"), batch_size=node.get("batch_size", list(bs))),
                          False, False)

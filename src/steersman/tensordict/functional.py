@@ -20,6 +20,7 @@ from .base import (
 )
 from .switches import STATE
 from .td import TensorDict, _td
+from .unbatched import UnbatchedTensor as _UT
 
 __all__ = ["stack", "cat", "where", "gather", "pad", "maybe_dense_stack"]
 
@@ -113,9 +114,10 @@ def _join_dense(tds: Sequence[Any], dim: int, prefix: tuple, join: Callable) -> 
             _raise_mismatch(tds, prefix, "stack" if is_stack else "cat", None if is_stack else dim)
         if isinstance(v, Tensor):
             try:  # (dim=0 is the default: not passing it saves the argument parsing)
-                out[k] = join(vals, dim) if dim else join(vals)
+                r = join(vals, dim) if dim else join(vals)
             except (RuntimeError, TypeError) as err:
                 raise _join_error(vals, prefix + (k,) if prefix else k, is_stack) from err
+            out[k] = r if type(r) is not _UT else r._with_batch(new_bs)
             continue
         r = _join_dense(vals, dim, prefix + (k,), join) if type(v) is TensorDict else None
         if r is None:

@@ -23,6 +23,8 @@ from ._utils import (
 from .base import TensorDictBase, _is_branch, _is_non_tensor, is_tensor_collection
 from .indexing import INT, SLICE, plan_index
 from .switches import STATE
+from .unbatched import UnbatchedTensor as _UT
+from .unbatched import _WholeWrite
 
 __all__ = ["TensorDict"]
 
@@ -117,7 +119,9 @@ class TensorDict(TensorDictBase):
                 )
             if isinstance(value, Tensor):  # the common case, inlined (_bad_batch too)
                 shape = value.shape
-                if (not shape or shape[0] != b0) if n == 1 else _bad_batch(shape, bs, n):
+                if type(value) is _UT:
+                    value = value._with_batch(bs)
+                elif (not shape or shape[0] != b0) if n == 1 else _bad_batch(shape, bs, n):
                     raise _batch_error(key, bs, shape)
                 if dev is not None and value.device != dev:
                     value = value.to(dev, non_blocking=True)
@@ -220,7 +224,7 @@ class TensorDict(TensorDictBase):
             >>> make().auto_batch_size_(batch_dims=2, keep_compliant_size=True)["n"].batch_size
             torch.Size([2, 3, 4])
         """
-        shapes = [t.shape for t in self._tensor_leaves()]
+        shapes = [t.shape for t in self._tensor_leaves() if type(t) is not _UT]
         for k in self._keys_str():
             v = self._tensordict[k]
             if _is_non_tensor(v) and getattr(type(v), "_is_stack", False):
@@ -281,7 +285,7 @@ class TensorDict(TensorDictBase):
         nd = len(new)
         for key, v in self._tensordict.items():
             shape = v.shape if isinstance(v, Tensor) else v.batch_size
-            if _is_non_tensor(v) and not getattr(type(v), "_is_stack", False):
+            if (_is_non_tensor(v) and not getattr(type(v), "_is_stack", False)) or type(v) is _UT:
                 continue
             if len(shape) < nd or shape[:nd] != new:
                 if _is_branch(v) and len(shape) <= nd and new[: len(shape)] == shape:
@@ -362,7 +366,9 @@ class TensorDict(TensorDictBase):
                 raise TypeError(f"TensorDict keys must be strings, got {key!r} ({type(key).__name__})")
             bs = self._batch_size
             shape = value.shape if isinstance(value, Tensor) else value.batch_size
-            if _bad_batch(shape, bs, len(bs)):
+            if type(value) is _UT:
+                value = value._with_batch(bs)
+            elif _bad_batch(shape, bs, len(bs)):
                 raise _batch_error(key, bs, shape)
             dev = self._device
             if dev is not None:
@@ -465,7 +471,7 @@ class TensorDict(TensorDictBase):
         return super().__getitem__(index)
 
     def set(self, key: NestedKey, item: Any, inplace: bool = False, **kwargs: Any) -> TensorDict:
-        if type(key) is str and isinstance(item, Tensor) and not (inplace or self._locked):
+        if type(key) is str and isinstance(item, Tensor) and not (inplace or self._locked) and type(item) is not _UT:
             bs = self._batch_size
             if _bad_batch(item.shape, bs, len(bs)):
                 raise _batch_error(key, bs, item.shape)
@@ -524,18 +530,27 @@ class TensorDict(TensorDictBase):
         if type(index) is slice:
             return _index_tree(self, index, torch.Size((len(range(*index.indices(bs[0]))), *bs[1:])))
         out = {}
+        batched = None  # the first entry with batch dims (not an UnbatchedTensor)
+        unbatched = []
         for k, v in self._tensordict.items():
+            if type(v) is _UT:
+                unbatched.append(k)
+                continue
             out[k] = v[index] if isinstance(v, Tensor) else v._index(index)
-        if not out:
+            if batched is None:
+                batched = k
+        if batched is None:
             new_bs = indexed_batch_size(bs, index)
         else:  # read it off the first entry: the leading dims it gained or lost
-            k, v = next(iter(self._tensordict.items()))
+            k, v = batched, self._tensordict[batched]
             r = out[k]
             if isinstance(v, Tensor):
                 new_bs = r.shape[: r.ndim - v.ndim + len(bs)]
             else:
                 rb = r.batch_size
                 new_bs = rb[: len(rb) - len(v.batch_size) + len(bs)]
+        for k in unbatched:
+            out[k] = self._tensordict[k]._with_batch(new_bs)
         names = None if self._names is None else _names_after_index(self._names, index)
         return _td(out, new_bs, self._device, names)
 
@@ -561,7 +576,7 @@ class TensorDict(TensorDictBase):
         out = {}
         for k, v in self._tensordict.items():
             if isinstance(v, Tensor):
-                out[k] = fn(v)
+                out[k] = fn(v) if type(v) is not _UT else v._with_batch(batch_size)
             else:
                 vbs = v.batch_size  # a nested container with no extra dims shares batch_size
                 out[k] = v._apply_batch(fn, batch_size + vbs[bd:] if len(vbs) > bd else batch_size, None)
@@ -573,7 +588,7 @@ class TensorDict(TensorDictBase):
         cols = []  # one sequence of parts per key
         for v in self._tensordict.values():
             if isinstance(v, Tensor):
-                cols.append(fn(v))
+                cols.append(fn(v) if type(v) is not _UT else [v._with_batch(b) for b in batch_sizes])
             else:
                 extra = v.batch_size[bd:]
                 cols.append(v._split_batch(fn, [b + extra for b in batch_sizes] if extra else batch_sizes))
@@ -947,6 +962,12 @@ def _same_structure(dst: TensorDict, src: TensorDict, pairs: list, bd: int, vbd:
         if isinstance(dv, Tensor):
             if not isinstance(sv, Tensor):
                 return False
+            if type(dv) is _UT:  # the payload is written whole, whatever the index
+                if dv.shape != sv.shape:
+                    raise ValueError(f"cannot write an entry of shape {list(sv.shape)} into the unbatched "
+                                     f"entry {k!r} of shape {list(dv.shape)}")
+                pairs.append((_WholeWrite(dv), sv))
+                continue
             ds, ss = dv.shape, sv.shape
             nf = len(ds) - bd  # feature dims; one, the common case, is compared without slicing
             if nf != len(ss) - vbd or (ds[-1] != ss[-1] if nf == 1 else nf and ds[bd:] != ss[vbd:]):
@@ -984,7 +1005,7 @@ def _index_tree(td: TensorDict, index: int | slice, new_bs: torch.Size) -> Tenso
     out = {}
     for k, v in td._tensordict.items():
         if isinstance(v, Tensor):
-            out[k] = v[index]  # an int out of range raises IndexError here
+            out[k] = v[index] if type(v) is not _UT else v._with_batch(new_bs)  # an int out of range raises
         elif type(v) is TensorDict and v._batch_size == bs:
             out[k] = _index_tree(v, index, new_bs)
         else:
@@ -1002,14 +1023,15 @@ class _NotDense(Exception):
 def _take_rows(td: TensorDict, rows: Tensor, n: torch.Size) -> TensorDict:
     """``index_select(0, rows)`` on every leaf of a tree of plain TensorDicts."""
     out = {}
+    new_bs = n + td._batch_size[1:] if len(td._batch_size) > 1 else n
     for k, v in td._tensordict.items():
         if isinstance(v, Tensor):
-            out[k] = v.index_select(0, rows)
+            out[k] = v.index_select(0, rows) if type(v) is not _UT else v._with_batch(new_bs)
         elif type(v) is TensorDict and v._names is None:
             out[k] = _take_rows(v, rows, n)
         else:
             raise _NotDense
-    return _td(out, n + td._batch_size[1:] if len(td._batch_size) > 1 else n, td._device, None)
+    return _td(out, new_bs, td._device, None)
 
 
 def _flatten_into(td: TensorDict, sep: str, prefix: str, out: dict) -> None:
@@ -1141,7 +1163,7 @@ def _check_mapped(td: TensorDict) -> None:
     dev = td._device
     for k, v in td._tensordict.items():
         shape = v.shape if isinstance(v, Tensor) else v.batch_size
-        if (not shape or shape[0] != b0) if n == 1 else _bad_batch(shape, bs, n):  # _bad_batch, inlined
+        if ((not shape or shape[0] != b0) if n == 1 else _bad_batch(shape, bs, n)) and type(v) is not _UT:
             raise ValueError(
                 f"the function changed the batch dims of {k!r} (shape {list(shape)}, batch_size "
                 f"{list(bs)}); pass batch_size= to apply() for the new batch size"

@@ -32,6 +32,7 @@ _RETYPED = (
     "chunk", "add", "sub", "mul", "div", "pow", "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "lerp",
     "abs", "neg", "exp", "log", "sqrt", "sigmoid", "sign", "reciprocal", "sum", "mean", "std", "var", "prod",
     "amax", "amin", "norm", "cumsum", "cumprod", "update", "zero_", "share_memory_", "memmap", "memmap_like",
+    "consolidate",
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
     "__pow__", "__neg__", "__abs__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__",
     "__or__", "__xor__", "__invert__",
