@@ -9,6 +9,7 @@ sets of names are here). ``split_trajectories`` cuts a batch into one row per tr
 profiles a few rollouts with ``torch.profiler``.
 """
 
+from .async_batched import AsyncBatchedCollector
 from .base import BaseCollector
 from .collector import Collector, SyncDataCollector
 from .evaluator import Evaluator
@@ -50,4 +51,5 @@ __all__ = [
     "split_trajectories",
     "ProfileConfig",
     "Evaluator",
+    "AsyncBatchedCollector",
 ]

@@ -192,10 +192,11 @@ class AsyncEnvPool(EnvBase):
         if td is None:
             if cmd != _RESET:
                 raise ValueError(f"{owner} needs a TensorDict with the actions and 'env_index'")
-            return list(range(self.num_envs)), None
-        if td.batch_dims == 0:
-            td = td.unsqueeze(0)
-        idx = _indices(td, self.num_envs, owner)
+            idx = list(range(self.num_envs))  # every env
+        else:
+            if td.batch_dims == 0:
+                td = td.unsqueeze(0)
+            idx = _indices(td, self.num_envs, owner)
         with self._lock:
             busy = [i for i in idx if i in self._busy]
             if busy:
