@@ -15,6 +15,8 @@ embedding)``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -156,7 +158,8 @@ def _while(cond: Callable, body: Callable, carry: tuple, compiled: bool) -> tupl
 def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Tensor, uniform: Tensor | None,
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
-                  early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False) -> Tensor:
+                  early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False,
+                  functional: bool = False) -> Tensor:
     """One simulation on every tree, updating ``tree`` in place: a descent of at most
     ``depth_steps`` levels (``<= max_depth``), one expansion (node ``sim + 1`` unless
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
@@ -224,27 +227,28 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
         emb = TensorDict({k: emb_store.get(k)[ar, parent] for k in keys}, batch_size=ar.shape)
     step, next_emb = recurrent_fn(params, rng, action, emb)
     leaf_value = step.value.to(tree.node_values.dtype).clone(memory_format=torch.contiguous_format)
-    tree.children_prior_logits[ar, nn] = step.prior_logits
-    tree.raw_values[ar, nn] = leaf_value
-    tree.node_values[ar, nn] = leaf_value
-    tree.node_visits[ar, nn] += 1
-    tree.depth[ar, nn] = depth
-    if tensor_embedding:
-        emb_store.get(_EMB_KEY)[ar, nn] = next_emb
-    else:
-        for k in keys:
-            emb_store.get(k)[ar, nn] = next_emb.get(k)
-    children_index[ar, parent, action] = nn
-    tree.children_rewards[ar, parent, action] = step.reward
-    tree.children_discounts[ar, parent, action] = step.discount
-    tree.parents[ar, nn] = parent
-    tree.action_from_parent[ar, nn] = action
+    arrays = {f: getattr(tree, f) for f in _WRITTEN}
+    put = functools.partial(_put, arrays, functional)
+    put("children_prior_logits", (ar, nn), step.prior_logits)
+    put("raw_values", (ar, nn), leaf_value)
+    put("node_values", (ar, nn), leaf_value)
+    put("node_visits", (ar, nn), arrays["node_visits"][ar, nn] + 1)
+    put("depth", (ar, nn), depth)
+    new_emb = {_EMB_KEY: next_emb} if tensor_embedding else {k: next_emb.get(k) for k in keys}
+    embeddings = {k: emb_store.get(k) for k in new_emb}
+    for k, x in new_emb.items():
+        _put(embeddings, functional, k, (ar, nn), x)
+    put("children_index", (ar, parent, action), nn)
+    put("children_rewards", (ar, parent, action), step.reward)
+    put("children_discounts", (ar, parent, action), step.discount)
+    put("parents", (ar, nn), parent)
+    put("action_from_parent", (ar, nn), action)
 
     # backup: returns along the path from the leaf up (mctx's order of operations),
     # then one masked write per array. Unused path columns repeat column 0's write.
     br = ar.unsqueeze(-1)
-    rewards = tree.children_rewards[br, path_nodes, path_actions]
-    discounts = tree.children_discounts[br, path_nodes, path_actions]
+    rewards = arrays["children_rewards"][br, path_nodes, path_actions]
+    discounts = arrays["children_discounts"][br, path_nodes, path_actions]
     cols = torch.arange(levels, device=ar.device)
     if use_while_loop:  # as deep as the deepest path, inside the graph
         def bcond(i: Tensor, ret: Tensor, returns: Tensor) -> Tensor:
@@ -267,20 +271,30 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
             ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
             rets.append(ret)
         returns = torch.stack(rets[::-1], -1)
-    count = tree.node_visits[br, path_nodes]
-    new_values = (tree.node_values[br, path_nodes] * count + returns) / (count + 1.0)
+    count = arrays["node_visits"][br, path_nodes]
+    new_values = (arrays["node_values"][br, path_nodes] * count + returns) / (count + 1.0)
     child_values = torch.cat([new_values[:, 1:], leaf_value.unsqueeze(-1)], -1) if levels > 1 \
         else leaf_value.unsqueeze(-1)
     child_values = torch.where(cols == last, leaf_value.unsqueeze(-1), child_values)
     used = cols < depth.unsqueeze(-1)
     pn = torch.where(used, path_nodes, 0)
     pa = torch.where(used, path_actions, path_actions[:, :1])
-    tree.node_values[br, pn] = torch.where(used, new_values, new_values[:, :1])
-    tree.node_visits[br, pn] = torch.where(used, count, count[:, :1]) + 1
-    tree.children_values[br, pn, pa] = torch.where(used, child_values, child_values[:, :1])
-    visits = tree.children_visits[br, pn, pa]
-    tree.children_visits[br, pn, pa] = torch.where(used, visits, visits[:, :1]) + 1
+    put("node_values", (br, pn), torch.where(used, new_values, new_values[:, :1]))
+    put("node_visits", (br, pn), torch.where(used, count, count[:, :1]) + 1)
+    put("children_values", (br, pn, pa), torch.where(used, child_values, child_values[:, :1]))
+    visits = arrays["children_visits"][br, pn, pa]
+    put("children_visits", (br, pn, pa), torch.where(used, visits, visits[:, :1]) + 1)
+    if functional:
+        return nn, arrays, embeddings
     return nn
+
+
+def _put(arrays: dict, functional: bool, name: str, index: tuple, value: Tensor) -> None:
+    """``arrays[name][index] = value``, in place or (``functional``) as a new tensor."""
+    if functional:
+        arrays[name] = arrays[name].index_put(index, value)
+    else:
+        arrays[name][index] = value
 
 
 _COMPILED: dict = {}
@@ -316,6 +330,56 @@ def compiled_simulation(options: dict, key: tuple) -> Callable:
         code = simulate_once.__code__.replace(co_name=f"simulate_once_{abs(hash(key)) % 10**8}")
         f = types.FunctionType(code, simulate_once.__globals__, code.co_name, simulate_once.__defaults__)
         f.__kwdefaults__ = simulate_once.__kwdefaults__
+        fn = torch.compile(f, fullgraph=True, dynamic=False, **options)
+        _COMPILED[key] = fn
+    return fn
+
+
+# the tree arrays a simulation writes (carried through the simulation loop)
+_WRITTEN = ("node_visits", "raw_values", "node_values", "parents", "action_from_parent", "depth", "children_index",
+            "children_prior_logits", "children_visits", "children_rewards", "children_discounts", "children_values")
+
+
+def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
+                    root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
+                    levels: int, tensor_embedding: bool) -> tuple[Tensor, ...]:
+    """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
+    whole search in one graph under ``torch.compile(fullgraph=True)``): the written
+    tree arrays and the embeddings are the loop's carried state, updated functionally.
+    Returns the new arrays (in the order of ``_WRITTEN``, then the embedding leaves)."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    keys = _leaf_keys(tree.embeddings)
+    num_simulations = uniforms.shape[0]
+    n = len(_WRITTEN)
+
+    def cond(sim: Tensor, *state: Tensor) -> Tensor:
+        return sim < num_simulations
+
+    def body(sim: Tensor, *state: Tensor) -> tuple:
+        emb = TensorDict(dict(zip(keys, state[n:])), batch_size=tree.embeddings.batch_size)
+        t = dataclasses.replace(tree, embeddings=emb, **dict(zip(_WRITTEN, state[:n])))
+        uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
+        _, arrays, embeddings = simulate_once(
+            params, None, t, sim, uniform, recurrent_fn, root_action_selection_fn, interior_action_selection_fn,
+            max_depth, levels, tensor_embedding=tensor_embedding, use_while_loop=True, functional=True)
+        return (sim + 1, *(arrays[f] for f in _WRITTEN), *(embeddings[k] for k in keys))
+
+    state = (*(getattr(tree, f) for f in _WRITTEN), *(tree.embeddings.get(k) for k in keys))
+    return tuple(while_loop(cond, body, (first, *state))[1:])
+
+
+def compiled_search(options: dict, key: tuple) -> Callable:
+    """:func:`run_simulations` compiled with ``fullgraph=True`` for one ``key`` (shapes,
+    depth, options; own code object per key, as :func:`compiled_simulation`)."""
+    key = ("search", *key)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        code = run_simulations.__code__.replace(co_name=f"run_simulations_{abs(hash(key)) % 10**8}")
+        f = types.FunctionType(code, run_simulations.__globals__, code.co_name, run_simulations.__defaults__,
+                               run_simulations.__closure__)
         fn = torch.compile(f, fullgraph=True, dynamic=False, **options)
         _COMPILED[key] = fn
     return fn
@@ -378,6 +442,18 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
                tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
         step = compiled_simulation(options, key)
         sims = torch.arange(num_simulations, device=logits.device)
+
+    if step is not None and loop_fn is fori_loop:  # the whole search as one graph
+        simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
+                      interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
+        run = compiled_search(options, key)
+        out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
+                  interior_action_selection_fn, max_depth, levels, tensor_embedding)
+        for name, x in zip(_WRITTEN, out):
+            setattr(tree, name, x)
+        for k, x in zip(_leaf_keys(tree.embeddings), out[len(_WRITTEN):]):
+            tree.embeddings.set(k, x)
+        return tree
 
     def body(sim: int, tree: Tree) -> Tree:
         if sim == 0 or step is None:
