@@ -217,7 +217,16 @@ def _summary(run: dict, threshold: float) -> dict:
         "seconds_to_threshold": round(hit["train_seconds"], 2) if hit else None,
         "final_return": run["evals"][-1]["return"],
         "frames_per_s": run["frames"] / run["train_seconds"],
+        "steady_frames_per_s": _steady(run["evals"]),
     }
+
+
+def _steady(evals: list) -> float | None:
+    """Training frames/s between the first and the last evaluation: setup and compilation
+    (before the first evaluation) left out; None with fewer than two evaluations."""
+    if len(evals) < 2 or evals[-1]["train_seconds"] <= evals[0]["train_seconds"]:
+        return None
+    return (evals[-1]["frames"] - evals[0]["frames"]) / (evals[-1]["train_seconds"] - evals[0]["train_seconds"])
 
 
 def _median(values: list) -> float | None:
@@ -304,7 +313,8 @@ def main() -> None:
                 "runs": runs,
                 "errors": [r["error"] for r in runs if "error" in r],
                 "median": {k: _median([s[k] for s in sums]) for k in
-                           ("frames_to_threshold", "seconds_to_threshold", "final_return", "frames_per_s")},
+                           ("frames_to_threshold", "seconds_to_threshold", "final_return", "frames_per_s",
+                            "steady_frames_per_s")},
                 "reached": f"{sum(s['frames_to_threshold'] is not None for s in sums)}/{len(runs)}",
             }
         results["tasks"][task] = {"spec": {**spec, "frames": frames}, "contestants": per}
@@ -317,22 +327,25 @@ def main() -> None:
 
 def _print_table(task: str, spec: dict, per: dict) -> None:
     print(f"\n### {task} (threshold {spec['threshold']:g}, median over seeds)\n")
-    print("| contestant | reached | frames to threshold | train s to threshold | final return | frames/s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| contestant | reached | frames to threshold | train s to threshold | final return | frames/s "
+          "| steady frames/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, r in per.items():
         m = r["median"]
         if r["errors"] and len(r["errors"]) == len(r["runs"]):
-            print(f"| {name} | n/a ({r['errors'][0]}) | | | | |")
+            print(f"| {name} | n/a ({r['errors'][0]}) | | | | | |")
             continue
         print(f"| {name} | {r['reached']} | {_fmt(m['frames_to_threshold'], ',.0f')} | "
               f"{_fmt(m['seconds_to_threshold'], '.1f')} | {_fmt(m['final_return'], '.1f')} | "
-              f"{_fmt(m['frames_per_s'], ',.0f')} |")
+              f"{_fmt(m['frames_per_s'], ',.0f')} | {_fmt(m.get('steady_frames_per_s'), ',.0f')} |")
     base = per.get("sb3", {}).get("median", {})
     for name, r in per.items():
         mine = r.get("median", {})
         if name == "sb3" or not (base.get("frames_per_s") and mine.get("frames_per_s")):
             continue
         print(f"\n{name}/sb3: throughput x{mine['frames_per_s'] / base['frames_per_s']:.2f}", end="")
+        if base.get("steady_frames_per_s") and mine.get("steady_frames_per_s"):
+            print(f", steady x{mine['steady_frames_per_s'] / base['steady_frames_per_s']:.2f}", end="")
         if base.get("seconds_to_threshold") and mine.get("seconds_to_threshold"):
             print(f", time to threshold x{base['seconds_to_threshold'] / mine['seconds_to_threshold']:.2f} faster",
                   end="")
