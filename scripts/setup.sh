@@ -13,4 +13,4 @@ PY="$VENV/bin/python"
 # torch first and pinned: 2.13.0 resolves to the CPU wheel shipped on this kind of
 # machine; an open spec (or a dependency pulling torch) would download a CUDA build.
 "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$PY" -m pip install -q --disable-pip-version-check -e '.[test,h5,arrow,dev,mujoco,box2d,marl,ray,atari,dm_control,envpool,wandb,mlflow,slurm]'
+"$PY" -m pip install -q --disable-pip-version-check -e '.[test,h5,arrow,dev,mujoco,box2d,marl,ray,atari,dm-control,envpool,wandb,mlflow,slurm]'

@@ -191,7 +191,7 @@ def test_atari_pong_steps_with_the_usual_preprocessing() -> None:
 
 
 def test_dm_control_cartpole_balance() -> None:
-    pytest.importorskip("dm_control", reason="pip install 'steersman[dm_control]'")
+    pytest.importorskip("dm_control", reason="pip install 'steersman[dm-control]'")
     from steersman.envs import check_env_specs
     from steersman.envs.libs.dm_control import DMControlEnv
 
@@ -214,7 +214,7 @@ def test_dm_control_cartpole_balance() -> None:
 
 
 def test_dm_control_bad_task_and_missing_package(monkeypatch) -> None:
-    pytest.importorskip("dm_control", reason="pip install 'steersman[dm_control]'")
+    pytest.importorskip("dm_control", reason="pip install 'steersman[dm-control]'")
     from steersman.envs.libs.dm_control import DMControlEnv, DMControlWrapper
 
     with pytest.raises(ValueError, match=r"unknown task \('cartpole', 'run'\).*available_envs"):
@@ -223,7 +223,7 @@ def test_dm_control_bad_task_and_missing_package(monkeypatch) -> None:
     with pytest.raises(TypeError, match="expects a dm_control env"):
         DMControlWrapper(object())
     _hidden(monkeypatch, "dm_control", "dm_control.suite")
-    with pytest.raises(ImportError, match=r"pip install 'steersman\[dm_control\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'steersman\[dm-control\]'"):
         DMControlEnv("cartpole", "balance")
 
 

@@ -3,7 +3,7 @@
 * :class:`GymEnv` / :class:`GymWrapper`: Gymnasium envs and vector envs as steersman
   envs (``pip install 'steersman[gym]'``).
 * :class:`DMControlEnv` / :class:`DMControlWrapper`: DeepMind Control Suite tasks
-  (``pip install 'steersman[dm_control]'``).
+  (``pip install 'steersman[dm-control]'``).
 * :class:`MultiThreadedEnv` / :class:`MultiThreadedEnvWrapper`: EnvPool's C++-threaded
   batched envs (``pip install 'steersman[envpool]'``).
 * :class:`PettingZooWrapper` / :class:`PettingZooEnv`: PettingZoo parallel and AEC envs

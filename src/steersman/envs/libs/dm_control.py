@@ -1,6 +1,6 @@
 """DeepMind Control Suite tasks as steersman envs (TorchRL's ``DMControlEnv`` / ``DMControlWrapper``).
 
-``pip install 'steersman[dm_control]'``. Imported lazily: importing this module does not
+``pip install 'steersman[dm-control]'``. Imported lazily: importing this module does not
 import dm_control; building an env does (an ``ImportError`` naming the extra if missing).
 
 What comes out, as in TorchRL:
@@ -35,7 +35,7 @@ from ..common import EnvBase
 
 __all__ = ["DMControlEnv", "DMControlWrapper", "DM_CONTROL_EXTRA_HINT"]
 
-DM_CONTROL_EXTRA_HINT = "pip install 'steersman[dm_control]' (or pip install dm_control)"
+DM_CONTROL_EXTRA_HINT = "pip install 'steersman[dm-control]' (or pip install dm_control)"
 
 
 def _import_suite() -> Any:
