@@ -327,3 +327,43 @@ def test_bad_compile_option(compile, match):
     t = tables(0)
     with pytest.raises((TypeError, ValueError), match=match):
         muzero_policy((), None, root_for(t, torch.tensor([0])), model(t), 4, compile=compile)
+
+
+@pytest.mark.parametrize("td_embedding", [False, True])
+def test_functional_simulation_equals_in_place(td_embedding):
+    """``simulate_once(functional=True)`` (the body of the compiled whole-search loop)
+    returns the same arrays that the in-place simulation writes into the tree, and
+    leaves the tree it was given untouched."""
+    from steersman.planning.search import _WRITTEN
+
+    t = tables(9, two_player=True)
+    b = 3
+    root = root_for(t, torch.tensor([0, 4, 9]), td_embedding)
+    emb = root.embedding if td_embedding else TensorDict({"embedding": root.embedding}, [b])
+    interior = functools.partial(muzero_action_selection, pb_c_init=1.25, pb_c_base=19652.0)
+    root_sel = functools.partial(interior, depth=0)
+
+    def fresh():
+        return instantiate_tree(root.prior_logits, root.value, emb, 12, torch.zeros(b, A, dtype=torch.bool),
+                                TensorDict({}, [b]))
+
+    in_place, functional = fresh(), fresh()
+    g = torch.Generator().manual_seed(0)
+    for sim in range(12):
+        u = torch.rand(b, A, generator=g)
+        before = {f: getattr(functional, f).clone() for f in _WRITTEN}
+        nn = simulate_once((), None, in_place, sim, u, model(t, td_embedding), root_sel, interior, 12, 12,
+                           tensor_embedding=not td_embedding)
+        nn2, arrays, embeddings = simulate_once((), None, functional, torch.tensor(sim), u, model(t, td_embedding),
+                                                root_sel, interior, 12, 12, tensor_embedding=not td_embedding,
+                                                functional=True)
+        assert all(torch.equal(getattr(functional, f), before[f]) for f in _WRITTEN)  # inputs untouched
+        assert torch.equal(nn, nn2)
+        for f in _WRITTEN:
+            setattr(functional, f, arrays[f])
+        for k, x in embeddings.items():
+            functional.embeddings.set(k, x)
+    assert in_place.depth.amax().item() >= 2
+    for f in _WRITTEN:
+        assert torch.equal(getattr(in_place, f), getattr(functional, f)), f
+    assert (in_place.embeddings == functional.embeddings).all()

@@ -399,14 +399,19 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     root to a leaf (default: ``num_simulations``); ``loop_fn(lower, upper, body,
     tree)`` runs the simulations (default: a Python loop).
 
-    ``compile``: run each simulation after the first as one graph compiled with
+    ``compile``: run every simulation after the first (which runs eagerly and checks
+    the recurrent function's outputs) as one graph compiled with
     ``torch.compile(fullgraph=True, dynamic=False)`` (True: inductor; or a backend
-    name, or a dict of ``torch.compile`` keywords, see :func:`compile_options`). The
-    descent is a ``while_loop`` inside the graph, so its depth follows the tree
-    without recompiling; one graph serves every simulation of every search with the
-    same shapes (the first search of a shape pays the compile). Results equal the
-    eager search's. Under compile the recurrent function gets ``rng=None`` (a
-    ``torch.Generator`` cannot enter a graph) and must itself be traceable.
+    name, or a dict of ``torch.compile`` keywords, see :func:`compile_options`): an
+    outer ``while_loop`` over the simulations carries the tree arrays (updated
+    functionally), with the ``while_loop`` descent and backup inside, so the depth
+    follows the tree without recompiling and one graph serves every search with the
+    same shapes (the first search of a shape pays the compile). With a custom
+    ``loop_fn``, each simulation is its own graph instead. Results equal the eager
+    search's. Under compile the recurrent function gets ``rng=None`` (a
+    ``torch.Generator`` cannot enter a graph) and must itself be traceable. On CPU,
+    ``compile={"options": {"cpp_wrapper": True}}`` runs the loops in C++ (faster per
+    simulation at B >= 64; see benchmarks/README.md).
 
     The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
     ``rng`` up front. Bad inputs raise before any simulation; the recurrent
