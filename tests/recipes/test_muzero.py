@@ -35,7 +35,7 @@ def tiny(env: str = "tictactoe", **overrides) -> MuZeroConfig:
                        export_format="none")
     cfg.env.name, cfg.env.num_envs = env, 8
     if env != "tictactoe":
-        cfg.env.max_episode_steps = 12
+        cfg.env.max_episode_steps = 6  # episodes end (by truncation) within the 8 moves of a tiny run
     cfg.eval.episodes, cfg.eval.interval = 2, 0
     cfg.checkpoint.interval = 0
     cfg.logger.backends = ["csv"]
@@ -61,7 +61,7 @@ def test_tiny_run(env, tmp_path):
         rates = [cols[f"eval/random_{w}"][-1] for w in ("win", "draw", "loss")]
         assert math.isclose(sum(rates), 1.0) and cols["eval/return"][-1] == cols["eval/random_score"][-1]
     else:  # undiscounted returns of CartPole, capped by the time limit
-        assert 1.0 <= cols["eval/return"][-1] <= 12.0
+        assert 1.0 <= cols["eval/return"][-1] <= 6.0
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints")
     assert {"policy", "optim", "selfplay"} <= set(ckpt.state) and ckpt.replay_buffer_path is not None
     if env != "tictactoe":  # the exported file is the networks' greedy policy
@@ -191,6 +191,39 @@ def test_two_player_targets_are_the_outcome_for_the_player_to_move():
     assert int(sp.length) == 0 and int((env.get_state()["board"] != 0).sum()) == 0  # a new game
 
 
+@pytest.mark.parametrize("game", ["tictactoe", "connect4"])
+def test_symmetries_move_actions_and_policies_with_the_board(game):
+    """Every image of a played game is a legal game: the piece the image's action puts
+    on the board is where the next image shows it, and the policy target moves with it."""
+    env = make_env(game, 1)
+    moves = (0, 3, 1, 4, 2) if game == "tictactoe" else (0, 1, 0, 1, 0, 1, 0)
+    a = 9 if game == "tictactoe" else 7
+    sp = SelfPlay(env, 9 if game == "tictactoe" else 42, 2, 9, -1.0)
+    for move in moves:
+        finished, _ = sp.step(torch.tensor([move]), torch.nn.functional.one_hot(torch.tensor([move]), a).float(),
+                              torch.zeros(1))
+    n = len(moves)
+    images = muzero.symmetries(finished, game == "connect4")
+    count = 8 if game == "tictactoe" else 2
+    assert images.shape[0] == count * n
+    assert torch.equal(images[:n]["observation"], finished["observation"])
+    boards = {tuple(images["observation"][i * n + 2].flatten().tolist()) for i in range(count)}
+    assert len(boards) == count  # distinct images of an asymmetric position
+    for i in range(count):
+        img = images[i * n:(i + 1) * n]
+        assert torch.equal(img["target_policy"][:, 0].argmax(-1), img["actions"][:, 0])
+        assert torch.equal(img["target_value"], finished["target_value"])
+        for t in range(n - 1):  # the mover's pieces (own plane) + the action = the next position's opponent plane
+            own = img["observation"][t, 0].flatten(-2)
+            nxt = img["observation"][t + 1, 1].flatten(-2)
+            placed = (nxt - own).nonzero().flatten().tolist()
+            assert len(placed) == 1
+            if game == "tictactoe":
+                assert placed[0] == int(img["actions"][t, 0])
+            else:  # a column: the piece lands in that column
+                assert placed[0] % 7 == int(img["actions"][t, 0])
+
+
 # ---------------------------------------------------------------- the loss and the search
 def _batch(n: int, k: int, a: int, obs: int = 4) -> TensorDict:
     g = torch.Generator().manual_seed(0)
@@ -270,17 +303,17 @@ def test_bad_config_is_one_line_and_writes_nothing(tmp_path, overrides, message)
 
 @pytest.mark.slow
 def test_muzero_learns_tictactoe_against_a_random_player(tmp_path):
-    """The default config (256 games, 16 simulations on the learned model) for 4,096 moves,
-    then 64 games per seat against a uniformly random player, searching with the learned
-    model: better than random play (random against random scores 0 over both seats and
-    wins ~44% of the games; the untrained agent scored -0.40 and +0.10 for seeds 0, 1).
-    Measured at 4,096 moves, seeds 0 / 1 / 2: scores 0.38 / 0.19 / 0.21, wins 0.64 / 0.56 /
-    0.53. This is not the issue's 90%: see benchmarks/README.md, MuZero."""
+    """The default config (256 games, 16 simulations on the learned model, symmetries,
+    Q-values normalised by the value range) for 4,096 moves, then 64 games per seat against
+    a uniformly random player, searching with the learned model: random against random
+    scores 0 over both seats and wins ~44% of the games. Measured at 4,096 moves, seeds
+    0 / 1 / 2: scores 0.63 / 0.55 / 0.25, losses 0.14 / 0.19 / 0.33 (before the
+    normalisation and the symmetries: 0.38 / 0.19 / 0.21); see benchmarks/README.md, MuZero."""
     cfg = MuZeroConfig(total_frames=4_096, quiet=True, export_format="none", seed=0)
     cfg.eval.interval, cfg.eval.episodes = 0, 64
     cfg.checkpoint.interval = 0
     cfg.logger.backends = ["csv"]
     train(cfg, tmp_path / "run")
     cols = read_metrics_csv(tmp_path / "run" / "metrics.csv")
-    assert cols["eval/random_score"][-1] >= 0.15
-    assert cols["eval/random_win"][-1] >= 0.5
+    assert cols["eval/random_score"][-1] >= 0.45
+    assert cols["eval/random_win"][-1] >= 0.65 and cols["eval/random_loss"][-1] <= 0.25

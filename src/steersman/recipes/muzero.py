@@ -30,7 +30,8 @@ search's root values (board games: with discount -1, so when ``td_steps`` reache
 end of the game the target is the outcome for the player to move); past the
 end of an episode the targets are those of an absorbing state (value and reward 0; the
 policy is not trained there; after a time-limit truncation the value is not trained
-there). After ``frames_per_batch`` moves: ``updates_per_batch`` gradient steps of the
+there). Board games store every position with its board symmetries (``augment``: the
+observation, the unrolled actions and the policy targets move with the board). After ``frames_per_batch`` moves: ``updates_per_batch`` gradient steps of the
 unrolled loss: the representation, then K dynamics steps (their incoming gradient
 halved), each step's cross-entropy to the improved policy, plus squared errors of value
 and reward, the K unrolled steps weighted 1/K.
@@ -52,6 +53,7 @@ greedy policy *without* search (board games: occupied cells masked).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +65,12 @@ from torch import nn
 from steersman.data import Categorical, LazyTensorStorage, OneHot, TensorDictReplayBuffer
 from steersman.envs import EnvBase
 from steersman.envs.native._board import BoardGameEnv
-from steersman.planning import RootFnOutput, gumbel_muzero_policy, recurrent_fn_from_model
+from steersman.planning import (
+    RootFnOutput,
+    gumbel_muzero_policy,
+    qtransform_completed_by_mix_value,
+    recurrent_fn_from_model,
+)
 from steersman.tensordict import TensorDict, TensorDictBase
 from steersman.tensordict.nn import TensorDictModule
 
@@ -80,7 +87,7 @@ from .envs import BOARD_GAMES, make_env
 from .run import EVAL_SEED_OFFSET, Run
 
 __all__ = ["MuZeroConfig", "MuZeroNets", "MuZeroPolicy", "SelfPlay", "make_nets", "make_policy", "search",
-           "train", "unrolled_loss"]
+           "symmetries", "train", "unrolled_loss"]
 
 
 @dataclass
@@ -115,8 +122,13 @@ class MuZeroConfig:
     """Actions sampled at the root (Gumbel top-k) and halved by Sequential Halving."""
     gumbel_scale: float = 1.0
     """Scale of the root Gumbel noise in self-play (exploration); evaluation uses 0."""
+    rescale_values: bool = False
+    """Search: min-max rescale each node's completed Q-values to [0, 1] (mctx's default) instead of
+    dividing them by the value range (board games: 2; single-agent: 1 in model units)."""
     temperature_moves: int = 4
     """Self-play samples the first N moves of each episode from the improved policy (exploration)."""
+    augment: bool = True
+    """Board games: store every position with its board symmetries (tic-tac-toe: 8, connect four: 2)."""
     eval_simulations: int = 16
     """Search simulations per move in evaluation (0: the prediction network's greedy policy)."""
     latent_size: int = 64
@@ -280,11 +292,17 @@ def make_policy(cfg: MuZeroConfig, env: EnvBase) -> TensorDictModule:
 # ---------------------------------------------------------------- search with the learned model
 def search(nets: MuZeroNets, observation: torch.Tensor, action_mask: torch.Tensor | None, num_simulations: int,
            max_num_considered_actions: int, gumbel_scale: float, discount: float,
-           rng: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           rng: torch.Generator | None = None, value_range: float | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(action [B], improved policy [B, A], root value [B])`` of a Gumbel MuZero search
     on the learned model from ``observation`` ``[B, *obs]``; ``action_mask`` ``[B, A]``
     (None: every action legal) rules out moves at the root only. ``discount`` is -1 for
-    two-player games (values are for the player to move)."""
+    two-player games (values are for the player to move). ``value_range``: the completed
+    Q-values are divided by it (the Gumbel paper's normalisation by known value bounds);
+    ``None``: min-max rescaled per node (mctx's default, which turns the tiny Q differences
+    of an untrained model into a near-deterministic choice)."""
+    qtransform = qtransform_completed_by_mix_value if value_range is None else functools.partial(
+        qtransform_completed_by_mix_value, rescale_values=False, value_scale=0.1 / value_range)
     batch = observation.shape[0]
     with torch.no_grad():
         root_td = nets.prediction(nets.representation(TensorDict({"observation": observation}, [batch])))
@@ -296,7 +314,8 @@ def search(nets: MuZeroNets, observation: torch.Tensor, action_mask: torch.Tenso
         if action_mask is not None:
             invalid = ~action_mask & action_mask.any(-1, keepdim=True)  # a finished board: any move
         out = gumbel_muzero_policy(None, rng, root, recurrent_fn, num_simulations, invalid_actions=invalid,
-                                   max_num_considered_actions=max_num_considered_actions, gumbel_scale=gumbel_scale)
+                                   max_num_considered_actions=max_num_considered_actions, gumbel_scale=gumbel_scale,
+                                   qtransform=qtransform)
     return out.action, out.action_weights, out.search_tree.summary().value
 
 
@@ -419,6 +438,38 @@ class SelfPlay:
         }, batch_size=[len(f)])
 
 
+def symmetries(positions: TensorDictBase, connect_four: bool) -> TensorDictBase:
+    """``positions`` as made by :meth:`SelfPlay.targets` (board games) with their mirror
+    images: the 8 rotations/reflections of a tic-tac-toe board, the left-right mirror of a
+    connect-four board. The observation, the unrolled ``"actions"`` and the policy targets
+    move with the board; values, rewards and masks are unchanged. ``[N]`` -> ``[8N]`` /
+    ``[2N]`` (the identity first)."""
+    obs, actions, policy = positions["observation"], positions["actions"], positions["target_policy"]
+    rows, cols = obs.shape[-2:]
+    if connect_four:
+        cells = [torch.arange(cols), torch.arange(cols).flip(0)]
+        boards = [obs, obs.flip(-1)]
+    else:
+        grid = torch.arange(rows * cols).view(rows, cols)
+        cells, boards = [], []
+        for flip in (False, True):
+            g, o = (grid.flip(-1), obs.flip(-1)) if flip else (grid, obs)
+            for k in range(4):
+                cells.append(torch.rot90(g, k, (-2, -1)).flatten())
+                boards.append(torch.rot90(o, k, (-2, -1)))
+    parts = []
+    for source, board in zip(cells, boards, strict=True):
+        # source[j] = the cell of the original board that lands on cell j
+        target = torch.empty_like(source)
+        target[source] = torch.arange(source.numel())
+        part = positions.clone()
+        part["observation"] = board
+        part["actions"] = target[actions]
+        part["target_policy"] = policy[..., source]
+        parts.append(part)
+    return torch.cat(parts)
+
+
 # ---------------------------------------------------------------- the unrolled loss
 def _scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * scale + x.detach() * (1 - scale)
@@ -456,6 +507,14 @@ def unrolled_loss(nets: MuZeroNets, batch: TensorDictBase, value_coef: float, re
             "value_loss": value, "reward_loss": reward}
 
 
+def _value_range(cfg: MuZeroConfig) -> float | None:
+    """The search's Q normalisation: None (min-max per node) or the width of the value
+    range in model units (board games [-1, 1]; single-agent values / value_scale <= 1)."""
+    if cfg.rescale_values:
+        return None
+    return 2.0 if cfg.env.name in BOARD_GAMES else 1.0
+
+
 # ---------------------------------------------------------------- evaluation
 def _board_evaluation(cfg: MuZeroConfig, nets: MuZeroNets, seed: int) -> dict[str, float]:
     from steersman.planning import AlphaBetaPlayer, MinimaxPlayer
@@ -471,7 +530,7 @@ def _board_evaluation(cfg: MuZeroConfig, nets: MuZeroNets, seed: int) -> dict[st
             with torch.no_grad():
                 return greedy(td["observation"])
         return search(nets, td["observation"], td["action_mask"], cfg.eval_simulations,
-                      cfg.max_num_considered_actions, 0.0, -1.0, rng)[0]
+                      cfg.max_num_considered_actions, 0.0, -1.0, rng, _value_range(cfg))[0]
 
     solver_rng = torch.Generator().manual_seed(seed + 2)
     opponents = {"random": _random_player(torch.Generator().manual_seed(seed + 1)),
@@ -497,7 +556,7 @@ def _episode_returns(cfg: MuZeroConfig, nets: MuZeroNets, discount: float, seed:
                 action = greedy(td["observation"])
         else:
             action = search(nets, td["observation"], None, cfg.eval_simulations, cfg.max_num_considered_actions,
-                            0.0, discount, rng)[0]
+                            0.0, discount, rng, _value_range(cfg))[0]
         step, td = env.step_and_maybe_reset(td.set("action", action))
         returns += step["next", "reward"].reshape(-1) * alive
         alive &= ~step["next", "done"].reshape(-1)
@@ -549,7 +608,8 @@ def train(cfg: MuZeroConfig | None = None, run_dir: str | Path | None = None, *,
         for _ in range(moves_per_batch):
             obs = selfplay.td["observation"]
             action, improved, root_value = search(nets, obs, selfplay.action_mask(), cfg.num_simulations,
-                                                  cfg.max_num_considered_actions, cfg.gumbel_scale, discount)
+                                                  cfg.max_num_considered_actions, cfg.gumbel_scale, discount,
+                                                  value_range=_value_range(cfg))
             if cfg.temperature_moves:  # the episodes' first moves: sampled from the improved policy
                 sampled = torch.multinomial(improved, 1).squeeze(-1)
                 action = torch.where(selfplay.length < cfg.temperature_moves, sampled, action)
@@ -558,6 +618,8 @@ def train(cfg: MuZeroConfig | None = None, run_dir: str | Path | None = None, *,
                 if not board:  # the model works in units of `scale`
                     for key in ("target_reward", "target_value"):
                         positions[key] = positions[key] / scale
+                elif cfg.augment:
+                    positions = symmetries(positions, cfg.env.name == "connect4")
                 buffer.extend(positions)
             finished_returns.append(returns)
         frames += cfg.frames_per_batch
