@@ -20,6 +20,8 @@ from .pendulum import PendulumParams
 __all__ = ["gen_pendulum_params", "pendulum_params_from_td"]
 
 _TD_FIELDS = ("max_speed", "max_torque", "dt", "g", "m", "l")
+#: every PendulumParams field (a NamedTuple: its annotations in field order)
+_PARAM_NAMES = tuple(PendulumParams.__annotations__)
 
 
 def gen_pendulum_params(g: float = 10.0, batch_size: Any = None, device: Any = None) -> TensorDictBase:
@@ -56,9 +58,9 @@ def pendulum_params_from_td(td_params: Any, base: PendulumParams | None = None) 
         src = src["params"]
     if not isinstance(src, (TensorDictBase, dict)):
         raise TypeError(f"td_params must be a TensorDict (or dict) of {list(_TD_FIELDS)}, got {type(td_params).__name__}")
-    unknown = sorted(str(k) for k in src.keys() if k not in PendulumParams._fields)
+    unknown = sorted(str(k) for k in src.keys() if k not in _PARAM_NAMES)
     if unknown:
-        raise KeyError(f"td_params: unknown pendulum parameter(s) {unknown}; known: {list(PendulumParams._fields)}")
+        raise KeyError(f"td_params: unknown pendulum parameter(s) {unknown}; known: {list(_PARAM_NAMES)}")
     values = {}
     for key in src.keys():
         v = torch.as_tensor(src[key])
