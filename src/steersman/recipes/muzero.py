@@ -130,8 +130,7 @@ class MuZeroConfig:
     gumbel_scale: float = 1.0
     """Scale of the root Gumbel noise in self-play (exploration); evaluation uses 0."""
     rescale_values: bool = False
-    """Search: min-max rescale each node's completed Q-values to [0, 1] (mctx's default) instead of
-    dividing them by the value range (board games: 2; single-agent: 1 in model units)."""
+    """Search: min-max rescale each node's Q-values (mctx's default), not divide them by the value range."""
     temperature_moves: int = 4
     """Self-play samples the first N moves of each episode from the improved policy (exploration)."""
     augment: bool = True
