@@ -211,3 +211,12 @@ def test_gather_out():
     out = TensorDict(a=torch.zeros(2, 2), batch_size=[2, 2])
     idx = torch.tensor([[2, 0], [1, 1]])
     assert td.gather(1, idx, out=out) is out and out["a"].tolist() == [[2, 0], [4, 4]]
+
+
+def test_pad_sequence_pads_the_named_dim_of_a_2d_batch():
+    from steersman.tensordict import pad_sequence
+
+    a = TensorDict(x=torch.ones(2, 3), batch_size=[2, 3])
+    b = TensorDict(x=torch.ones(2, 5), batch_size=[2, 5])
+    out = pad_sequence([a, b], pad_dim=1, return_mask=True)
+    assert out.batch_size == (2, 2, 5) and out["x"][0, :, 3:].eq(0).all() and out["masks"][0].sum() == 6

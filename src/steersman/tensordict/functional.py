@@ -456,17 +456,15 @@ def pad_sequence(list_of_tensordicts: Sequence[TensorDictBase], pad_dim: int = 0
         n = t.batch_size[pad_dim]
         bd = t.batch_dims
         side = [0, longest - n] if padding_side == "right" else [longest - n, 0]
-        spec = [0, 0] * (bd - 1 - pad_dim % bd) + side
+        spec = [0, 0] * (pad_dim % bd) + side  # pad()'s pairs start from the first batch dim
         padded.append(pad(t, spec, padding_value))
-        m = torch.zeros(longest, dtype=torch.bool)
-        if padding_side == "right":
-            m[:n] = True
-        else:
-            m[longest - n:] = True
-        masks.append(m)
+        d = pad_dim % bd  # the mask covers every batch dim: True on the real elements
+        real = torch.ones(t.batch_size, dtype=torch.bool)
+        gap = torch.zeros((*t.batch_size[:d], longest - n, *t.batch_size[d + 1:]), dtype=torch.bool)
+        masks.append(torch.cat([real, gap] if padding_side == "right" else [gap, real], d))
     result = stack(padded, 0)
     if return_mask:
-        result.set("masks", expand_right(torch.stack(masks), result.batch_size).clone())
+        result.set("masks", torch.stack(masks))
     if out is None:
         return result
     if out.batch_size != result.batch_size:
