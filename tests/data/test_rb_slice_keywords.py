@@ -145,3 +145,30 @@ def test_span_lets_slices_hang_over_the_episode_ends(span, min_len):
     PrioritizedSliceSampler(8, 1.0, 1.0, slice_len=4, span=False)  # the default is accepted
     with pytest.raises(ValueError, match="span=True is not supported here"):
         PrioritizedSliceSampler(8, 1.0, 1.0, slice_len=4, span=True)
+
+
+@pytest.mark.parametrize("slices_too", [False, True])
+def test_prioritized_samples_carry_torchrl_priority_weight_that_losses_use(slices_too):
+    from steersman.data.replay_buffers import PrioritizedSampler
+    from steersman.objectives import DQNLoss
+    from steersman.tensordict.nn import TensorDictModule
+
+    data = episodes([8, 8])
+    n = data.shape[0]
+    data["observation"] = torch.randn(n, 3)
+    data["action"] = torch.randint(2, (n,))
+    data["next"].update({"observation": torch.randn(n, 3), "reward": torch.randn(n, 1),
+                         "terminated": data["next", "done"].clone()})
+    sampler = (PrioritizedSliceSampler(64, 1.0, 1.0, slice_len=4, traj_key="episode") if slices_too
+               else PrioritizedSampler(64, 1.0, 1.0))
+    rb = buffer(sampler, data, 8)
+    rb.update_priority(torch.arange(n), torch.linspace(0.1, 3.0, n))
+    torch.manual_seed(0)
+    sample = rb.sample()
+    assert torch.equal(sample["priority_weight"], sample["_weight"])
+    assert not torch.allclose(sample["priority_weight"], torch.ones(8))
+    torch.manual_seed(0)
+    net = TensorDictModule(torch.nn.Linear(3, 2), ["observation"], ["action_value"])
+    weighted = DQNLoss(net, action_space="categorical", reduction="none")(sample.clone())
+    plain = DQNLoss(net, action_space="categorical", reduction="none", use_prioritized_weights=False)(sample.clone())
+    torch.testing.assert_close(weighted["loss"], plain["loss"] * sample["priority_weight"])

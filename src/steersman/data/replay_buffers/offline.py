@@ -59,7 +59,7 @@ def prefill_replay_buffer(rb: ReplayBuffer, dataset: Any, n_samples: int | None 
 def _strip(data: Any) -> Any:
     """A sampled batch without the per-buffer sampling entries (they do not concatenate)."""
     if isinstance(data, TensorDictBase):
-        keys = [k for k in ("index", "_weight") if k in data.keys()]
+        keys = [k for k in ("index", "_weight", "priority_weight") if k in data.keys()]
         return data.exclude(*keys) if keys else data
     return data
 
@@ -72,7 +72,7 @@ class OfflineToOnlineReplayBuffer:
     from the online buffer and concatenates them (offline first) into one ``[batch_size]``
     batch; before any online data (or with ``offline_fraction == 0`` after :meth:`anneal`)
     a batch comes from one buffer only. The sampling entries of each part (``"index"``,
-    ``"_weight"``) are dropped, since they refer to different buffers.
+    ``"_weight"``, ``"priority_weight"``) are dropped, since they refer to different buffers.
 
     Args:
         offline_dataset: a :class:`ReplayBuffer` holding the dataset. Dataset ids

@@ -947,7 +947,8 @@ def _check_prioritized_options(sampler: Any, sampler_device: Any, sync: bool) ->
 class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
     """A :class:`TensorDictReplayBuffer` with a :class:`PrioritizedSampler`.
 
-    Sampled batches carry ``"index"`` and ``"_weight"``; after computing a loss, write
+    Sampled batches carry ``"index"`` and ``"_weight"`` (also under TorchRL 0.14's name
+    ``"priority_weight"``, which the losses weight by); after computing a loss, write
     the new priorities under ``priority_key`` and call :meth:`update_tensordict_priority`.
     ``extend`` with data that already holds ``priority_key`` uses those priorities.
 
@@ -969,7 +970,7 @@ class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
         >>> batch["td_error"] = torch.rand(8)
         >>> rb.update_tensordict_priority(batch)
         >>> sorted(k for k in batch.keys() if k != "obs")
-        ['_weight', 'index', 'td_error']
+        ['_weight', 'index', 'priority_weight', 'td_error']
     """
 
     def __init__(self, *, alpha: float, beta: float, priority_key: NestedKey = "td_error", eps: float = 1e-8,

@@ -241,7 +241,9 @@ class PrioritizedSampler(Sampler):
     Item ``i`` is drawn with probability ``P(i) = p_i / sum_j p_j`` where
     ``p_i = (priority_i + eps) ** alpha``; each draw comes with the importance weight
     ``w_i = (N * P(i)) ** -beta / max_j w_j = (p_i / min_j p_j) ** -beta`` (``N`` the number
-    of stored items), returned in ``info["_weight"]`` (float32).
+    of stored items), returned in ``info["_weight"]`` (float32) and, the same tensor, in
+    ``info["priority_weight"]`` (TorchRL 0.14's name, which the losses'
+    ``use_prioritized_weights`` reads).
 
     The priorities live in a :class:`~steersman.data.replay_buffers.segment_tree.PriorityTree`
     (float64 sums over blocks of 32 leaves, minima over blocks of 1024 leaves) updated and
@@ -465,7 +467,8 @@ class PrioritizedSampler(Sampler):
         dev = storage._leaf_device()
         if dev.type != "cpu":
             index = index.to(dev)
-        return index, {"_weight": self._weights(p, p_min)}
+        w = self._weights(p, p_min)
+        return index, {"_weight": w, "priority_weight": w}
 
     # ---------------------------------------------------------------- state
     def _empty(self) -> None:
@@ -1033,7 +1036,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             w = w.repeat_interleave(L)
         else:
             w = w.repeat_interleave((left[start] + 1).clamp(max=L))
-        info["_weight"] = w
+        info["_weight"] = info["priority_weight"] = w
         return index, info
 
     def state_dict(self) -> dict[str, Any]:
