@@ -96,7 +96,8 @@ def make_marl_env(
             from steersman.envs.libs.vmas import VmasEnv
 
             return VmasEnv(name[len("vmas/"):], num_envs=num_envs, continuous_actions=not categorical_actions,
-                           max_steps=max_steps, seed=seed, device=device, n_agents=n_agents)
+                           max_steps=max_steps, seed=seed, device=device, n_agents=n_agents,
+                           inference_mode=True)  # the recipes never differentiate through VMAS
         except ImportError as err:
             raise ConfigError(f"env.name={name}: {err}") from None
     return _pettingzoo(name, num_envs, seed, max_steps=max_steps, categorical_actions=categorical_actions,

@@ -31,9 +31,10 @@ def test_specs_layout_and_time_limit(scenario, continuous):
     assert torch.equal(ro["next", "agents", "done"].all(-2), ro["next", "done"])
 
 
-def test_same_numbers_as_vmas():
+@pytest.mark.parametrize("inference_mode", [False, True], ids=["grad", "inference"])
+def test_same_numbers_as_vmas(inference_mode):
     # VMAS keeps one RNG state for all its envs: run the wrapper, then VMAS, from the same seed
-    env = VmasEnv("navigation", num_envs=4, max_steps=50, seed=3, n_agents=3)
+    env = VmasEnv("navigation", num_envs=4, max_steps=50, seed=3, n_agents=3, inference_mode=inference_mode)
     raw = vmas.make_env("navigation", num_envs=4, max_steps=50, seed=3, n_agents=3, terminated_truncated=True)
     g = torch.Generator().manual_seed(0)
     actions = [torch.rand(4, 3, 2, generator=g) * 2 - 1 for _ in range(5)]
@@ -50,6 +51,23 @@ def test_same_numbers_as_vmas():
         obs, rews, term, trunc, _ = raw.step(list(a.unbind(1)))
         theirs += [torch.stack(obs, 1), torch.stack(rews, 1)]
     assert all(torch.equal(x, y) for x, y in zip(mine, theirs))
+    # ordinary tensors out either way (an inference tensor cannot be saved for backward)
+    assert not any(x.is_inference() for x in td.values(include_nested=True, leaves_only=True))
+
+
+def test_inference_mode_resets_and_gradients():
+    # inference_mode: VMAS's state becomes inference tensors; every later reset/step through
+    # the wrapper still works, in or outside no_grad, and its outputs feed autograd
+    env = VmasEnv("navigation", num_envs=3, max_steps=4, seed=0, n_agents=2, inference_mode=True)
+    ro = env.rollout(6, break_when_any_done=False)  # the time limit: a full reset
+    td = env.reset(ro[..., -1]["next"].set("_reset", torch.tensor([[True], [False], [False]])))  # reset_at
+    assert env.env.steps.tolist() == [0, 2, 2]
+    with torch.enable_grad():
+        td["agents", "action"] = torch.zeros(3, 2, 2, requires_grad=True)
+        nxt = env.step(td)["next"]
+        w = torch.ones(18, requires_grad=True)
+        (nxt["agents", "observation"] @ w).sum().backward()
+    assert w.grad is not None and not nxt["agents", "observation"].requires_grad
 
 
 def test_partial_reset_keeps_other_worlds():
