@@ -194,9 +194,10 @@ class FusedCollector(SyncDataCollector):
             obs, state, steps, rng = carry
             action, logits, log_prob, nobs, reward, flags, state, steps, rng, robs = self._step(
                 params, obs, state, steps, rng)
-            # (clones: a higher-order op's outputs may not alias each other or its inputs)
-            return (robs.clone(), state, steps, rng), (obs.clone(), action.clone(), logits, log_prob, nobs.clone(),
-                                                      reward.clone(), flags)
+            # (contiguous copies: a higher-order op's outputs may not alias each other or its inputs, and
+            # the carry keeps the layout of the initial one)
+            robs, obs, nobs = (t.clone(memory_format=torch.contiguous_format) for t in (robs, obs, nobs))
+            return (robs, state, steps, rng), (obs, action.clone(), logits, log_prob, nobs, reward.clone(), flags)
 
         if torch.compiler.is_compiling():
             return scan(body, (obs, state, steps, rng), time)
@@ -215,8 +216,10 @@ class FusedCollector(SyncDataCollector):
             self._reset_all()
         env = self.env
         _, params = _flat(self._net)
-        # (a copy: after a reset the observation is a view of the state, and a scan's inputs may not alias)
-        carry = (self._carried.get("observation").clone(), env._state, env._steps, env._rng)
+        # a contiguous copy: after a reset the observation is a (transposed) view of the state, a scan's
+        # inputs may not alias, and the graph (its guards skipped) is specialised to one memory layout
+        carry = tuple(t.clone(memory_format=torch.contiguous_format)
+                      for t in (self._carried.get("observation"), env._state, env._steps, env._rng))
         with torch.no_grad(), _stance(self._warm):
             (obs, state, steps, rng), (obs_t, action, logits, log_prob, nobs, reward, flags) = self._call(
                 params, *carry, self._time)
