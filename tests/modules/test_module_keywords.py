@@ -147,3 +147,43 @@ def test_safe_probabilistic_module_generator_and_num_samples():
     assert many["action"].shape == (4, 3, 2) and many["action_lp"].shape[:2] == (4, 3)
     assert bool((many["action"].abs() <= 1).all())
     assert _module(n_empirical_estimate=17).n_empirical_estimate == 17
+
+
+# ------------------------------------------------------------------ MaskedCategorical
+@pytest.mark.parametrize("padding_value", [None, -1])
+@pytest.mark.parametrize("neg_inf", [float("-inf"), -1e9])
+def test_masked_categorical_cross_entropy_log_prob_equals_gather(padding_value, neg_inf):
+    from steersman.modules import MaskedCategorical
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 4, requires_grad=True)
+    mask = torch.rand(5, 4) > 0.3
+    mask[:, 1] = True
+    value = torch.tensor([1, 0, 3, -1 if padding_value is not None else 2, 1])
+    kw = dict(mask=mask, neg_inf=neg_inf, padding_value=padding_value)
+    fast = MaskedCategorical(logits=logits, **kw)
+    plain = MaskedCategorical(logits=logits, use_cross_entropy=False, **kw)
+    assert fast.use_cross_entropy and not plain.use_cross_entropy
+    a, b = fast.log_prob(value), plain.log_prob(value)
+    assert a.shape == b.shape == (5,)
+    finite = torch.isfinite(b)
+    torch.testing.assert_close(a[finite], b[finite])
+    assert torch.equal(torch.isfinite(a), finite)  # masked actions: -inf (or hugely negative) in both
+    ga, = torch.autograd.grad(a[finite].sum(), logits)
+    gb, = torch.autograd.grad(b[finite].sum(), logits)
+    torch.testing.assert_close(ga, gb)
+    # broadcasting a [3, 5] value against the [5] batch, as Categorical.log_prob does
+    many = torch.stack([value.clamp(min=0)] * 3)
+    torch.testing.assert_close(fast.log_prob(many), plain.log_prob(many))
+    assert fast.expand([2, 5]).use_cross_entropy
+
+
+def test_masked_categorical_padding_side():
+    from steersman.modules import MaskedCategorical
+
+    logits, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    assert MaskedCategorical(logits=logits, mask=mask).padding_side == "left"  # TorchRL's default
+    d = MaskedCategorical(logits=logits, mask=mask, padding_side="right")
+    assert d.padding_side == "right" and d.expand([4, 2]).padding_side == "right"
+    with pytest.raises(ValueError, match="padding_side must be 'left' or 'right', got 'top'"):
+        MaskedCategorical(logits=logits, mask=mask, padding_side="top")

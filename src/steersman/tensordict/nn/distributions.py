@@ -583,6 +583,10 @@ class MaskedCategorical(D.Categorical):
         padding_value: pads ``indices``; also, ``log_prob(value)`` is ``0`` where ``value ==
             padding_value`` (padded steps do not count), and ``sample``/``mode`` return it
             for rows where no action is allowed.
+        use_cross_entropy: ``log_prob`` through ``F.cross_entropy`` (one fused kernel;
+            TorchRL's default) instead of gathering from the normalized logits. Same values.
+        padding_side: ``"left"`` or ``"right"``: which side the caller padded its sequences
+            on (kept for the caller, as in TorchRL; the distribution itself does not use it).
 
     Masked actions are never sampled, ``mode`` is the argmax over allowed actions, and
     ``entropy`` sums over the allowed actions only (masked terms contribute 0). A row with
@@ -609,11 +613,16 @@ class MaskedCategorical(D.Categorical):
         neg_inf: float = float("-inf"),
         padding_value: int | None = None,
         validate_args: bool = False,
+        use_cross_entropy: bool = True,
+        padding_side: str = "left",
     ) -> None:
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"MaskedCategorical: padding_side must be 'left' or 'right', got {padding_side!r}")
         logits, probs, mask, none = _masked_params(logits, probs, mask, indices, neg_inf,
                                                    padding_value, "MaskedCategorical")
         super().__init__(probs=probs, logits=logits, validate_args=validate_args)
         self.mask, self.neg_inf, self.padding_value, self._none_allowed = mask, neg_inf, padding_value, none
+        self.use_cross_entropy, self.padding_side = bool(use_cross_entropy), padding_side
 
     def _pad(self, out: Tensor) -> Tensor:
         if self.padding_value is None:
@@ -631,18 +640,28 @@ class MaskedCategorical(D.Categorical):
     def deterministic_sample(self) -> Tensor:
         return self.mode
 
+    def _log_prob(self, value: Tensor) -> Tensor:
+        if not self.use_cross_entropy:
+            return super().log_prob(value)
+        n = self.logits.shape[-1]
+        shape = torch.broadcast_shapes(value.shape, self.logits.shape[:-1])
+        logits = self.logits.expand(*shape, n).reshape(-1, n)
+        lp = -F.cross_entropy(logits, value.long().expand(shape).reshape(-1), reduction="none")
+        return lp.reshape(shape)
+
     def log_prob(self, value: Tensor) -> Tensor:
         if self.padding_value is None:
-            return super().log_prob(value)
+            return self._log_prob(value)
         pad = value == self.padding_value
-        lp = super().log_prob(value.masked_fill(pad, 0))
+        lp = self._log_prob(value.masked_fill(pad, 0))
         return lp.masked_fill(pad.expand(lp.shape), 0.0)
 
     def expand(self, batch_shape: Any, _instance: Any = None) -> MaskedCategorical:
         shape = torch.Size(batch_shape) + self.logits.shape[-1:]
         return MaskedCategorical(logits=self.logits.expand(shape), mask=self.mask.expand(shape),
                                  neg_inf=self.neg_inf, padding_value=self.padding_value,
-                                 validate_args=self._validate_args)
+                                 validate_args=self._validate_args, use_cross_entropy=self.use_cross_entropy,
+                                 padding_side=self.padding_side)
 
 
 class MaskedOneHotCategorical(OneHotCategorical):
