@@ -88,3 +88,27 @@ def test_compiled_rollout_is_one_graph_and_equals_eager():
             assert torch.equal(a[k], b[k]), k
     assert counter.frame_count == 1
     assert fused.compiled
+
+
+def test_rollout_that_cannot_compile_falls_back_with_one_warning():
+    """A rollout dynamo refuses runs eagerly from then on, after one warning saying why,
+    with the eager collector's batches (the failed attempt changed nothing)."""
+    _, _, eager, fused = _pair(CartPoleEnv)
+
+    def refuse(*args):
+        raise torch._dynamo.exc.Unsupported("planted: cannot trace this")
+
+    fused._fn, fused.compiled = refuse, True
+    it = iter(fused)
+    for i in range(2):
+        torch.manual_seed(i)
+        a = next(iter(eager))
+        torch.manual_seed(i)
+        if i == 0:
+            with pytest.warns(UserWarning, match=r"rollout of CartPoleEnv cannot be compiled \(planted: cannot"):
+                b = next(it)
+        else:
+            b = next(it)
+        for k in a.keys(True, True):
+            assert torch.equal(a[k], b[k]), k
+    assert not fused.compiled
