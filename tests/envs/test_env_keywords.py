@@ -108,3 +108,20 @@ def test_pendulum_td_params_round_trip():
         pendulum_params_from_td(bad)
     with pytest.raises(KeyError, match="unknown pendulum parameter"):
         pendulum_params_from_td({"gravity": 9.8})
+
+
+def test_pendulum_env_takes_td_params_as_torchrl():
+    """``PendulumEnv(td_params=PendulumEnv.gen_params(g=...))``: TorchRL's spelling."""
+    env = PendulumEnv(batch_size=[2], td_params=PendulumEnv.gen_params(g=9.81), seed=0)
+    assert env.params.g == 9.81 and env.params.max_torque == 2.0
+    light = PendulumEnv(batch_size=[2], td_params={"params": {"max_torque": 1.0}}, seed=0)
+    assert float(light.action_spec.high.max()) == 1.0
+    # the constants change the dynamics: the same start and action give another next state
+    default = PendulumEnv(batch_size=[2], seed=0)
+    ta, tb = env.reset(), default.reset()
+    assert torch.equal(ta["observation"], tb["observation"])
+    ta["action"], tb["action"] = torch.zeros(2, 1), torch.zeros(2, 1)
+    na, nb = env.step(ta)["next", "observation"], default.step(tb)["next", "observation"]
+    assert not torch.equal(na, nb)
+    with pytest.raises(KeyError, match="unknown pendulum parameter"):
+        PendulumEnv(td_params={"gravity": 9.8})

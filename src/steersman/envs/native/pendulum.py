@@ -140,7 +140,10 @@ class PendulumEnv(NativeEnv):
     Note: unlike TorchRL's stateless ``PendulumEnv``, the state lives in the env
     (``get_state``/``set_state``), as in the other native envs.
 
-    Args: see :class:`~steersman.envs.native.NativeEnv`.
+    Args: see :class:`~steersman.envs.native.NativeEnv`; also ``td_params``: TorchRL's
+    TensorDict of constants (``PendulumEnv.gen_params(g=...)``, or its ``"params"`` entry),
+    turned into ``params``. The constants are shared by every sub-env here: a batch of
+    different constants is refused.
 
     Example:
         >>> import torch
@@ -162,6 +165,26 @@ class PendulumEnv(NativeEnv):
     _init = staticmethod(pendulum_init)
     _kernel = staticmethod(_pendulum_kernel)
     _derive = staticmethod(pendulum_consts)
+
+    def __init__(self, batch_size: Any = (), device: Any = None, *, td_params: Any = None, **kwargs: Any) -> None:
+        if td_params is not None:
+            from .pendulum_td import pendulum_params_from_td
+
+            kwargs["params"] = pendulum_params_from_td(td_params, kwargs.get("params"))
+        super().__init__(batch_size, device, **kwargs)
+
+    @staticmethod
+    def gen_params(g: float = 10.0, batch_size: Any = None, device: Any = None) -> Any:
+        """TorchRL's name: the default constants with gravity ``g`` as ``TensorDict({"params": ...})``.
+
+        Example:
+            >>> env = PendulumEnv(td_params=PendulumEnv.gen_params(g=9.81))
+            >>> round(env.params.g, 2)
+            9.81
+        """
+        from .pendulum_td import gen_pendulum_params
+
+        return gen_pendulum_params(g, batch_size, device)
 
     def _affine_reset(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         p = self.params
