@@ -317,3 +317,26 @@ def test_muzero_learns_tictactoe_against_a_random_player(tmp_path):
     cols = read_metrics_csv(tmp_path / "run" / "metrics.csv")
     assert cols["eval/random_score"][-1] >= 0.45
     assert cols["eval/random_win"][-1] >= 0.65 and cols["eval/random_loss"][-1] <= 0.25
+
+
+def test_single_agent_env_takes_its_own_defaults():
+    """``env=cartpole`` gets SINGLE_AGENT_DEFAULTS for what the user left unset (the class
+    defaults are tic-tac-toe's); preset=none keeps them; a board game is left alone."""
+    from steersman.recipes.config import ConfigError
+    from steersman.recipes.muzero import SINGLE_AGENT_DEFAULTS, resolve_preset
+
+    cfg = MuZeroConfig()
+    cfg.env.name, cfg.gamma = "CartPole-v1", 0.99
+    out = resolve_preset(cfg)
+    assert out.preset == "none" and out.gamma == 0.99  # the user's value wins
+    assert (out.env.num_envs, out.env.max_episode_steps, out.td_steps, out.num_simulations) == (16, 500, 50, 8)
+    assert cfg.env.num_envs == 256 and cfg.preset == "auto"  # the input is not changed
+    assert resolve_preset(out) is out  # resolved once: a resume reuses exactly these values
+    kept = MuZeroConfig(preset="none")
+    kept.env.name = "CartPole-v1"
+    assert resolve_preset(kept).env.num_envs == 256
+    assert resolve_preset(MuZeroConfig()).td_steps == MuZeroConfig().td_steps  # tic-tac-toe
+    forced = resolve_preset(MuZeroConfig(preset="single_agent"))
+    assert forced.frames_per_batch == SINGLE_AGENT_DEFAULTS["frames_per_batch"] == 256
+    with pytest.raises(ConfigError, match="preset must be auto, single_agent or none, got 'cartpole'"):
+        resolve_preset(MuZeroConfig(preset="cartpole"))

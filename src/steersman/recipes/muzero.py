@@ -44,10 +44,12 @@ that value range (2 for board games, 1 otherwise), the Gumbel paper's normalisat
 known bounds; mctx's default, min-max rescaling of each node's Q-values
 (``rescale_values=True``), stretches the tiny Q differences of an untrained model to the
 full range, so self-play follows the model's noise deterministically (on CartPole it
-collapsed to one action). CartPole, measured (benchmarks/README.md): ``env.num_envs=16
-env.max_episode_steps=500 frames_per_batch=256 gamma=0.97 td_steps=50 num_simulations=8
-eval_simulations=0`` reaches mean eval returns of 262 and 294 (seeds 0, 1) in 8,192
-frames (53-63 s CPU).
+collapsed to one action). The defaults are tic-tac-toe's; a single-agent env takes
+:data:`SINGLE_AGENT_DEFAULTS` for the fields you leave unset (``preset=auto``; ``preset=none``
+keeps the tic-tac-toe values): ``env.num_envs=16 env.max_episode_steps=500
+frames_per_batch=256 gamma=0.97 td_steps=50 num_simulations=8 eval_simulations=0``. With
+them ``env=cartpole`` reaches mean eval returns of 262 and 294 (seeds 0, 1) in 8,192 frames
+(53-63 s CPU; benchmarks/README.md).
 
 Evaluation (``eval.episodes`` per side / episodes): board games play against a uniformly
 random player and the exact solver from both seats, ``eval/return`` is the mean score
@@ -61,6 +63,7 @@ greedy policy *without* search (board games: occupied cells masked).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -89,6 +92,7 @@ from .config import (
     EnvConfig,
     EvalConfig,
     LoggerConfig,
+    apply_env_defaults,
     validate_config,
 )
 from .envs import BOARD_GAMES, make_env
@@ -152,6 +156,8 @@ class MuZeroConfig:
     """Weight of the value loss."""
     reward_coef: float = 1.0
     """Weight of the reward loss."""
+    preset: str = "auto"
+    """Env-specific defaults: auto (SINGLE_AGENT_DEFAULTS for envs that are not board games), single_agent (always) or none."""
     seed: int = 0
     """Seed of torch, numpy, random, the envs and the evaluation opponents."""
     num_threads: int = 1
@@ -166,6 +172,34 @@ class MuZeroConfig:
     """Evaluation schedule; episodes: games per seat against each opponent, or episodes."""
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(interval=8_192))
     """Checkpoint schedule (the replay buffer is included unless checkpoint.replay_buffer=false)."""
+
+
+SINGLE_AGENT_DEFAULTS: dict[str, Any] = {
+    "env.num_envs": 16, "env.max_episode_steps": 500, "frames_per_batch": 256, "gamma": 0.97, "td_steps": 50,
+    "num_simulations": 8, "eval_simulations": 0,
+}
+"""MuZero on a single-agent env such as CartPole (measured: benchmarks/README.md): dotted keys."""
+
+
+def resolve_preset(cfg: MuZeroConfig) -> MuZeroConfig:
+    """``cfg`` with :data:`SINGLE_AGENT_DEFAULTS` on the fields still at their default when
+    ``cfg.preset`` is single_agent, or auto with an env that is not a board game; the result
+    has ``preset="none"`` (its ``config.yaml`` then holds the values a resume reuses).
+
+    Example:
+        >>> cfg = MuZeroConfig(td_steps=20)
+        >>> cfg.env.name = "CartPole-v1"
+        >>> cfg = resolve_preset(cfg)
+        >>> cfg.env.num_envs, cfg.td_steps, cfg.gamma, cfg.preset
+        (16, 20, 0.97, 'none')
+        >>> resolve_preset(MuZeroConfig()).env.num_envs  # tic-tac-toe keeps its own
+        256
+    """
+    if cfg.preset not in ("auto", "single_agent", "none"):
+        raise ConfigError(f"preset must be auto, single_agent or none, got {cfg.preset!r}")
+    if cfg.preset == "single_agent" or (cfg.preset == "auto" and cfg.env.name not in BOARD_GAMES):
+        return dataclasses.replace(apply_env_defaults(cfg, SINGLE_AGENT_DEFAULTS), preset="none")
+    return cfg
 
 
 def _check(cfg: MuZeroConfig) -> None:
@@ -584,7 +618,7 @@ def _log_evaluation(run: Run, cfg: MuZeroConfig, nets: MuZeroNets, discount: flo
 def train(cfg: MuZeroConfig | None = None, run_dir: str | Path | None = None, *,
           resume: bool = False) -> dict[str, Any]:
     """Trains MuZero as configured, writing ``run_dir``; returns the run's summary."""
-    cfg = cfg if cfg is not None else MuZeroConfig()
+    cfg = resolve_preset(cfg if cfg is not None else MuZeroConfig())
     _check(cfg)
     seed_everything(cfg.seed)
     if cfg.num_threads > 0:

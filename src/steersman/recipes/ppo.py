@@ -112,8 +112,7 @@ class PPOConfig:
     loss: PPOLossConfig = field(default_factory=PPOLossConfig)
     """Objective."""
     compile: bool = False
-    """torch.compile the minibatch update as one graph (eager, with a warning, if it cannot); on torch-native envs
-    with discrete actions also the env step with the policy and GAE (recipes/fused.py)."""
+    """torch.compile the minibatch update as one graph (eager, with a warning, if not); native discrete envs: also rollout and GAE."""
     compile_backend: str = "inductor"
     """torch.compile backend with compile=true (aot_eager: no code generation, eager kernels)."""
     seed: int = 0
