@@ -11,11 +11,16 @@ Rows:
   steersman fn      the policy with a plain recurrent function on a tensor embedding.
   steersman tdm     the policy with ``recurrent_fn_from_model`` over two
                     ``TensorDictModule``\\ s (TensorDict embeddings).
-  steersman compiled  the plain-fn policy with ``compile=True`` (each simulation one
-                    inductor graph with a ``while_loop`` descent); the first call per
-                    batch (the cold compile) is reported separately as ``compile_s``.
+  steersman compiled  the plain-fn policy with ``compile=True``: the whole search (every
+                    simulation after the first) is one inductor graph, an outer
+                    ``while_loop`` over simulations with the ``while_loop`` descent and
+                    backup inside; the first call per batch (the compile) is reported
+                    separately as ``compile_s``.
+  steersman compiled cpp  the same with inductor's C++ wrapper
+                    (``compile={"options": {"cpp_wrapper": True}}``): the loops run in
+                    C++ instead of the generated Python wrapper.
   mctx jit          mctx's policy under ``jax.jit`` (compile time excluded), run in a
-                    separate interpreter: ``MCTX_PYTHON=/tmp/mctx-venv/bin/python``
+                    separate interpreter: ``MCTX_PYTHON=<venv with jax, mctx>/bin/python``
                     (a venv with ``jax mctx numpy``; the row is skipped without it).
 
 Timing: one thread on each side (torch.set_num_threads(1); XLA's CPU client with
@@ -24,7 +29,7 @@ call, then the median of ``--repeats`` calls in process CPU time (``--wall``: wa
 clock).
 
     python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--json out.json]
-    MCTX_PYTHON=/tmp/mctx-venv/bin/python python benchmarks/planning.py
+    MCTX_PYTHON=<venv with jax, mctx>/bin/python python benchmarks/planning.py
 """
 
 from __future__ import annotations
@@ -62,7 +67,11 @@ def _timer(wall: bool):
 
 
 # ---------------------------------------------------------------------- steersman
-def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True) -> list[dict]:
+CPP = {"backend": "inductor", "options": {"cpp_wrapper": True}}
+
+
+def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True,
+                   eager_max_batch: int = 1 << 30) -> list[dict]:
     import torch
     from torch import nn
 
@@ -113,26 +122,32 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
     for b in batches:
         latent = t["root"][:b]
         logits, value = pred(latent)
-        variants = {
-            "steersman fn": (plain_fn, RootFnOutput(logits, value, latent)),
-            "steersman tdm": (tdm_fn, RootFnOutput(logits, value, TensorDict({"latent": latent}, batch_size=[b]))),
-        }
+        variants = {}
+        if b <= eager_max_batch:
+            variants["steersman fn"] = (plain_fn, RootFnOutput(logits, value, latent), False)
+            variants["steersman tdm"] = (tdm_fn, RootFnOutput(logits, value, TensorDict({"latent": latent},
+                                                                                         batch_size=[b])), False)
         if compiled:
-            variants["steersman compiled"] = (plain_fn, RootFnOutput(logits, value, latent))
-        for name, (fn, root) in variants.items():
+            variants["steersman compiled"] = (plain_fn, RootFnOutput(logits, value, latent), True)
+            variants["steersman compiled cpp"] = (plain_fn, RootFnOutput(logits, value, latent), CPP)
+        for name, (fn, root, comp) in variants.items():
             for pol_name, pol in (("muzero", muzero_policy), ("gumbel_muzero", gumbel_muzero_policy)):
                 gen = torch.Generator().manual_seed(0)
                 times = []
-                comp = name == "steersman compiled"
-                with torch.no_grad():
-                    for i in range(repeats + 1):
-                        t0 = clock()
-                        out = pol(None, gen, root, fn, NUM_SIMULATIONS, compile=comp)
-                        dt = clock() - t0
-                        if i:
-                            times.append(dt)
-                        else:
-                            first = dt
+                try:
+                    with torch.no_grad():
+                        for i in range(repeats + 1):
+                            t0 = clock()
+                            out = pol(None, gen, root, fn, NUM_SIMULATIONS, compile=comp)
+                            dt = clock() - t0
+                            if i:
+                                times.append(dt)
+                            else:
+                                first = dt
+                except Exception as e:  # noqa: BLE001  (report the failure as the row)
+                    rows.append({"impl": name, "policy": pol_name, "batch": b, "error": f"{type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[-1][:120]}"})
+                    continue
                 assert int(out.search_tree.node_visits[0, 0]) == NUM_SIMULATIONS + 1
                 med = statistics.median(times)
                 row = {"impl": name, "policy": pol_name, "batch": b, "seconds": med,
@@ -212,6 +227,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,64,256,1024")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
+    ap.add_argument("--eager-max-batch", type=int, default=1 << 30, help="skip the eager rows above this batch")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--wall", action="store_true")
     ap.add_argument("--json")
@@ -223,11 +239,14 @@ def main() -> None:
         return
     w = make_weights()
     rows, note = mctx_rows(w, batches, args.repeats, args.wall)
-    rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile) + rows
-    print(f"{'impl':<19} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
+    rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile, args.eager_max_batch) + rows
+    print(f"{'impl':<23} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
     for r in sorted(rows, key=lambda r: (r["policy"], r["batch"], r["impl"])):
+        if "error" in r:
+            print(f"{r['impl']:<23} {r['policy']:<14} {r['batch']:>6} failed: {r['error']}")
+            continue
         cs = f"{r['compile_s']:.1f}" if "compile_s" in r else ""
-        print(f"{r['impl']:<19} {r['policy']:<14} {r['batch']:>6} {r['sims_per_s']:>12,.0f} "
+        print(f"{r['impl']:<23} {r['policy']:<14} {r['batch']:>6} {r['sims_per_s']:>12,.0f} "
               f"{1e3 * r['seconds']:>10.1f} {cs:>10}")
     if note:
         print(note)
