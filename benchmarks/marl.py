@@ -15,7 +15,7 @@ not standardized (BenchMARL's setting), gradient norm clipped at 1 per network; 
 tanh MLPs, parameters shared by the agents, tanh-normal actor; centralised critic for
 MAPPO, per-agent for IPPO; CPU, one torch thread; no evaluation, checkpoints or loggers
 besides one CSV). BenchMARL runs in a subprocess of ``PYTHON``, one run at a time (never
-two runs at once). Reported: the training loop's frames/s (ours: ``time/fps`` logged after
+two runs at once; which side runs first alternates from pair to pair). Reported: the training loop's frames/s (ours: ``time/fps`` logged after
 the last batch's update, i.e. without the final evaluation and checkpoint, which BenchMARL
 with ``evaluation=False`` does not make; BenchMARL: frames over the wall time of
 ``experiment.run()``) and the mean training episode return of each batch (the team return;
@@ -142,15 +142,24 @@ def side_by_side(python: str, frames: int, seeds: int) -> None:
     rows = []
     print("| algo | seed | steersman frames/s | BenchMARL frames/s | ratio | steersman return | BenchMARL return |")
     print("|---|---|---|---|---|---|---|", flush=True)
+    def run_theirs(algo: str, seed: int) -> dict:
+        out = subprocess.run([python, __file__, "--benchmarl-worker", algo, str(frames), str(seed),
+                              str(SIDE["epochs"]), str(SIDE["minibatch"])],
+                             capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"BenchMARL {algo} seed {seed} failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
     for seed in range(seeds):
-        for algo in ("mappo", "ippo"):
-            fps, curve = ours_on_vmas(algo, frames, seed)
-            out = subprocess.run([python, __file__, "--benchmarl-worker", algo, str(frames), str(seed),
-                                  str(SIDE["epochs"]), str(SIDE["minibatch"])],
-                                 capture_output=True, text=True, check=False)
-            if out.returncode != 0:
-                raise RuntimeError(f"BenchMARL {algo} seed {seed} failed:\n{out.stderr[-3000:]}")
-            theirs = json.loads(out.stdout.strip().splitlines()[-1])
+        for k, algo in enumerate(("mappo", "ippo")):
+            # the order alternates between seeds and algorithms: a load that drifts during
+            # the run favours neither side
+            if (seed + k) % 2 == 0:
+                fps, curve = ours_on_vmas(algo, frames, seed)
+                theirs = run_theirs(algo, seed)
+            else:
+                theirs = run_theirs(algo, seed)
+                fps, curve = ours_on_vmas(algo, frames, seed)
             rows.append((algo, fps, theirs["fps"], curve, theirs["curve"]))
             print(f"| {algo} | {seed} | {fps:.0f} | {theirs['fps']:.0f} | {fps / theirs['fps']:.2f}x | {curve[-1]:.3f} "
                   f"| {theirs['curve'][-1]:.3f} |", flush=True)
