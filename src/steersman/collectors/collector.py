@@ -565,6 +565,10 @@ class Collector(BaseCollector):
                 if truncate:
                     td = self._truncate(td, t)
         self._carried = td
+        return self._finish_rollout(buf)
+
+    def _finish_rollout(self, buf: Any) -> TensorDictBase:
+        """Trajectory ids of the batch just written and ``set_truncated``'s last-step flags."""
         done = self._done_flags(slice(None)).to(self._traj_ids.device)
         ids, first, self._traj_counter = assign_traj_ids(
             done, self._traj_ids.reshape(-1), self._traj_counter, self._traj_stride, self._traj_offset)

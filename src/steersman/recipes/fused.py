@@ -245,19 +245,6 @@ class FusedCollector(SyncDataCollector):
                                     "action_log_prob": log_prob[-1]}, env.batch_size)
         return self._finish_rollout(buf)
 
-    def _finish_rollout(self, buf: Any) -> Any:
-        from steersman.collectors.collector import assign_traj_ids
-
-        done = self._done_flags(slice(None)).to(self._traj_ids.device)
-        ids, first, self._traj_counter = assign_traj_ids(
-            done, self._traj_ids.reshape(-1), self._traj_counter, self._traj_stride, self._traj_offset)
-        self._traj_view.copy_(ids)
-        self._traj_ids = first.view(self.env.batch_size)
-        if self.set_truncated:
-            for v in self._trunc_views:
-                v[-1] = True
-        return buf.td
-
 
 class FusedGAE:
     """GAE of a ``[n, T]`` batch as one compiled function: the critic's MLP on the
