@@ -245,6 +245,7 @@ def test_module_env_id_typed_on_train_is_allowed(tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` run from this folder
     monkeypatch.delitem(sys.modules, "mymod", raising=False)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ beside mymod.py
     out = cli(["train", "ppo", "env.name=gym:mymod:X-v0"], capfd)
     sys.modules.pop("mymod", None)
     assert marker.exists()

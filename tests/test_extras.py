@@ -22,8 +22,8 @@ def extras() -> dict[str, list[str]]:
 
 def test_readme_extras_are_in_pyproject():
     table = (ROOT / "README.md").read_text().split("## Optional extras", 1)[1].split("\n## ", 1)[0]
-    named = {e for row in re.findall(r"^\| (`[^|]+`) \|", table, re.M) for e in re.findall(r"`(\w+)`", row)}
-    assert {"box2d", "mujoco", "atari", "dm_control", "envpool", "wandb", "mlflow", "slurm", "docs"} <= named
+    named = {e for row in re.findall(r"^\| (`[^|]+`) \|", table, re.M) for e in re.findall(r"`([\w-]+)`", row)}
+    assert {"box2d", "mujoco", "atari", "dm-control", "envpool", "wandb", "mlflow", "slurm", "docs"} <= named
     assert named <= set(extras()), f"README names extras pyproject lacks: {named - set(extras())}"
 
 
