@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import os
 import runpy
@@ -547,9 +548,13 @@ def profile_recipe(algo: str, overrides: Sequence[str] = (), seconds: float = 10
     from steersman.recipes.launch import make_config
 
     cfg = make_config(algo, [*overrides, "quiet=true"], base=base)
+
+    def run() -> None:  # the run's own end-of-run summary (a temporary folder) is not the doctor's output
+        with contextlib.redirect_stdout(io.StringIO()):
+            get_recipe(algo).train(cfg, Path(tmp) / "run")
+
     with tempfile.TemporaryDirectory(prefix="steersman-doctor-") as tmp:
-        return profile_callable(lambda: get_recipe(algo).train(cfg, Path(tmp) / "run"), seconds,
-                                target=f"{algo} {' '.join(overrides)}".strip())
+        return profile_callable(run, seconds, target=f"{algo} {' '.join(overrides)}".strip())
 
 
 def profile_script(path: str | os.PathLike, args: Sequence[str] = (), seconds: float = 10.0) -> DoctorReport:

@@ -45,9 +45,11 @@ class ConsumingSampler(Sampler):
         >>> rb = ReplayBuffer(storage=ListStorage(10), sampler=ConsumingSampler(), batch_size=3)
         >>> rb.extend([torch.tensor(i) for i in range(4)]).tolist()
         [0, 1, 2, 3]
-        >>> len(rb.sample()), len(rb)
-        (3, 1)
-        >>> rb.extend([torch.tensor(9)]).tolist()  # into a consumed slot
+        >>> _ = torch.manual_seed(0)
+        >>> batch = rb.sample()
+        >>> batch.tolist(), len(rb)  # item 2 is the one not consumed yet
+        ([0, 1, 3], 1)
+        >>> rb.extend([torch.tensor(9)]).tolist()  # into the oldest consumed slot
         [0]
     """
 
