@@ -133,6 +133,7 @@ class PolicyAgeFilter(Transform):
         >>> len(rb)
         3
         >>> version = 4               # the two version-2 elements are now too old
+        >>> _ = torch.manual_seed(0)  # (a sample of 8 drawn from 3 elements)
         >>> rb.sample(8)["policy_version"].unique().tolist()
         [3]
     """
