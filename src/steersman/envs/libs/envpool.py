@@ -63,7 +63,7 @@ class MultiThreadedEnvWrapper(EnvBase):
         >>> import envpool
         >>> from steersman.envs.libs.envpool import MultiThreadedEnvWrapper
         >>> env = MultiThreadedEnvWrapper(envpool.make("CartPole-v1", env_type="gymnasium", num_envs=4))
-        >>> env.rollout(10).batch_size
+        >>> env.rollout(10, break_when_any_done=False).batch_size  # (unseeded pool: an episode may end early)
         torch.Size([4, 10])
     """
 
