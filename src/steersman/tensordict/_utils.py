@@ -72,6 +72,18 @@ def unravel_key_list(keys: Iterable[Any]) -> list[NestedKey]:
     return [unravel_key(k) for k in keys]
 
 
+def write_into_out(name: str, out: Any, result: Any) -> Any:
+    """``result`` itself, or written into ``out`` in place (an ``out=`` keyword): a batch-size
+    mismatch raises a ``ValueError`` naming ``name`` before anything is written."""
+    if out is None:
+        return result
+    if out.batch_size != result.batch_size:
+        raise ValueError(f"{name}: out has batch_size {list(out.batch_size)}, the result has "
+                         f"{list(result.batch_size)}")
+    out.update_(result)
+    return out
+
+
 def as_size(batch_size: Any) -> torch.Size:
     """Turns ``None``, an int, a list/tuple or a ``torch.Size`` into a ``torch.Size``."""
     if batch_size is None:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._utils import NO_DEFAULT, expand_right
+from ._utils import NO_DEFAULT, expand_right, write_into_out
 from .base import (
     HANDLED_FUNCTIONS,
     TensorDictBase,
@@ -465,13 +465,7 @@ def pad_sequence(list_of_tensordicts: Sequence[TensorDictBase], pad_dim: int = 0
     result = stack(padded, 0)
     if return_mask:
         result.set("masks", torch.stack(masks))
-    if out is None:
-        return result
-    if out.batch_size != result.batch_size:
-        raise ValueError(f"pad_sequence: out has batch_size {list(out.batch_size)}, the result has "
-                         f"{list(result.batch_size)}")
-    out.update_(result)
-    return out
+    return write_into_out("pad_sequence", out, result)
 
 
 def maybe_dense_stack(input: Sequence[TensorDictBase], dim: int = 0, *,
@@ -484,10 +478,4 @@ def maybe_dense_stack(input: Sequence[TensorDictBase], dim: int = 0, *,
         from .lazy import lazy_stack
 
         result = lazy_stack(list(input), dim)
-    if out is None:
-        return result
-    if out.batch_size != result.batch_size:
-        raise ValueError(f"maybe_dense_stack: out has batch_size {list(out.batch_size)}, the stack has "
-                         f"{list(result.batch_size)}")
-    out.update_(result)
-    return out
+    return write_into_out("maybe_dense_stack", out, result)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._utils import NO_DEFAULT
+from ._utils import NO_DEFAULT, write_into_out
 from .base import TensorDictBase, _is_branch, _is_non_tensor
 from .files import LoadError, check_inside, write_json_atomic
 from .lazy import LazyStackedTensorDict
@@ -591,13 +591,7 @@ def load(prefix: Any, device: Any = None, non_blocking: bool = False, *, mmap: b
                            f"(top-level keys: {sorted(td.keys())})") from None
     if device is not None:
         td = td.to(device, non_blocking=non_blocking)
-    if out is None:
-        return td
-    if out.batch_size != td.batch_size:
-        raise ValueError(f"load: out has batch_size {list(out.batch_size)}, the saved container has "
-                         f"{list(td.batch_size)}")
-    out.update_(td)
-    return out
+    return write_into_out("load", out, td)
 
 
 def load_memmap(prefix: Any, device: Any = None, non_blocking: bool = False, *, out: TensorDictBase | None = None,
