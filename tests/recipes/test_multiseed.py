@@ -404,6 +404,22 @@ def test_population_members_equal_their_runs_alone(algo, n, singles_off, tmp_pat
     params = state["params"] if "params" in state else state["learn"]["params" if algo != "td3" else "actor"]
     name = next(n for n in params if n.endswith("weight"))
     assert all(not torch.equal(params[name][0], params[name][k]) for k in range(1, n))
+    for k in range(n):
+        assert_policy_file_holds_member(tmp_path, state, k)
+
+
+def assert_policy_file_holds_member(run_dir, state: dict, k: int) -> None:
+    """``seed_<k>/policy.pt`` holds member k's trained policy weights (the checkpoint's row k)."""
+    learn = state.get("learn", {})
+    trained = {**state.get("params", {}), **learn.get("params", {}), **learn.get("actor", {})}
+    saved = torch.load(run_dir / f"seed_{k}" / "policy.pt", weights_only=True)
+    checked = 0
+    for name, value in saved.items():
+        for net in ("actor_network", "value_network"):
+            if f"{net}.{name}" in trained:
+                assert torch.equal(trained[f"{net}.{name}"][k], value), (k, name)
+                checked += 1
+    assert checked >= 6, sorted(saved)  # every weight and bias of the 3-layer MLP
 
 
 def test_recipes_hand_populations_to_multiseed_and_sweep_lr(tmp_path):

@@ -44,8 +44,8 @@ The algorithms: :func:`train_ppo` and :func:`train_a2c` (on-policy: GAE on each 
 then PPO's epochs x minibatches or A2C's one RMSprop step), :func:`train_dqn`,
 :func:`train_sac` and :func:`train_td3` (off-policy: a replay buffer per member,
 :class:`MemberReplay`, sampled from each member's own stream; the policies' and the
-losses' noise drawn from the member's streams too: :class:`GivenNoiseTanhNormal`, TD3's
-target smoothing). :class:`Population` holds what they share.
+losses' noise drawn from the member's streams too, given to the losses through their
+``given_noise_key``). :class:`Population` holds what they share.
 
 Limits: torch-native envs (``CartPole-v1``, ``Acrobot-v1``, ``MountainCar-v0``,
 ``GridWorld-v0`` for PPO/A2C/DQN; ``Pendulum-v1``, ``MountainCarContinuous-v0`` for
@@ -79,7 +79,7 @@ from steersman.envs.native._base import lane_keys
 from steersman.objectives import ClipPPOLoss, TD3Loss
 from steersman.tensordict import TensorDict
 from steersman.tensordict.files import write_json_atomic
-from steersman.tensordict.nn import TanhNormal, from_modules, optim
+from steersman.tensordict.nn import from_modules, optim
 from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
@@ -95,7 +95,7 @@ from .run import (
     read_run_config,
 )
 
-__all__ = ["SWEEPABLE", "EpisodeStats", "GivenNoiseTanhNormal", "MemberReplay", "OffPolicy", "Population", "Stacked",
+__all__ = ["SWEEPABLE", "EpisodeStats", "MemberReplay", "OffPolicy", "Population", "Stacked",
            "Streams", "members_of", "train_a2c", "train_dqn", "train_ppo", "train_sac", "train_td3"]
 
 #: Fields a sweep may vary per member (numbers the vmapped update reads per member).
@@ -929,21 +929,6 @@ def train_dqn(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
     return _train_off_policy(pop, _DQN(pop), E, T)
 
 
-class GivenNoiseTanhNormal(TanhNormal):
-    """:class:`~steersman.tensordict.nn.TanhNormal` whose ``rsample`` uses the standard
-    normal draws ``eps`` it is given (a member's counter-based stream) instead of
-    ``torch.randn``: ``m + r * tanh(loc + scale * eps)``. Everything else is TanhNormal's."""
-
-    def __init__(self, loc: Tensor, scale: Tensor, eps: Tensor, **kwargs: Any) -> None:
-        super().__init__(loc, scale, **kwargs)
-        self.eps = eps
-
-    def rsample(self, sample_shape: Any = torch.Size()) -> Tensor:
-        if tuple(sample_shape):
-            raise ValueError("GivenNoiseTanhNormal draws exactly one sample per given noise (sample_shape=())")
-        return self._squash(self.loc + self.scale * self.eps)
-
-
 def _normals(stream: Streams, shape: tuple[int, ...]) -> Tensor:
     """``[M, *shape]`` standard normal draws (Box-Muller on two uniforms each)."""
     n = math.prod(shape)
@@ -960,7 +945,6 @@ class _SAC(OffPolicy):
     metric_names = ("loss_actor", "loss_qvalue", "alpha", "entropy")
 
     def __init__(self, pop: Population) -> None:
-        from steersman.modules import ProbabilisticActor
         from steersman.objectives.sac import SACLoss
 
         from . import sac
@@ -970,19 +954,16 @@ class _SAC(OffPolicy):
         self.low, self.high, self.act_dim = box.low, box.high, box.shape[-1]
         target_entropy = cfg.target_entropy if cfg.target_entropy == "auto" else float(cfg.target_entropy)
         losses = []
-        for mc in pop.row_cfgs:  # as sac.train builds them, the actor's noise given (key "noise")
+        for mc in pop.row_cfgs:  # as sac.train builds them; the loss's noise given at "noise" / ("next", "noise")
             seed_everything(mc.seed)
             shape_env = pop.shape_env(mc)
-            plain, qvalue = sac.make_policy(mc, shape_env), sac.make_qvalue(mc, shape_env)
-            actor = ProbabilisticActor(plain.module[0], in_keys={"loc": "loc", "scale": "scale", "eps": "noise"},
-                                       spec=box, distribution_class=GivenNoiseTanhNormal)
-            losses.append(SACLoss(actor, qvalue, action_spec=box, loss_function=cfg.loss_function,
-                                  alpha_init=cfg.alpha_init, target_entropy=target_entropy))
+            losses.append(SACLoss(sac.make_policy(mc, shape_env), sac.make_qvalue(mc, shape_env), action_spec=box,
+                                  loss_function=cfg.loss_function, alpha_init=cfg.alpha_init,
+                                  target_entropy=target_entropy, given_noise_key="noise"))
         loss_fn = self.loss_fn = losses[0]
         loss_fn.make_value_estimator(gamma=cfg.gamma)
         _ = loss_fn.vmap_randomness  # resolved now: first computed inside a compiled trace, it breaks the graph
-        self.actor = sac.make_policy(cfg, pop.shape_env(cfg))  # exported: the recipe's own actor class
-        self._noisy_actor = loss_fn.actor_network
+        self.actor = loss_fn.actor_network  # the recipe's own actor: policy.pt / export get each member's weights
         loc_scale = loss_fn.actor_network.module[0]  # "observation" -> "loc", "scale"
         st = Stacked(losses, loss_fn)
         trainable = {n for n, p in loss_fn.named_parameters() if p.requires_grad}
@@ -1078,9 +1059,9 @@ class _TD3(OffPolicy):
         for mc in pop.row_cfgs:
             seed_everything(mc.seed)
             shape_env = pop.shape_env(mc)
-            losses.append(_GivenNoiseTD3Loss(td3.make_policy(mc, shape_env), td3.make_qvalue(mc, shape_env),
-                                             action_spec=box, policy_noise=cfg.policy_noise,
-                                             noise_clip=cfg.noise_clip, loss_function="l2"))
+            losses.append(TD3Loss(td3.make_policy(mc, shape_env), td3.make_qvalue(mc, shape_env), action_spec=box,
+                                  policy_noise=cfg.policy_noise, noise_clip=cfg.noise_clip, loss_function="l2",
+                                  given_noise_key=("next", "noise")))
         loss_fn = self.loss_fn = losses[0]
         loss_fn.make_value_estimator(gamma=cfg.gamma)
         _ = loss_fn.vmap_randomness  # (as in _SAC)
@@ -1184,18 +1165,6 @@ def train_td3(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
     E, T = _off_policy_shape(cfg)
     pop = Population("td3", cfg, run_dir, resume=resume, batch_frames=E * T, discrete=False)
     return _train_off_policy(pop, _TD3(pop), E, T)
-
-
-class _GivenNoiseTD3Loss(TD3Loss):
-    """TD3Loss whose target-smoothing noise is the standard normal draw at ``("next",
-    "noise")`` of the batch (a member's counter-based stream) instead of ``randn``."""
-
-    def _smoothing_noise(self, action: Tensor) -> Tensor:
-        return torch.zeros_like(action)  # unused: _next_action reads the given draw
-
-    def _next_action(self, next_td: Any, noise: Tensor) -> Tensor:
-        given = (next_td.get("noise") * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
-        return super()._next_action(next_td, given)
 
 
 def _leaves_of(td: Any, keys: list | None = None) -> tuple[Tensor, ...]:
