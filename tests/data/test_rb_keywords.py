@@ -89,7 +89,7 @@ def test_no_op_keywords_are_accepted():
     ("sample_unit", object(), TypeError), ("service_backend", "direct", NotImplementedError),
     ("service_backend_options", {}, NotImplementedError), ("transport", "tcp", NotImplementedError),
     ("transport_options", {}, NotImplementedError), ("shared", True, NotImplementedError),
-    ("dim_extend", 1, ValueError),
+    ("dim_extend", -1, ValueError),
 ])
 def test_unsupported_keywords_are_refused_by_name(name, value, err):
     with pytest.raises(err, match=name):

@@ -118,14 +118,16 @@ def test_a_given_pytree_is_a_full_storage():
     assert isinstance(out, tuple) and sorted(_item_ids(out).tolist()) == [0, 1, 2, 3, 4]
 
 
-def test_ndim2_rows_of_pytrees():
+def test_ndim2_pytrees_along_time():
     rb = ReplayBuffer(storage=LazyTensorStorage(12, ndim=2), batch_size=4)
-    rows = {"obs": torch.arange(8.0).reshape(2, 4, 1), "r": torch.arange(8.0).reshape(2, 4)}
+    rows = {"obs": torch.arange(8.0).reshape(2, 4, 1), "r": torch.arange(8.0).reshape(2, 4)}  # [n_envs, T]
     rb.extend(rows)
-    assert len(rb) == 8
+    assert len(rb) == 8 and rb.storage.shape == (4, 2)
     out, info = rb.sample(return_info=True)
-    flat = info["index"]
-    assert torch.equal(out["r"], flat.float()) and torch.equal(out["obs"].squeeze(-1), flat.float())
+    t, env = info["index"]
+    ids = (env * 4 + t).float()
+    assert torch.equal(out["r"], ids) and torch.equal(out["obs"].squeeze(-1), ids)
+    assert torch.equal(rb[:]["r"], rows["r"]) and torch.equal(rb[1]["obs"], rows["obs"][1])
 
 
 # ------------------------------------------------------------------------- bad input

@@ -302,38 +302,45 @@ def test_nested_keys_and_extra_batch_dims():
     assert torch.equal(s["a", "b", "c"][:, 0], s["index"][:, 0].float())
 
 
-def test_ndim2_storage_rows_and_slices():
-    """A [rows, T] storage: rows are written whole, samplers see flat element indices,
-    and slices never cross a row end."""
-    T = 5
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4 * T, ndim=2),
+def test_ndim2_storage_time_major_and_slices():
+    """An ndim=2 storage is [time, n_envs] (TorchRL's layout): a [n_envs, T] batch adds T
+    rows, samplers see flat element indices, and slices stay in one env's column, across
+    writes, never past its newest step."""
+    n_envs, T = 3, 5
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4 * n_envs, ndim=2),
                                 sampler=SliceSampler(slice_len=3, traj_key=("traj",)), batch_size=6)
-    step = torch.arange(3 * T).view(3, T)
-    rb.extend(TensorDict({"step": step, "traj": torch.arange(3).unsqueeze(1).expand(3, T).clone()}, [3, T]))
-    assert len(rb) == 3 * T
-    assert rb.storage.shape == (4, T)
+    step = torch.arange(n_envs * T).view(n_envs, T)
+    traj = torch.arange(n_envs).unsqueeze(1).expand(n_envs, T).clone()
+    rb.extend(TensorDict({"step": step[:, :2], "traj": traj[:, :2]}, [n_envs, 2]))
+    rb.extend(TensorDict({"step": step[:, 2:4], "traj": traj[:, 2:4]}, [n_envs, 2]))
+    assert len(rb) == 4 * n_envs and rb.storage.shape == (4, n_envs)
+    assert torch.equal(rb[:]["step"], step[:, :4])
     for _ in range(20):
         s = rb.sample()
         rows = s["step"].view(2, 3)
-        assert bool(((rows[:, 1:] - rows[:, :-1]) == 1).all())
-        assert bool((rows // T == rows[:, :1] // T).all())  # one row each
-        assert torch.equal(s["index"], s["step"])  # flat element index
-    # a 4th and 5th row wrap the 4-row storage: row 0 is overwritten
-    rb.extend(TensorDict({"step": 100 + torch.arange(2 * T).view(2, T),
-                          "traj": torch.tensor([[7] * T, [8] * T])}, [2, T]))
-    assert len(rb) == 4 * T and rb.write_count == 5
-    assert rb[torch.arange(T)]["step"].tolist() == list(range(105, 110))
+        assert bool(((rows[:, 1:] - rows[:, :-1]) == 1).all())  # consecutive steps
+        assert bool((rows // T == rows[:, :1] // T).all())  # one env each
+        assert torch.equal(s["index"][:, 1], s["step"] // T)  # (time, env) pairs
+        assert torch.equal(s["index"][:, 0], s["step"] % T)
+    # a 5th time step wraps the 4-row storage: row 0 (time 0) is overwritten
+    rb.extend(TensorDict({"step": step[:, 4:], "traj": traj[:, 4:]}, [n_envs, 1]))
+    assert len(rb) == 4 * n_envs and rb.write_count == 5
+    assert rb.storage[0]["step"].tolist() == step[:, 4].tolist()
+    for _ in range(20):  # the oldest step (time 1) to the newest (time 4), in time order
+        rows = rb.sample()["step"].view(2, 3)
+        assert bool(((rows[:, 1:] - rows[:, :-1]) == 1).all()) and bool((rows % T >= 1).all())
 
 
 def test_ndim2_prioritized_flat_indices():
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(12, ndim=2),
                                 sampler=PrioritizedSampler(12, alpha=1.0, beta=1.0), batch_size=64)
-    rb.extend(TensorDict({"v": torch.arange(12).view(3, 4)}, [3, 4]))
+    rb.extend(TensorDict({"v": torch.arange(12).view(3, 4)}, [3, 4]))  # 4 rows of 3 envs
     prio = torch.zeros(12)
-    prio[7] = 1.0
+    prio[7] = 1.0  # flat element 7 = row 2, env 1 = v[1, 2] = 6
     rb.update_priority(torch.arange(12), prio + 1e-9)
     s = rb.sample()
-    assert (s["v"] == 7).float().mean() > 0.9 and bool((s["index"] == s["v"]).all())
+    assert (s["v"] == 6).float().mean() > 0.9
+    assert bool((s["index"][:, 1] * 4 + s["index"][:, 0] == s["v"]).all())
 
 
 # ------------------------------------------------------------------------------ writers
@@ -651,3 +658,103 @@ def test_extend_with_inputs_numpy_cannot_read_directly(tmp_path):
     rb2 = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
     rb2.extend(td)
     assert torch.equal(rb2.storage[torch.arange(4)].get("a"), td.get("a").clone())
+
+
+# ------------------------------------------------------------------ ndim=2 battery rows
+# [time, n_envs] storages (TorchRL's layout) under every sampler: 3 envs write [3, chunk]
+# batches (40 steps each, 120 elements) into 48 elements = 16 rows, which wrap twice.
+ENVS = 3
+TIME_CHUNKS = [5, 12, 1, 14, 8]
+ROWS = CAP // ENVS
+
+STORAGES_2D = {
+    "lazy": lambda tmp: LazyTensorStorage(CAP, ndim=2),
+    "memmap": lambda tmp: LazyMemmapStorage(CAP, scratch_dir=tmp / "scratch2d", ndim=2),
+}
+SAMPLERS_2D = [s for s in SAMPLERS]
+
+
+def make_env_streams(T: int = sum(TIME_CHUNKS)) -> TensorDict:
+    """``[ENVS, T]``: ``id = env * 1000 + t``, each env its own episodes (ids ``env * 100 + k``)."""
+    cols = []
+    for env in range(ENVS):
+        one = make_stream(T + env)[env:]  # shifted: episode ends differ between envs
+        one["id"] = env * 1000 + torch.arange(T)
+        one["episode"] = env * 100 + one["episode"]
+        one["obs"] = one["id"].float().unsqueeze(-1).expand(T, 3).clone()
+        cols.append(one)
+    return torch.stack(cols, 0)
+
+
+@pytest.mark.parametrize("storage,sampler", list(itertools.product(STORAGES_2D, SAMPLERS_2D)))
+def test_battery_ndim2(tmp_path, storage: str, sampler: str):
+    torch.manual_seed(0)
+
+    def make(tmp):
+        return TensorDictReplayBuffer(storage=STORAGES_2D[storage](tmp), sampler=SAMPLERS[sampler](),
+                                      batch_size=BATCH)
+
+    rb = make(tmp_path)
+    stream = make_env_streams()
+    start = 0
+    for n in TIME_CHUNKS:
+        rb.extend(stream[:, start : start + n].clone())
+        start += n
+    T = start
+    assert len(rb) == CAP and rb.write_count == T and rb.storage.shape == (ROWS, ENVS)
+    kept = list(range(T - ROWS, T))  # the newest 16 time steps, row t % 16
+    assert rb.storage[:]["id"].tolist() == [[e * 1000 + max(t for t in kept if t % ROWS == r)
+                                            for e in range(ENVS)] for r in range(ROWS)]
+    ids = rb.storage[:]["id"]
+    slices = sampler.startswith(("slice", "prioritized_slice"))
+    for _ in range(5):
+        batch, info = rb.sample(return_info=True)
+        n = len(batch)
+        if n != BATCH:
+            assert sampler == "slice_without" and rb.sampler.ran_out
+        index = batch["index"]
+        assert index.shape == (n, 2) and torch.equal(index, torch.stack(info["index"], -1))
+        assert torch.equal(batch["id"], ids[index[:, 0], index[:, 1]])  # the item at its (row, env)
+        assert bool((batch["id"] % 1000 >= T - ROWS).all())  # nothing overwritten comes back
+        if slices:
+            L = BATCH // SLICES
+            rows = batch["id"].view(-1, L)
+            assert bool(((rows[:, 1:] - rows[:, :-1]) == 1).all()), rows  # consecutive, one env
+            eps = batch["episode"].view(-1, L)
+            assert bool((eps == eps[:, :1]).all()), eps
+            trunc = batch["next", "truncated"].view(-1, L)
+            assert trunc[:, -1].all() and not trunc[:, :-1].any()
+        if "prioritized" in sampler:
+            w = batch["_weight"]
+            assert w.shape == (n,) and bool(((w > 0) & (w <= 1)).all())
+    if "prioritized" in sampler:
+        hot = (ROWS - 8, 1)  # env 1, an old enough step for a full slice after it
+        if slices:
+            eps = rb[:]["episode"][1]  # env 1's column, oldest time first after the wrap
+            order = [(T - ROWS + k) % ROWS for k in range(ROWS)]
+            col = eps[order]
+            L = BATCH // SLICES
+            k = next(k for k in range(ROWS - L + 1) if bool((col[k : k + L] == col[k]).all()))
+            hot = (order[k], 1)
+        prio = torch.full((ROWS, ENVS), 1e-6)
+        prio[hot] = 1e6
+        rb.update_priority(torch.cartesian_prod(torch.arange(ROWS), torch.arange(ENVS)), prio.reshape(-1))
+        batch = rb.sample()
+        first = batch["index"].view(SLICES, -1, 2)[:, 0] if slices else batch["index"]
+        assert (first == torch.tensor(hot)).all(-1).float().mean() > 0.9
+    if sampler in ("without", "slice_without"):
+        seen = []
+        for batch in rb:
+            seen += (batch["episode"].view(-1, BATCH // SLICES)[:, 0] if slices else batch["id"]).tolist()
+        assert len(seen) == len(set(seen))
+        if not slices:
+            assert sorted(seen) == sorted(ids.reshape(-1).tolist())
+    rb.dumps(tmp_path / "ckpt")
+    other = make(tmp_path / "other")
+    other.loads(tmp_path / "ckpt")
+    assert torch.equal(other[:]["id"], rb[:]["id"]) and other.writer._cursor == rb.writer._cursor
+    if sampler not in ("without", "slice_without"):
+        torch.manual_seed(7)
+        s1 = rb.sample()
+        torch.manual_seed(7)
+        assert torch.equal(other.sample()["id"], s1["id"])

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from steersman.tensordict import NestedKey, TensorDictBase, is_tensor_collection, unravel_key
 from steersman.tensordict import stack as td_stack
@@ -176,8 +177,13 @@ class ReplayBuffer:
             already allocate on the first write, and nothing here stops ``torch.compile``).
         shared: ``True`` (share with other processes through multiprocessing) is refused:
             pass the buffer's :class:`LazyMemmapStorage` folder instead.
-        dim_extend: only ``None``/``0`` (extend along the first dim); with ``ndim=2``
-            storages, pass ``[B, T]`` rows and they are written along dim 0.
+        dim_extend: the dim of the data :meth:`extend` writes along (TorchRL's default
+            ``storage.ndim - 1``). With an ``ndim=2`` storage it is ``1``: a ``[n_envs, T]``
+            batch is written as ``T`` rows (time) of ``n_envs``, ``buffer[i]`` /
+            ``buffer[i] = v`` index dim ``dim_extend`` of the stored data and ``buffer[:]``
+            gives ``[n_envs, time]`` back (``buffer[env]``, an int, gives that env's
+            ``[time]`` series; TorchRL's raises there). ``0`` writes the data's dim 0 as
+            rows. :meth:`add` writes one row whatever ``dim_extend``. Tensor storages only.
         checkpointer: a storage checkpointer, set as ``storage.checkpointer`` (how
             :meth:`dumps`/:meth:`loads` write the storage).
         sample_unit: a :class:`SampleUnit` expanding each sampled index into the records
@@ -218,9 +224,9 @@ class ReplayBuffer:
         if shared:
             raise NotImplementedError("ReplayBuffer(shared=True): buffers are not shared through multiprocessing "
                                       "here; share a LazyMemmapStorage's folder (loads/dumps) instead")
-        if dim_extend not in (None, 0):
-            raise ValueError(f"ReplayBuffer(dim_extend={dim_extend!r}): only dim 0 is supported; move the "
-                             "extended dim first (e.g. data.transpose(0, dim)) before extend")
+        if dim_extend is not None and (isinstance(dim_extend, bool) or not isinstance(dim_extend, int)
+                                       or dim_extend < 0):
+            raise ValueError(f"dim_extend must be a non-negative integer or None, got {dim_extend!r}")
         if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
             raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
         if transform_factory is not None:
@@ -243,6 +249,10 @@ class ReplayBuffer:
         if not isinstance(self._writer, Writer):
             raise TypeError(f"writer must be a Writer, got {type(self._writer).__name__}")
         self._writer.register_storage(self._storage)
+        self._dim_extend = self._storage.ndim - 1 if dim_extend is None else dim_extend
+        if self._dim_extend and not isinstance(self._storage, TensorStorage):
+            raise ValueError(f"dim_extend={self._dim_extend} needs a tensor storage (LazyTensorStorage, "
+                             f"LazyMemmapStorage, TensorStorage), got a {type(self._storage).__name__}")
         self._track_gen = bool(getattr(self._writer, "track_generations", False))
         if isinstance(self._sampler, PrioritizedSampler) and self._sampler.max_capacity < self._storage.max_size:
             raise ValueError(
@@ -298,6 +308,11 @@ class ReplayBuffer:
         return self._batch_size
 
     @property
+    def dim_extend(self) -> int:
+        """The data dim :meth:`extend` writes along (``storage.ndim - 1`` by default)."""
+        return self._dim_extend
+
+    @property
     def write_count(self) -> int:
         """Number of items ever written (survives wrap-around; reset by :meth:`empty`)."""
         return self._writer.write_count
@@ -346,12 +361,29 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------- writes
     def _flat(self, index: Any) -> Tensor:
-        """Flat element indices from an ``"index"``-style value (``[B, 2]`` or a tuple for ndim=2)."""
+        """Flat element indices from an ``"index"``-style value: for ndim=2, ``(rows, cols)``
+        or ``[..., 2]`` pairs (flat indices pass as they are)."""
         st = self._storage
         if st.ndim == 2 and isinstance(st, TensorStorage):
             if isinstance(index, tuple):
-                return (index[0] * st._T + index[1]).reshape(-1)
+                return (torch.as_tensor(index[0]) * st._W + torch.as_tensor(index[1])).reshape(-1)
+            if isinstance(index, Tensor) and index.ndim >= 2 and index.shape[-1] == 2:
+                return st._flat_index(index)
         return index
+
+    def _transposed(self, data: Any) -> Any:
+        """``data`` with dims ``dim_extend`` and 0 swapped (views; any pytree of tensors)."""
+        d = self._dim_extend
+        if isinstance(data, (Tensor, TensorDictBase)) or is_tensor_collection(data):
+            nb = data.ndim if isinstance(data, Tensor) else len(data.batch_size)
+            if nb <= d:
+                raise ValueError(f"extend along dim_extend={d} needs data with more than {d} batch dims, got "
+                                 f"batch shape {list(data.shape if isinstance(data, Tensor) else data.batch_size)}")
+            return data.transpose(d, 0)
+        if isinstance(data, (dict, list, tuple)):
+            return pytree.tree_map(lambda t: t.transpose(d, 0) if isinstance(t, Tensor) else t, data)
+        raise TypeError(f"extend along dim_extend={d} takes a TensorDict, a tensor or a pytree of tensors, "
+                        f"got {type(data).__name__}")
 
     def add(self, data: Any) -> Any:
         """Writes one item; returns its slot."""
@@ -383,12 +415,34 @@ class ReplayBuffer:
         with self._lock:
             if self._sampler._consumes:
                 return self._extend_consumed(data)
+            if self._dim_extend:
+                self._check_capacity(data)
+                # the caller's TensorDict gets its "index" placeholder before the swap, so the
+                # writer's (row, col) pairs land in it through the transposed view
+                pre = getattr(self._writer, "_pre", None)
+                data = self._transposed(pre(data) if pre is not None else data)
             index = self._writer.extend(data)
             if index.numel():
                 st = self._storage
                 span = self._writer._last_span if st._row_len == 1 else None
                 self._sampler._written(st._flat_index(index), span)
         return index
+
+    def _check_capacity(self, data: Any) -> None:
+        """Before the first write into an ``ndim=2`` storage: the prioritized sampler must
+        have a slot for every element of the ``ceil(max_size / n_envs)`` rows."""
+        st = self._storage
+        if st.initialized or st.ndim != 2 or not isinstance(self._sampler, PrioritizedSampler):
+            return
+        shape = data.shape if isinstance(data, Tensor) else getattr(data, "batch_size", None)
+        if shape is None or len(shape) <= self._dim_extend:
+            return
+        w = shape[0] if self._dim_extend == 1 else shape[1]
+        need = -(-st.max_size // max(w, 1)) * w
+        if need > self._sampler.max_capacity:
+            raise ValueError(f"an ndim=2 storage of max_size={st.max_size} holds {need} elements in rows of "
+                             f"n_envs={w}, more than the sampler's max_capacity={self._sampler.max_capacity}; "
+                             f"give the sampler max_capacity={need} (nothing was written)")
 
     def _extend_consumed(self, data: Any) -> Tensor:
         """``extend`` with a consuming sampler: consumed slots first, then the writer's cursor."""
@@ -417,6 +471,9 @@ class ReplayBuffer:
         return index
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        if self._dim_extend:
+            self._setitem_along(index, value)
+            return
         with self._lock:
             self._storage.set(index, value)
             if isinstance(index, int):
@@ -426,6 +483,24 @@ class ReplayBuffer:
             if self._tracks_generations():
                 self._writer._bump(torch.as_tensor(index).reshape(-1))
             self._sampler.mark_update(self._storage._flat_index(torch.as_tensor(index).reshape(-1)))
+
+    def _setitem_along(self, index: Any, value: Any) -> None:
+        """``buffer[index] = value`` with ``dim_extend > 0``: ``index`` picks along that dim
+        of the stored data and ``value`` comes in the caller's layout (e.g. ``[k, time]``)."""
+        d = self._dim_extend
+        st = self._storage
+        where = (slice(None),) * d + (index,)
+        if not isinstance(index, int):
+            value = self._transposed(value)
+        with self._lock:
+            st.set(where, value)
+            if st.ndim == 2:
+                flat = st._flat_grid()[where[:2]].reshape(-1)
+            else:
+                flat = torch.arange(len(st))
+            if self._tracks_generations():
+                self._writer._bump(torch.unique(flat // st._row_len))
+            self._sampler.mark_update(flat)
 
     def _tracks_generations(self) -> bool:
         return self._track_gen
@@ -536,6 +611,9 @@ class ReplayBuffer:
         Raises ``ValueError`` on a negative/NaN/infinite priority and ``IndexError`` on an
         index that holds no item; nothing is changed then.
         """
+        if self._dim_extend and isinstance(priority, Tensor) and priority.ndim > 1:
+            # TorchRL: priorities in the caller's layout ([n_envs, T]) follow the stored order
+            priority = priority.transpose(self._dim_extend, 0).reshape(-1)
         with self._lock:
             self._sampler.update_priority(self._flat(index), priority, storage=self._storage)
 
@@ -553,6 +631,18 @@ class ReplayBuffer:
             with self._lock:
                 data = self._storage.get(slice(None))
             return data.get(unravel_key(index))
+        if self._dim_extend:
+            d = self._dim_extend
+            where = (slice(None),) * d + (index,)
+            with self._lock:
+                data = self._storage.get(slice(None))
+                data = data[where] if isinstance(data, (Tensor, TensorDictBase)) else \
+                    pytree.tree_map(lambda t: t[where], data)
+            if not isinstance(index, int):  # an int drops the dim: that one env's series
+                data = self._transposed(data)
+            if self._transform.transforms:
+                data = self._transform(data)
+            return data
         with self._lock:
             data = self._storage.get(index)
         if self._collate_fn is not None and isinstance(data, list):
@@ -570,9 +660,15 @@ class ReplayBuffer:
             if self._sample_unit is not None:
                 index, info = self._sample_unit.expand(index, info, self._storage)
             data = self._storage._get_fast(index)
-        info["index"] = index
-        if self._track_gen and self._storage.ndim == 1:
-            info["index_generation"] = self._writer.generations(index)
+        st = self._storage
+        if st.ndim == 1:
+            info["index"] = index
+            if self._track_gen:
+                info["index_generation"] = self._writer.generations(index)
+        else:  # TorchRL's (rows, cols)
+            info["index"] = st._unflat(index)
+            if self._track_gen:
+                info["index_generation"] = self._writer.generations(info["index"][0])
         if self._collate_fn is not None:
             data = self._collate_fn(data)
         if self._pin_memory and hasattr(data, "pin_memory"):
@@ -823,6 +919,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 data = data.copy().unlock_() if hasattr(data, "unlock_") else data
             bs = data.batch_size
             for key, val in info.items():
+                if isinstance(val, tuple) and key == "index":  # ndim=2: [N, 2] (row, col) pairs
+                    val = torch.stack(val, -1)
                 if isinstance(val, Tensor):
                     if val.device != data.device and data.device is not None:
                         val = val.to(data.device)
@@ -832,6 +930,18 @@ class TensorDictReplayBuffer(ReplayBuffer):
         return data, info
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        st = self._storage
+        if self._dim_extend and isinstance(value, TensorDictBase) and isinstance(self._writer,
+                                                                                  TensorDictRoundRobinWriter):
+            value = value.copy() if value.is_locked else value
+            if st.ndim == 2 and len(st):  # the (row, col) pair of each element, in the caller's layout
+                flat = st._flat_grid()[(slice(None), index)]
+                flat = flat if isinstance(index, int) else flat.transpose(0, 1)
+                pairs = torch.stack([flat // st._W, flat % st._W], -1)
+                if value.batch_size == flat.shape:  # else the write below names the mismatch
+                    value.set("index", pairs)
+            super().__setitem__(index, value)
+            return
         if isinstance(value, TensorDictBase) and isinstance(self._writer, TensorDictRoundRobinWriter):
             value = value.copy() if value.is_locked else value
             if isinstance(index, int):
@@ -855,7 +965,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if (isinstance(self._sampler, PrioritizedSampler) and isinstance(data, TensorDictBase)
                 and self.priority_key in data.keys(include_nested=True) and index is not None):
             p = data.get(self.priority_key).detach().reshape(-1)
-            self.update_priority(self._storage._flat_index(torch.as_tensor([index])),
+            slot = index if isinstance(index, Tensor) and index.ndim == 2 else torch.as_tensor([index])
+            self.update_priority(self._storage._flat_index(slot),
                                  p.amax() if self._storage._row_len == 1 else p)
         return index
 
@@ -869,6 +980,17 @@ class TensorDictReplayBuffer(ReplayBuffer):
             return
         index = data.get("index")
         st = self._storage
+        if st.ndim == 2 and index.ndim >= 1 and index.shape[-1] == 2:  # (row, col) pairs
+            flat = st._flat_index(index)
+            prio = data.get(self.priority_key, None) if self.priority_key in data.keys(include_nested=True) else None
+            if prio is None:
+                prio = torch.full((flat.numel(),), self._sampler.max_priority, dtype=torch.float64)
+            else:
+                prio = prio.detach().reshape(flat.numel(), -1)
+                prio = prio.reshape(-1) if prio.shape[1] == 1 else prio
+            with self._lock:
+                self._sampler.update_priority(flat, prio, storage=st)
+            return
         if not data.batch_size:
             index = index.reshape(-1)[:1] if st._row_len == 1 else index.reshape(-1)
             n = index.numel()

@@ -524,6 +524,16 @@ class PrioritizedSampler(Sampler):
 # --------------------------------------------------------------------------------------
 # slices
 # --------------------------------------------------------------------------------------
+def _columns_order(storage: Storage) -> Tensor:
+    """The flat slots of an ``ndim=2`` storage env by env, each env's steps oldest first
+    (a full circular storage's oldest row is the one after the last written)."""
+    rows, W = storage._filled_rows, storage._W
+    last = storage._last_cursor
+    start = (last + 1) % rows if rows == storage._rows_capacity and last is not None else 0
+    chrono = (torch.arange(rows) + start) % rows
+    return (chrono.unsqueeze(0) * W + torch.arange(W).unsqueeze(1)).reshape(-1)
+
+
 def _replace_last(key: NestedKey, new: str) -> NestedKey:
     key = unravel_key(key)
     return new if isinstance(key, str) else key[:-1] + (new,)
@@ -590,8 +600,10 @@ class SliceSampler(Sampler):
             ``strict_length=False``) and episodes shorter than ``slice_len`` can be drawn.
 
     Episode boundaries come from ``traj_key``/``end_key`` and from the writer: the newest
-    item ends a trajectory (in a full circular buffer the next slot holds the oldest data),
-    and with ``ndim=2`` storages every row ends one. A slice may wrap around the end of a
+    item ends a trajectory (in a full circular buffer the next slot holds the oldest data).
+    With ``ndim=2`` storages (``[time, n_envs]``) episodes run along time inside each env's
+    column, across writes, and each env's newest step ends one; ``info["index"]`` then
+    holds ``(rows, cols)``. A slice may wrap around the end of a
     full circular storage when the episode does. Episodes are drawn uniformly, then a start
     uniformly within each (every valid start of an episode equally likely).
 
@@ -680,11 +692,16 @@ class SliceSampler(Sampler):
         self._order = None
         if self.fragmented:
             return self._fragmented_ends(storage, td, n, rows)
+        # ndim=2 ([time, n_envs]): each env's column, oldest row first, one after another;
+        # positions in that order map to storage slots through ``order``
+        order = _columns_order(storage) if storage.ndim == 2 else None
         if self._trajectories is not None:
             traj = torch.as_tensor(self._trajectories).reshape(-1)[:n]
+            traj = traj if order is None else traj[order]
             ends = traj != traj.roll(-1)
         elif self._ends is not None:
             ends = torch.as_tensor(self._ends, dtype=torch.bool).reshape(-1)[:n].clone()
+            ends = ends if order is None else ends[order]
         else:
             keys = td.keys(include_nested=True, leaves_only=True)
             traj_key = self.traj_key
@@ -694,6 +711,7 @@ class SliceSampler(Sampler):
                 if traj_key not in keys:
                     raise KeyError(f"the storage has no trajectory-id entry {traj_key!r}")
                 traj = td.get(traj_key)[:rows].reshape(n, -1)[:, 0]
+                traj = traj if order is None else traj[order.to(traj.device)]
                 ends = traj != traj.roll(-1)
             elif self.end_keys is not None:
                 present = [k for k in self.end_keys if k in keys]
@@ -702,6 +720,7 @@ class SliceSampler(Sampler):
                 ends = torch.zeros(n, dtype=torch.bool, device=td.device)
                 for k in present:
                     ends |= td.get(k)[:rows].reshape(n, -1).bool().any(-1).to(ends.device)
+                ends = ends if order is None else ends[order.to(ends.device)]
             else:
                 if self.end_key not in keys:
                     raise KeyError(
@@ -709,9 +728,11 @@ class SliceSampler(Sampler):
                         "(pass end_key= or traj_key=)"
                     )
                 ends = td.get(self.end_key)[:rows].reshape(n, -1).any(-1)
+                ends = ends if order is None else ends[order.to(ends.device)]
         ends = ends.cpu()
-        if storage.ndim == 2:
-            ends.view(rows, storage._T)[:, -1] = True
+        if order is not None:
+            ends.view(storage._W, rows)[:, -1] = True  # the newest step of every env
+            self._order = order
         else:
             last = storage._last_cursor
             ends[(n - 1) if last is None or last >= n else last] = True
@@ -1013,6 +1034,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         pos = torch.arange(n)
         j = torch.searchsorted(stop, pos) % stop.shape[0]
         left = (stop[j] - pos) % n
+        order = self._order  # ndim=2: positions (env by env) -> storage slots
+        if order is not None:  # priorities live on slots: index everything by slot
+            left = torch.empty_like(left).index_copy_(0, order, left)
         if self.strict_length:
             bad = (left < L - 1).nonzero().squeeze(1)
             if bad.numel() == n:
@@ -1030,7 +1054,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         finally:
             if saved is not None:
                 tree.update(bad, saved, unique=True, kinds=("sum",))
-        index, info = self._finish(storage, start, left[start] + 1, L, n)
+        begin = start if order is None else torch.empty_like(order).index_copy_(0, order, pos)[start]
+        index, info = self._finish(storage, begin, left[start] + 1, L, n)
         w = self._weights(p, p_min)
         if self.strict_length:
             w = w.repeat_interleave(L)

@@ -12,10 +12,29 @@ A storage owns memory and nothing else: writers decide *where* to write, sampler
   :class:`~steersman.tensordict.MemoryMappedTensor` leaves (a buffer larger than RAM works:
   pages live in the files and the kernel evicts them as needed).
 
-Storages with ``ndim=2`` keep ``[rows, T]`` items (e.g. ``[n_envs, time]`` rollouts): each
-write adds whole rows of length ``T`` (the second batch dim of the first batch), the
-capacity ``max_size`` counts elements (``rows * T``), and samplers see flat element
-indices ``row * T + t``.
+Storages with ``ndim=2`` hold ``[time, n_envs]`` (TorchRL's layout): dim 0 is time and
+grows with each write, dim 1 has the width ``W`` of the first write (``n_envs``). The
+storage is allocated as ``[ceil(max_size / W), W]`` and ``max_size`` becomes that many
+elements; ``len`` counts elements (filled rows times ``W``) and ``shape`` is the filled
+part ``[rows, W]``. A :class:`~steersman.data.ReplayBuffer` over such a storage extends
+along time by default (``dim_extend=1``): a collector batch ``[n_envs, T]`` is transposed
+and written as ``T`` rows of ``n_envs`` elements, and ``rb[:]`` gives ``[n_envs, time]``
+back. At the storage level an int, slice or 1-D tensor picks rows (time steps) and a
+tuple picks ``(rows, cols)``; samplers see flat element indices ``row * W + col``
+(row-major, stable while the storage fills) and report ``(row, col)`` pairs.
+
+Example (``ndim=2``):
+    >>> import torch
+    >>> from steersman import TensorDict
+    >>> from steersman.data import LazyTensorStorage, ReplayBuffer
+    >>> rb = ReplayBuffer(storage=LazyTensorStorage(20, ndim=2), batch_size=5)
+    >>> batch = TensorDict({"step": torch.arange(4).expand(3, 4)}, [3, 4])  # [n_envs, T]
+    >>> rb.extend(batch).shape  # one (row, col) pair per element written
+    torch.Size([12, 2])
+    >>> len(rb), rb.storage.shape, rb.storage.max_size  # 20 rounded up to 7 rows of 3
+    (12, torch.Size([4, 3]), 21)
+    >>> rb[:]["step"].shape  # [n_envs, time]
+    torch.Size([3, 4])
 """
 
 from __future__ import annotations
@@ -589,7 +608,7 @@ class TensorStorage(Storage):
         max_size: capacity; defaults to ``storage``'s leading dim (times the second one
             for ``ndim=2``).
         device: where sampled data lands.
-        ndim: storage dims (``1``, or ``2`` for ``[rows, T]`` items).
+        ndim: storage dims (``1``, or ``2`` for ``[time, n_envs]``: see the module docstring).
         compilable: accepted for TorchRL compatibility; no effect.
 
     Example:
@@ -629,13 +648,13 @@ class TensorStorage(Storage):
         self._layout: _Layout | None = None
         self._is_td = True
         self._rows = max_size  # dim-0 capacity
-        self._T = 1
+        self._W = 1
         self._filled_rows = 0
         self._spec: Any = spec  # tree spec when the storage holds pytrees (dicts/tuples of tensors)
         if storage is not None:
             self._adopt(storage)
             self._filled_rows = self._rows
-            self._len = self._rows * self._T
+            self._len = self._rows * self._W
             self._last_cursor = self._rows - 1
 
     # ---------------------------------------------------------------- structure
@@ -649,22 +668,24 @@ class TensorStorage(Storage):
 
     @property
     def _row_len(self) -> int:
-        return self._T
+        return self._W
 
     @property
-    def shape(self) -> torch.Size:
-        """Storage batch shape: ``[max_size]`` or ``[rows, T]`` (``None`` until allocated)."""
+    def shape(self) -> torch.Size | None:
+        """The filled part's batch shape, as TorchRL's: ``[len]``, or ``[filled rows, W]`` for
+        ``ndim=2`` (``None`` until allocated)."""
         if self._storage is None:
             return None
-        st = self._storage
-        return (st.shape if isinstance(st, Tensor) else st.batch_size)[: self.ndim]
+        if self.ndim == 1:
+            return torch.Size([self._len])
+        return torch.Size([self._filled_rows, self._W])
 
     def _adopt(self, storage: Any) -> None:
         self._storage = storage
         self._dev = storage.device if isinstance(storage, Tensor) else None
         shape = storage.shape if isinstance(storage, Tensor) else storage.batch_size
         self._rows = shape[0]
-        self._T = shape[1] if self.ndim == 2 else 1
+        self._W = shape[1] if self.ndim == 2 else 1
         if isinstance(storage, Tensor):
             self._is_td = False
             self._layout = None
@@ -685,14 +706,18 @@ class TensorStorage(Storage):
         item_bs = self._row_shape_of(data, nb)  # batch shape of one row: [*extra]
         if self.ndim == 2:
             if len(item_bs) < 1:
-                raise ValueError("a storage with ndim=2 needs data with at least 2 batch dims ([rows, T])")
-            T = item_bs[0]
-            if T < 1 or self.max_size % T:
-                raise ValueError(f"max_size={self.max_size} is not a multiple of the row length T={T}")
-            rows = self.max_size // T
+                what = "one row" if nb == 0 else "a batch of rows"
+                raise ValueError(f"a storage with ndim=2 needs {what} with at least {nb + 1} batch dims "
+                                 f"([{'time, ' if nb else ''}n_envs]), got batch shape {list(item_bs)}")
+            W = item_bs[0]
+            if W < 1:
+                raise ValueError(f"a storage with ndim=2 cannot hold rows of width {W}")
+            rows = -(-self.max_size // W)  # TorchRL: ceil, and max_size becomes rows * W
         else:
             rows = self.max_size
         self._adopt(self._allocate(data, nb, rows))
+        if self.ndim == 2:
+            self.max_size = rows * self._W
 
     def _allocate(self, data: Any, nb: int, rows: int) -> Any:
         device = self.device or (data.device if isinstance(data, Tensor) else data.device) or torch.device("cpu")
@@ -766,10 +791,15 @@ class TensorStorage(Storage):
             for dst, src, _ in pairs:
                 dst.index_copy_(0, index, src)
         self._filled_rows = rows
-        self._len = rows * self._T
+        self._len = rows * self._W
 
     def set(self, cursor: Any, data: Any) -> None:
-        """Writes ``data`` at ``cursor`` (int, slice, list or tensor of dim-0 slots)."""
+        """Writes ``data`` at ``cursor`` (int, slice, list or tensor of dim-0 slots; with
+        ``ndim=2`` also a tuple indexing both dims of the filled part, e.g. ``(slice(None),
+        env)`` for one env's column)."""
+        if isinstance(cursor, tuple):
+            self._set_nd(cursor, data)
+            return
         single = isinstance(cursor, int) or (isinstance(cursor, Tensor) and cursor.ndim == 0)
         data = self._prepare(data, 0 if single else 1)
         dev = self._leaf_device()
@@ -796,6 +826,29 @@ class TensorStorage(Storage):
         self._write(idx, data, max(self._filled_rows, (idx.max() + 1).item()))
         self._last_cursor = int(idx[-1])
 
+    def _set_nd(self, cursor: tuple, data: Any) -> None:
+        """An in-place write at a tuple index of the filled part (``ndim=2`` only)."""
+        if self.ndim != 2:
+            raise TypeError(f"a tuple index needs a storage with ndim=2, this one has ndim={self.ndim}")
+        if self._storage is None or self._len == 0:
+            raise RuntimeError("cannot write at a tuple index into an empty storage: extend it first")
+        target = self._flat_grid()[cursor]  # raises IndexError on a bad index, before any write
+        data = self._prepare(data, max(target.ndim - 1, 0))
+        shape = data.shape if isinstance(data, Tensor) else data.batch_size
+        if shape[: target.ndim] != target.shape:
+            raise ValueError(f"the data has batch shape {list(shape)} but the index {cursor!r} selects "
+                             f"{list(target.shape)} elements; nothing was written")
+        if self._is_td and not isinstance(data, Tensor):
+            have = set(self._storage.keys(include_nested=True, leaves_only=True))
+            extra = [k for k in data.keys(include_nested=True, leaves_only=True) if k not in have]
+            if extra:
+                raise KeyError(f"key {_key_str(extra[0] if isinstance(extra[0], tuple) else (extra[0],))} is not in "
+                               "the storage; nothing was written")
+        if self._is_td:  # the container checks every key and shape before it writes
+            self._storage[: self._filled_rows][cursor] = data
+        else:
+            self._leaf[: self._filled_rows][cursor] = data
+
     def _leaf_device(self) -> torch.device:
         if self._storage is None:
             return torch.device("cpu")
@@ -813,16 +866,33 @@ class TensorStorage(Storage):
 
     # ---------------------------------------------------------------- reads
     def _flat_index(self, index: Any) -> Tensor:
+        """Flat element indices ``row * W + col`` of rows (every element of each row) or of
+        ``[..., 2]`` ``(row, col)`` pairs; identity for ``ndim=1``."""
         if self.ndim == 1 or not isinstance(index, Tensor):
             return index
-        # rows written -> every element of those rows
-        T = self._T
-        return (index.unsqueeze(-1) * T + torch.arange(T, device=index.device)).reshape(-1)
+        W = self._W
+        if index.ndim >= 2 and index.shape[-1] == 2:
+            return (index[..., 0] * W + index[..., 1]).reshape(-1)
+        return (index.unsqueeze(-1) * W + torch.arange(W, device=index.device)).reshape(-1)
 
     def _unflat(self, index: Tensor) -> Any:
         if self.ndim == 1:
             return index
-        return (index.div(self._T, rounding_mode="floor"), index.remainder(self._T))
+        return (index.div(self._W, rounding_mode="floor"), index.remainder(self._W))
+
+    def _replicate(self, rows: Any) -> Any:
+        """What a writer returns for the rows it wrote: the rows themselves (``ndim=1``), or
+        TorchRL's ``[len(rows) * W, 2]`` ``(row, col)`` pairs (``ndim=2``)."""
+        if self.ndim == 1:
+            return rows
+        W = self._W
+        r = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        cols = torch.arange(W, device=r.device)
+        return torch.stack([r.repeat_interleave(W), cols.repeat(r.numel())], 1)
+
+    def _flat_grid(self) -> Tensor:
+        """The flat element index of every filled slot, shaped ``[rows, W]`` (``ndim=2``)."""
+        return torch.arange(self._len).view(self._filled_rows, self._W)
 
     def _get_fast(self, index: Tensor) -> Any:
         """Items at flat element indices ``index`` (long tensor within ``[0, len)``)."""
@@ -848,7 +918,9 @@ class TensorStorage(Storage):
 
     def get(self, index: Any) -> Any:
         """Items at ``index``: an int (one item), a slice of ``[0, len)`` (a view), or a
-        list/tensor of flat element indices; ``ndim=2`` also takes ``(rows, cols)``."""
+        list/tensor of element indices. With ``ndim=2`` (TorchRL's layout) an int, slice or
+        tensor picks rows (time steps: ``[W]`` each) of the filled part, and a tuple indexes
+        both dims (``(rows, cols)``, as sampled)."""
         if self._storage is None or self._len == 0:
             raise RuntimeError("the storage is empty")
         st = self._storage
@@ -860,7 +932,15 @@ class TensorStorage(Storage):
             return self._as_pytree(filled[index])
         if isinstance(index, slice):
             return self._as_pytree(filled[index])
-        if isinstance(index, tuple) and self.ndim == 2:
+        if self.ndim == 2:
+            if not isinstance(index, tuple):
+                index = _to_long_index(index, self._leaf_device()) if not isinstance(index, int) else index
+                rows = self._filled_rows
+                lo, hi = (index, index) if isinstance(index, int) else (
+                    (int(index.min()), int(index.max())) if index.numel() else (0, 0))
+                if lo < -rows or hi >= rows:
+                    raise IndexError(f"row indices span [{lo}, {hi}] but the storage holds {rows} rows "
+                                     f"(of {self._W} elements each)")
             return self._as_pytree(filled[index])
         idx = _to_long_index(index, self._leaf_device())
         if idx.numel():
@@ -889,12 +969,17 @@ class TensorStorage(Storage):
             data = st[: self._filled_rows].clone()
         else:
             data = st[: self._filled_rows].to_tensordict().clone()
-        return {"_storage": data, "initialized": st is not None, "_len": self._len,
-                "_filled_rows": self._filled_rows, "_last_cursor": self._last_cursor,
-                "_pytree": _dump_spec(self._spec)}
+        out = {"_storage": data, "initialized": st is not None, "_len": self._len,
+               "_filled_rows": self._filled_rows, "_last_cursor": self._last_cursor,
+               "_pytree": _dump_spec(self._spec)}
+        if self.ndim == 2:
+            out["_layout"] = _NDIM2_LAYOUT
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         data = state["_storage"]
+        if self.ndim == 2 and data is not None and state.get("_layout") != _NDIM2_LAYOUT:
+            raise CheckpointError(_old_layout_message("state_dict"))
         if data is None:
             self._empty()
             return
@@ -919,10 +1004,10 @@ class TensorStorage(Storage):
         shape = data.shape if isinstance(data, Tensor) else data.batch_size
         if len(shape) < self.ndim or shape[0] != filled_rows:
             raise CheckpointError(f"{where}: the data has shape {list(shape)} but {filled_rows} filled rows are recorded")
-        T = shape[1] if self.ndim == 2 else 1
-        if filled_rows * T > self.max_size:
+        W = shape[1] if self.ndim == 2 else 1
+        if filled_rows > (self._rows if self._storage is not None else -(-self.max_size // W)):
             raise CheckpointError(
-                f"{where}: holds {filled_rows * T} items, more than this storage's max_size={self.max_size}"
+                f"{where}: holds {filled_rows * W} items, more than this storage's max_size={self.max_size}"
             )
         if self._storage is not None:
             # same structure: validate by building write pairs (no write yet)
@@ -932,8 +1017,8 @@ class TensorStorage(Storage):
                 if not isinstance(data, Tensor):
                     data = data.to_tensordict() if type(data) is not TensorDict else data
                 self._pairs(data, 1)
-                if self.ndim == 2 and T != self._T:
-                    raise ValueError(f"row length {T} differs from the storage's {self._T}")
+                if self.ndim == 2 and W != self._W:
+                    raise ValueError(f"rows of {W} elements (n_envs) differ from the storage's {self._W}")
                 return ("copy", data, filled_rows, last)
             except (KeyError, ValueError, TypeError) as err:
                 raise CheckpointError(f"{where}: the data does not match this storage: {err}") from err
@@ -960,6 +1045,8 @@ class TensorStorage(Storage):
         meta = {"max_size": self.max_size, "ndim": self.ndim, "len": self._len, "filled_rows": self._filled_rows,
                 "last_cursor": self._last_cursor, "initialized": st is not None,
                 "is_tensor": st is not None and isinstance(st, Tensor), "pytree": _dump_spec(self._spec)}
+        if self.ndim == 2:
+            meta["layout"] = _NDIM2_LAYOUT
         if st is None:
             return meta, None
         part = st[: self._filled_rows]
@@ -972,6 +1059,8 @@ class TensorStorage(Storage):
         ndim = get_field(meta, "ndim", int, path)
         if ndim != self.ndim:
             raise CheckpointError(f"{path}: saved with ndim={ndim}, this storage has ndim={self.ndim}")
+        if ndim == 2 and meta.get("layout") != _NDIM2_LAYOUT and meta.get("initialized") is not False:
+            raise CheckpointError(_old_layout_message(path), file=path, field="layout")
         if not get_field(meta, "initialized", bool, path):
             return ("empty", None, 0, None)
         if tensors is None:
@@ -997,6 +1086,16 @@ class TensorStorage(Storage):
         else:
             inner = f"keys={sorted(str(k) for k in self._storage.keys(include_nested=True, leaves_only=True))}"
         return f"{type(self).__name__}(max_size={self.max_size}, len={self._len}, ndim={self.ndim}, {inner})"
+
+
+# ndim=2 checkpoints name their layout: before it, steersman kept [trajectories, T] rows
+_NDIM2_LAYOUT = "time-major"
+
+
+def _old_layout_message(where: Any) -> str:
+    return (f"{where}: an ndim=2 storage saved without layout={_NDIM2_LAYOUT!r}, by a steersman that kept "
+            "[trajectories, T] rows; ndim=2 storages now hold TorchRL's [time, n_envs] and cannot read it. "
+            "Load it with that version and re-extend a new buffer, or refill the buffer")
 
 
 def _build_like(data: Any, nb: int, rows: int, alloc: Any, prefix: tuple, device: Any) -> Any:
@@ -1027,7 +1126,7 @@ class LazyTensorStorage(TensorStorage):
     Args:
         max_size: capacity (elements).
         device: where the storage (and so sampled data) lives.
-        ndim: ``1``, or ``2`` to keep ``[rows, T]`` items (see the module docstring).
+        ndim: ``1``, or ``2`` for TorchRL's ``[time, n_envs]`` layout (see the module docstring).
         compilable, consolidated, shared_init, cleanup_memmap: accepted for TorchRL
             compatibility; no effect (the storage is one in-memory TensorDict, allocated by
             the process that writes first; nothing is memory-mapped to clean up).
@@ -1043,7 +1142,7 @@ class LazyTensorStorage(TensorStorage):
         >>> batch = TensorDict({"obs": torch.zeros(8, 4), "next": {"reward": torch.ones(8, 1)}}, [8])
         >>> s.set(torch.arange(8), batch)
         >>> len(s), s.shape, s.get(torch.tensor([0, 5]))["next", "reward"].shape
-        (8, torch.Size([100]), torch.Size([2, 1]))
+        (8, torch.Size([8]), torch.Size([2, 1]))
     """
 
     _lazy = True
@@ -1062,7 +1161,7 @@ class LazyMemmapStorage(TensorStorage):
             folder, deleted when the storage is garbage collected.
         device: where sampled data is moved (the storage itself is on CPU, in the files).
         existsok: if False, an existing file in ``scratch_dir`` raises ``FileExistsError``.
-        ndim: ``1``, or ``2`` for ``[rows, T]`` items.
+        ndim: ``1``, or ``2`` for ``[time, n_envs]`` (see the module docstring).
         auto_cleanup: delete ``scratch_dir`` when the storage is garbage collected.
             Default ``None``: only a temporary folder the storage made itself is deleted;
             ``True`` deletes a given ``scratch_dir`` too; ``False`` keeps even the

@@ -8,8 +8,9 @@
   (e.g. the best episodes by return): a new item replaces the lowest-ranked one only if it
   ranks higher.
 
-``extend`` returns the slots written (a long tensor); with ``ndim=2`` storages a slot is a
-row of ``T`` elements.
+``extend`` returns the slots written (a long tensor); with ``ndim=2`` storages (TorchRL's
+``[time, n_envs]`` layout) the cursor moves over rows (time steps) and ``extend``/``add``
+return TorchRL's ``[rows * n_envs, 2]`` ``(row, col)`` pair of every element written.
 """
 
 from __future__ import annotations
@@ -40,14 +41,16 @@ def _n_items(data: Any) -> int:
     return len(data)
 
 
-def _with_index(data: Any) -> Any:
-    """``data`` with an ``"index"`` entry (a placeholder, so a lazy storage allocates it)."""
+def _with_index(data: Any, pairs: bool = False) -> Any:
+    """``data`` with an ``"index"`` entry (a placeholder, so a lazy storage allocates it;
+    ``pairs``: one ``(row, col)`` pair per element, for ``ndim=2`` storages)."""
     if not isinstance(data, TensorDictBase):
         return data
     if data.is_locked:
         data = data.copy().unlock_()
     if "index" not in data.keys():
-        data.set("index", torch.zeros(data.batch_size, dtype=torch.long, device=data.device))
+        shape = (*data.batch_size, 2) if pairs else data.batch_size
+        data.set("index", torch.zeros(shape, dtype=torch.long, device=data.device))
     return data
 
 
@@ -204,7 +207,7 @@ class RoundRobinWriter(Writer):
         self._write_count += 1
         if self.track_generations:
             self._bump(cur)
-        return cur
+        return cur if st.ndim == 1 else st._replicate(cur)
 
     def extend(self, data: Any) -> Tensor:
         st = self._storage
@@ -215,7 +218,7 @@ class RoundRobinWriter(Writer):
         dev = st._leaf_device() if isinstance(st, TensorStorage) else torch.device("cpu")
         self._last_span = None
         if n == 0:
-            return torch.empty(0, dtype=torch.long, device=dev)
+            return torch.empty((0,) if st.ndim == 1 else (0, 2), dtype=torch.long, device=dev)
         cap = st._rows_capacity
         cur = self._cursor % cap
         if n > cap:  # only the last `cap` items survive
@@ -238,7 +241,7 @@ class RoundRobinWriter(Writer):
         self._write_count += total
         if self.track_generations:
             self._bump(index)
-        return index
+        return index if st.ndim == 1 else st._replicate(index).to(dev)
 
 
 class TensorDictRoundRobinWriter(RoundRobinWriter):
@@ -261,19 +264,23 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
     """
 
     def _pre(self, data: Any) -> Any:
-        return _with_index(data)
+        return _with_index(data, pairs=self._storage is not None and self._storage.ndim == 2)
 
     def _mark(self, data: Any, index: Any) -> Any:
         if not isinstance(data, TensorDictBase):
             return data
         st = self._storage
-        if isinstance(index, int):
-            idx = torch.as_tensor(index * st._row_len)
-            if st._row_len > 1:
-                idx = idx + torch.arange(st._row_len)
-        else:
-            idx = st._flat_index(index).reshape(index.shape[0], *([st._row_len] if st._row_len > 1 else []))
         bs = data.batch_size
+        if st.ndim == 2:  # (row, col) pairs, written into the placeholder: it may be a
+            # transposed view of the caller's "index" ([n_envs, T, 2]), which then gets them too
+            idx = st._replicate(index).reshape(*bs, 2).to(data.device or "cpu")
+            held = data.get("index", None)
+            if isinstance(held, Tensor) and held.shape == idx.shape and held.dtype is torch.long:
+                held.copy_(idx)
+            else:
+                data.set("index", idx)
+            return data
+        idx = torch.as_tensor(index)
         if idx.shape != bs:
             idx = idx.reshape(tuple(idx.shape) + (1,) * (len(bs) - idx.ndim)).expand(bs)
         data.set("index", idx)
