@@ -104,6 +104,34 @@ def test_env_ids():
     assert env.group_map == {"agents": ["agent_0", "agent_1", "agent_2"]} and env.batch_size == (2,)
 
 
+@pytest.mark.parametrize("name", ["navigation", "vmas/navigation"])
+def test_inference_batches_equal_the_collectors_batches(name):
+    """Collected under inference mode, the batches hold ordinary tensors (usable in a backward
+    pass) equal to those of the same collector run in the caller's mode, and the collector goes
+    on from where it was (its state survives the mode)."""
+    if name.startswith("vmas/"):
+        pytest.importorskip("vmas", reason="the vmas extra (pip install steersman[vmas])")
+    from steersman.collectors import SyncDataCollector
+    from steersman.recipes.marl_common import inference_batches
+
+    def batches(wrap):
+        torch.manual_seed(0)
+        env = make_marl_env(name, 4, seed=0, n_agents=2, max_steps=5)
+        collector = SyncDataCollector(env, None, frames_per_batch=4 * 3, total_frames=4 * 3 * 3)
+        return list(wrap(collector))
+
+    plain, inferred = batches(lambda c: c), batches(inference_batches)
+    assert len(plain) == len(inferred) == 3
+    weight = torch.ones((), requires_grad=True)
+    for a, b in zip(plain, inferred):
+        assert a.keys(True, True) == b.keys(True, True)
+        for key in a.keys(True, True):
+            assert not b.get(key).is_inference(), key
+            assert torch.equal(a.get(key), b.get(key)), key
+        obs = b.get(("agents", "observation"))
+        (obs * weight).sum().backward()  # saved for backward: ordinary tensors
+
+
 def test_mappo_on_vmas(tmp_path):
     pytest.importorskip("vmas", reason="the vmas extra (pip install steersman[vmas])")
     cfg = config("mappo", **{"env.name": "vmas/navigation", "export_format": "none", "total_frames": 32})

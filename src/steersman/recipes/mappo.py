@@ -36,7 +36,14 @@ from steersman.objectives import IPPOLoss, MAPPOLoss, ValueEstimators
 from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule, shared_copy
 
 from .config import CheckpointConfig, ConfigError, EvalConfig, LoggerConfig
-from .marl_common import GroupReturns, MarlEnvConfig, end_of_iteration, setup_marl, wrap_up_marl
+from .marl_common import (
+    GroupReturns,
+    MarlEnvConfig,
+    end_of_iteration,
+    inference_batches,
+    setup_marl,
+    wrap_up_marl,
+)
 from .marl_envs import GROUP
 from .run import Run
 
@@ -165,7 +172,7 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
     loss_fn.make_value_estimator(ValueEstimators.GAE, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
     gae = loss_fn.value_estimator
     params = [p for p in loss_fn.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=True)  # one kernel for all parameters (CPU too)
     # the gradient norm is clipped per network (as in the MAPPO paper's code and BenchMARL): the
     # critic's larger value-loss gradients must not shrink the actor's step
     in_critic = {id(p) for p in critic.parameters()}
@@ -180,7 +187,7 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=returns)
 
     frames = run.frames
-    for batch in collector:
+    for batch in inference_batches(collector):
         frames += batch.numel()
         returns.update(batch)
         with torch.no_grad():

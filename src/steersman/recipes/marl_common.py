@@ -9,7 +9,7 @@ end at the root ``done``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from .marl_envs import GROUP, make_marl_env
 from .run import EVAL_SEED_OFFSET, Run, export_filename
 
 __all__ = ["REPLAY_KEYS", "MarlEnvConfig", "MarlOffPolicyConfig", "GroupReturns", "end_of_iteration", "evaluate_groups",
-           "make_centralised_critic", "marl_dims", "setup_marl", "team_view", "wrap_up_marl"]
+           "inference_batches", "make_centralised_critic", "marl_dims", "setup_marl", "team_view", "wrap_up_marl"]
 
 
 @dataclass
@@ -128,6 +128,20 @@ def setup_marl(cfg: Any, *, categorical_actions: bool = False) -> tuple[EnvBase,
         raise ConfigError(f"env.name={cfg.env.name}: the recipes train the group {GROUP!r}; this env has the groups "
                           f"{sorted(env.group_map)}")
     return env, eval_env
+
+
+def inference_batches(collector: Iterable[TensorDictBase]) -> Iterator[TensorDictBase]:
+    """The collector's batches, each collected under :func:`torch.inference_mode` (the
+    policy's, the env's and the collector's small per-step ops skip autograd's bookkeeping
+    entirely: ~7% of a step here, beyond the ``no_grad`` the collector already uses), then
+    copied into ordinary tensors (inference tensors cannot be saved for a backward pass)."""
+    batches = iter(collector)
+    while True:
+        with torch.inference_mode():
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch.clone()
 
 
 def team_view(batch: TensorDictBase, group: str = GROUP) -> TensorDictBase:
