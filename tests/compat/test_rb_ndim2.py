@@ -66,6 +66,8 @@ def test_extend_indices_reads_and_samples():
     assert rb[1]["v"].tolist() == [107, 5, 6, 7, 104, 105, 106]  # one env's series
     assert rb.storage[1]["v"].tolist() == [1, 5, 9]  # storage level: a time step
     assert rb.storage.get(torch.tensor([[0, 1], [2, 2]]))["v"].shape == (2, 2, 3)
+    flat = rb.storage.flatten()  # [time * n_envs], row-major
+    assert len(flat) == 21 and torch.equal(flat[:]["v"], rb.storage[:]["v"].reshape(-1))
     s, info = rb.sample(return_info=True)
     rows, cols = info["index"]
     assert torch.equal(s["index"], torch.stack([rows, cols], -1))
@@ -172,3 +174,15 @@ def test_bad_input_names_the_problem_and_writes_nothing():
     with pytest.raises(ValueError, match="max_capacity=21"):
         rb.extend(batch(0))  # 7 rows of 3 = 21 elements
     assert not rb.storage.initialized
+
+
+def test_add_per_time_step_equals_extend():
+    """TorchRL's ``dim_extend`` docstring: adding the time steps one by one fills the
+    buffer as one ``extend`` of the ``[n_envs, T]`` batch does."""
+    data = torch.arange(12.0).view(3, 4)
+    a = ReplayBuffer(storage=LazyTensorStorage(10, ndim=2), dim_extend=1)
+    for d in data.unbind(1):
+        a.add(d)
+    b = ReplayBuffer(storage=LazyTensorStorage(10, ndim=2), dim_extend=1)
+    b.extend(data)
+    assert torch.equal(a[:], data) and torch.equal(b[:], data) and len(a) == len(b) == 12

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steersman.data.replay_buffers import (
     CompressedListStorage,
@@ -758,3 +760,30 @@ def test_battery_ndim2(tmp_path, storage: str, sampler: str):
         s1 = rb.sample()
         torch.manual_seed(7)
         assert torch.equal(other.sample()["id"], s1["id"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(max_size=st.integers(1, 30), n_envs=st.integers(1, 4), chunks=st.lists(st.integers(1, 9), min_size=1, max_size=6))
+def test_ndim2_matches_a_plain_circular_buffer_of_time_steps(max_size, n_envs, chunks):
+    """Property: an ndim=2 buffer is a circular buffer of ``ceil(max_size / n_envs)`` time
+    steps; checked against a Python list of rows (reference), after every write."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(max_size, ndim=2))
+    rows = -(-max_size // n_envs)
+    ref: list = [None] * rows  # ref[r] = the [n_envs] values of the time step in row r
+    cursor = filled = t0 = 0
+    for T in chunks:
+        data = torch.arange(t0, t0 + T).unsqueeze(0) * 10 + torch.arange(n_envs).unsqueeze(1)  # [n_envs, T]
+        index = rb.extend(data)
+        expect_rows = []
+        for t in range(T):
+            ref[cursor] = data[:, t].tolist()
+            expect_rows.append(cursor)
+            cursor = (cursor + 1) % rows
+            filled = min(filled + 1, rows)
+        t0 += T
+        kept = expect_rows[-rows:]  # a write longer than the storage keeps its last rows
+        assert index.tolist() == [[r, e] for r in kept for e in range(n_envs)]
+        assert len(rb) == filled * n_envs and rb.storage.shape == (filled, n_envs)
+        assert rb.storage.max_size == rows * n_envs
+        assert rb.storage[:].tolist() == ref[:filled]
+        assert rb[:].tolist() == [list(col) for col in zip(*ref[:filled])]  # [n_envs, time]

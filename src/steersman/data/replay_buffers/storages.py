@@ -680,6 +680,27 @@ class TensorStorage(Storage):
             return torch.Size([self._len])
         return torch.Size([self._filled_rows, self._W])
 
+    def flatten(self) -> TensorStorage:
+        """TorchRL's ``flatten()``: this storage for ``ndim=1``; for ``ndim=2`` a new full
+        :class:`TensorStorage` over the filled part with ``[time, n_envs]`` merged into one
+        dim (row-major: element ``row * n_envs + env``; views, no copy).
+
+        Example:
+            >>> import torch
+            >>> s = LazyTensorStorage(6, ndim=2)
+            >>> s.set(torch.arange(2), torch.arange(6).view(2, 3))
+            >>> flat = s.flatten()
+            >>> len(flat), flat.ndim, flat.get(torch.tensor([4])).tolist()
+            (6, 1, [4])
+        """
+        if self.ndim == 1:
+            return self
+        if self._storage is None:
+            raise RuntimeError("cannot flatten a storage before its first write")
+        part = self._storage[: self._filled_rows]
+        part = part.flatten(0, 1)
+        return TensorStorage(self._as_pytree(part) if self._spec is not None else part, device=self.device)
+
     def _adopt(self, storage: Any) -> None:
         self._storage = storage
         self._dev = storage.device if isinstance(storage, Tensor) else None
