@@ -386,7 +386,8 @@ class ReplayBuffer:
                         f"got {type(data).__name__}")
 
     def add(self, data: Any) -> Any:
-        """Writes one item; returns its slot."""
+        """Writes one item (``ndim=2`` storages: one row, ``[n_envs]``); returns its slot
+        (``ndim=2``: the ``[n_envs, 2]`` ``(row, col)`` pairs)."""
         if self._transform.transforms and self._transform.has_inv():
             data = self._transform.inv(data)
         with self._lock:
@@ -409,7 +410,8 @@ class ReplayBuffer:
 
     def extend(self, data: Any) -> Tensor:
         """Writes a batch (a TensorDict, tensor or pytree of tensors with a leading batch dim, or a
-        list of items for a :class:`ListStorage`); returns the slots written (a long tensor)."""
+        list of items for a :class:`ListStorage`); returns the slots written (a long tensor;
+        ``ndim=2`` storages: the ``[n, 2]`` ``(row, col)`` pair of every element written)."""
         if self._transform.transforms and self._transform.has_inv():
             data = self._transform.inv(data)
         with self._lock:
@@ -980,7 +982,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
             return
         index = data.get("index")
         st = self._storage
-        if st.ndim == 2 and index.ndim >= 1 and index.shape[-1] == 2:  # (row, col) pairs
+        if st.ndim == 2 and index.ndim >= 2 and index.shape[-1] == 2:  # (row, col) pairs
             flat = st._flat_index(index)
             prio = data.get(self.priority_key, None) if self.priority_key in data.keys(include_nested=True) else None
             if prio is None:
