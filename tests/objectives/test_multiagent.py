@@ -193,42 +193,6 @@ def test_ppo_losses_equal_reference(cls, centralized, shape, value_norm):
         torch.testing.assert_close(g, rg, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("cls, centralized", [(MAPPOLoss, True), (IPPOLoss, False)], ids=["mappo", "ippo"])
-def test_ppo_loss_with_zero_entropy_coeff_draws_no_entropy(cls, centralized):
-    """entropy_coeff=0 without diagnostics: a TanhNormal's Monte-Carlo entropy is not drawn
-    (the global RNG is untouched), ``loss_entropy`` is exactly 0 with the same shape, and the
-    other terms and the gradients equal those of the call that draws it (diagnostics on)."""
-    torch.manual_seed(0)
-    net = nn.Sequential(MultiAgentMLP(OBS, 2 * ACT, N, centralized=False, share_params=True, depth=1, num_cells=8),
-                        NormalParamExtractor())
-    actor = ProbabilisticTensorDictSequential(
-        TensorDictModule(net, [(G, "observation")], [(G, "loc"), (G, "scale")]),
-        ProbabilisticTensorDictModule({"loc": (G, "loc"), "scale": (G, "scale")}, [(G, "action")], TanhNormal,
-                                      return_log_prob=True, log_prob_key=(G, "action_log_prob")))
-    td = _ppo_batch((8,))
-    outs, grads = [], []
-    for diagnostics in (True, False):
-        loss = cls(actor, _critic(centralized), entropy_coeff=0.0, diagnostics=diagnostics, reduction="none")
-        loss.set_keys(**PPO_KEYS)
-        torch.manual_seed(0)
-        loss.critic_network.load_state_dict(_critic(centralized).state_dict())
-        rng = torch.get_rng_state()
-        out = loss(td)
-        drew = not torch.equal(rng, torch.get_rng_state())
-        assert drew == diagnostics  # only the call that reports the entropy samples it
-        params = [p for p in loss.parameters() if p.requires_grad]
-        total = (out["loss_objective"] + out["loss_entropy"] + out["loss_critic"]).sum()
-        outs.append(out)
-        grads.append(torch.autograd.grad(total, params))
-    assert "entropy" in outs[0].keys() and "entropy" not in outs[1].keys()
-    assert outs[1]["loss_entropy"].shape == outs[0]["loss_entropy"].shape == (8, N)
-    assert not outs[1]["loss_entropy"].any()
-    for name in ("loss_objective", "loss_critic"):
-        torch.testing.assert_close(outs[1][name], outs[0][name], rtol=0, atol=0)
-    for g1, g0 in zip(grads[1], grads[0]):
-        torch.testing.assert_close(g1, g0, rtol=0, atol=0)
-
-
 def test_ppo_loss_computes_multiagent_gae_when_the_advantage_is_missing():
     torch.manual_seed(0)
     loss = MAPPOLoss(_actor(), _critic(True)).set_keys(**PPO_KEYS)

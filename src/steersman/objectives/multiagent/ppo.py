@@ -148,17 +148,6 @@ class MAPPOLoss(ClipPPOLoss):
             )
         return log_prob, prev_log_prob, dist
 
-    # ------------------------------------------------------------ entropy
-    def _add_entropy_and_critic(self, out: dict[str, Tensor], td: TensorDictBase, dist: D.Distribution,
-                                diagnostics: bool = True) -> None:
-        if not (self.entropy_bonus and self.entropy_coeff == 0 and not diagnostics):
-            return super()._add_entropy_and_critic(out, td, dist, diagnostics)
-        # a zero-weighted entropy term is exactly zero: no Monte-Carlo draw (a TanhNormal's
-        # entropy samples the whole minibatch) and no graph; the outputs keep their keys and shapes
-        out["loss_entropy"] = torch.zeros_like(out["loss_objective"], requires_grad=False)
-        if self.critic_coeff is not None:
-            out["loss_critic"] = self._critic_terms(td)[0][..., 0]
-
     # ------------------------------------------------------------ value norm
     def _terms(self, td: TensorDictBase, diagnostics: bool, update_state: bool) -> TensorDictBase:
         if update_state and self.value_norm is not None and self.critic_coeff is not None:
