@@ -72,8 +72,9 @@ def time_limit_terminal() -> None:
     VmasWrapper._groups_out = terminal
 
 
-def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, list[float]]:
-    """(training loop frames/s, each batch's mean training return) of our recipe on vmas/navigation."""
+def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, float, list[float]]:
+    """(training loop frames/s, the same per CPU second, each batch's mean training return) of
+    our recipe on vmas/navigation."""
     import importlib
 
     mod = importlib.import_module(f"steersman.recipes.{algo}")
@@ -87,12 +88,35 @@ def ours_on_vmas(algo: str, frames: int, seed: int) -> tuple[float, list[float]]
     cfg.eval.interval, cfg.eval.episodes, cfg.checkpoint.interval = 0, 2, 0
     cfg.logger.backends = ["csv"]
     run_dir = tempfile.mkdtemp() + "/run"
-    mod.train(cfg, run_dir)
+    from steersman.recipes.run import Run
+
+    # the loop's CPU time too: from the end of the Run's setup (where time/fps starts) to the
+    # last training log (where time/fps is read), in this process (a busy machine's other jobs
+    # lengthen the wall time, not this)
+    marks: dict = {}
+    init, log = Run.__init__, Run.log
+
+    def timed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        marks["start"] = time.process_time()
+
+    def timed_log(self, frames, values, *args, **kwargs):
+        out = log(self, frames, values, *args, **kwargs)
+        if "train/return" in values:
+            marks["end"], marks["frames"] = time.process_time(), frames
+        return out
+
+    Run.__init__, Run.log = timed_init, timed_log
+    try:
+        mod.train(cfg, run_dir)
+    finally:
+        Run.__init__, Run.log = init, log
     from steersman.record import read_metrics_csv
 
     cols = read_metrics_csv(run_dir + "/metrics.csv")
     fps = [x for x in cols["time/fps"] if x == x]  # NaN on the evaluation's row
-    return float(fps[-1]), [float(x) for x in cols["train/return"] if x == x]
+    cpu_fps = marks["frames"] / (marks["end"] - marks["start"])
+    return float(fps[-1]), cpu_fps, [float(x) for x in cols["train/return"] if x == x]
 
 
 def benchmarl_worker(algo: str, frames: int, seed: int) -> None:  # pragma: no cover - runs in BenchMARL's venv
@@ -126,13 +150,13 @@ def benchmarl_worker(algo: str, frames: int, seed: int) -> None:  # pragma: no c
     model = MlpConfig(num_cells=[64, 64], activation_class=nn.Tanh, layer_class=nn.Linear)
     experiment = Experiment(task=task, algorithm_config=algorithm, model_config=model, critic_model_config=model,
                             seed=seed, config=exp)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     experiment.run()
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     path = glob.glob(f"{exp.save_folder}/**/collection_agents_reward_episode_reward_mean.csv", recursive=True)
     with open(path[0]) as f:
         curve = [float(row[-1]) for row in csv.reader(f)]  # rows: iteration, return
-    print(json.dumps({"fps": experiment.total_frames / wall, "curve": curve}))
+    print(json.dumps({"fps": experiment.total_frames / wall, "cpu_fps": experiment.total_frames / cpu, "curve": curve}))
 
 
 def side_by_side(python: str, frames: int, seeds: int) -> None:
@@ -140,8 +164,9 @@ def side_by_side(python: str, frames: int, seeds: int) -> None:
     import subprocess
 
     rows = []
-    print("| algo | seed | steersman frames/s | BenchMARL frames/s | ratio | steersman return | BenchMARL return |")
-    print("|---|---|---|---|---|---|---|", flush=True)
+    print("| algo | seed | steersman frames/s | BenchMARL frames/s | ratio | steersman frames/CPU-s | BenchMARL "
+          "frames/CPU-s | CPU ratio | steersman return | BenchMARL return |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     def run_theirs(algo: str, seed: int) -> dict:
         out = subprocess.run([python, __file__, "--benchmarl-worker", algo, str(frames), str(seed),
                               str(SIDE["epochs"]), str(SIDE["minibatch"])],
@@ -155,19 +180,22 @@ def side_by_side(python: str, frames: int, seeds: int) -> None:
             # the order alternates between seeds and algorithms: a load that drifts during
             # the run favours neither side
             if (seed + k) % 2 == 0:
-                fps, curve = ours_on_vmas(algo, frames, seed)
+                fps, cpu_fps, curve = ours_on_vmas(algo, frames, seed)
                 theirs = run_theirs(algo, seed)
             else:
                 theirs = run_theirs(algo, seed)
-                fps, curve = ours_on_vmas(algo, frames, seed)
-            rows.append((algo, fps, theirs["fps"], curve, theirs["curve"]))
-            print(f"| {algo} | {seed} | {fps:.0f} | {theirs['fps']:.0f} | {fps / theirs['fps']:.2f}x | {curve[-1]:.3f} "
+                fps, cpu_fps, curve = ours_on_vmas(algo, frames, seed)
+            rows.append((algo, fps, theirs["fps"], curve, theirs["curve"], cpu_fps, theirs["cpu_fps"]))
+            print(f"| {algo} | {seed} | {fps:.0f} | {theirs['fps']:.0f} | {fps / theirs['fps']:.2f}x | {cpu_fps:.0f} "
+                  f"| {theirs['cpu_fps']:.0f} | {cpu_fps / theirs['cpu_fps']:.2f}x | {curve[-1]:.3f} "
                   f"| {theirs['curve'][-1]:.3f} |", flush=True)
     for algo in ("mappo", "ippo"):
         r = [row for row in rows if row[0] == algo]
-        ratios = [a / b for _, a, b, _, _ in r]
+        ratios = [row[1] / row[2] for row in r]
+        cpu_ratios = [row[5] / row[6] for row in r]
         ours, theirs = [x[3][-1] for x in r], [x[4][-1] for x in r]
-        print(f"{algo}: frames/s ratio median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x); last-batch "
+        print(f"{algo}: frames/s ratio median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x), per CPU "
+              f"second {statistics.median(cpu_ratios):.2f}x (min {min(cpu_ratios):.2f}x); last-batch "
               f"return steersman {statistics.mean(ours):.3f} +- {statistics.pstdev(ours):.3f}, "
               f"BenchMARL {statistics.mean(theirs):.3f} +- {statistics.pstdev(theirs):.3f}", flush=True)
         for name, i in (("steersman", 3), ("BenchMARL", 4)):  # mean over seeds of each batch's return
