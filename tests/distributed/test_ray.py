@@ -136,33 +136,8 @@ def check_multi_process_actor_versions(collector_class: type) -> RayCollector:
 
 def test_async_multi_process_actor_versions_in_both_modes(ray_cluster):
     """MultiaSyncDataCollector in the actor: see check_multi_process_actor_versions
-    (MultiSyncDataCollector: in test_killed_driver_leaves_no_worker's driver)."""
+    (MultiSyncDataCollector: in test_lazy_import_then_killed_driver_leaves_no_worker's driver)."""
     check_multi_process_actor_versions(MultiaSyncDataCollector).shutdown()
-
-
-def test_sync_actors_on_two_nodes_use_the_newest_weights_and_metrics_match_local(ray_cluster):
-    """Two Collector-class actors (on different nodes), sync: every batch after the k-th
-    update has version k; exactly total_frames are delivered; the episode returns computed
-    in the actors equal those computed locally from the same batches."""
-    policy, n, fpb = VersionPolicy(), 2, 64
-    reference = EpisodeReturns()
-    with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=4 * fpb, num_collectors=n,
-                      sync=True) as collector:
-        assert len({info["node_id"] for info in collector.actor_info}) == n
-        expected = []
-
-        def track(batch):
-            expected.extend(reference.update(batch).tolist())
-
-        frames = 0
-        for k, batch in enumerate(collector):
-            track(batch)
-            frames += batch.numel()
-            assert batch.shape[0] == n and (batch["version"] == k).all(), (k, batch["version"].unique())
-            _set(policy, k + 1)
-            assert collector.update_policy_weights_() == k + 1
-        assert frames == collector.frames == 4 * fpb
-        assert sorted(collector.pop_episode_returns()) == sorted(expected) and expected
 
 
 def test_eval_worker_matches_a_local_rollout(ray_cluster):
@@ -179,14 +154,37 @@ def test_eval_worker_matches_a_local_rollout(ray_cluster):
         worker.shutdown()
 
 
-def test_killed_actor_is_restarted_frames_count_once_then_out_of_restarts_names_it(ray_cluster):
-    """SIGKILL of a collector actor mid-run (async, Collector class): restarted, its lost
-    batch collected again, the run delivers exactly total_frames, and every batch requested
-    after the k-th update (the restarted actor's included) has version k. Killed once more
-    (max_restarts=1 used up), the run fails with an error naming the actor."""
-    policy, n, fpb, batches = VersionPolicy(), 2, 32, 8
-    with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=batches * fpb, num_collectors=n,
-                      max_restarts=1) as collector:
+def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_of_restarts(ray_cluster):
+    """One pair of Collector-class actors (on different nodes, max_restarts=1), in turn:
+
+    * sync: every batch ``[2, 32]`` after the k-th update has version k; exactly
+      total_frames are delivered; the episode returns computed in the actors equal those
+      computed locally from the same batches;
+    * async (the same actors; each reply is an actor's 32 frames): SIGKILL of actor 0 mid-run:
+      restarted, its lost batch collected again, exactly total_frames delivered, and every
+      batch requested after the k-th update (the restarted actor's included) has version k;
+    * killed once more (no restart left): an error naming the actor.
+    """
+    policy, n, fpb = VersionPolicy(), 2, 64
+    per_actor = fpb // n
+    reference = EpisodeReturns()
+    with RayCollector(CartPoleEnv, policy, frames_per_batch=fpb, total_frames=4 * fpb, num_collectors=n,
+                      sync=True, max_restarts=1) as collector:
+        assert len({info["node_id"] for info in collector.actor_info}) == n
+        expected = []
+        frames = 0
+        for k, batch in enumerate(collector):
+            expected.extend(reference.update(batch.reshape(-1, batch.shape[-1])).tolist())
+            frames += batch.numel()
+            assert batch.shape == (n, per_actor) and (batch["version"] == k).all(), (k, batch["version"].unique())
+            _set(policy, k + 1)
+            assert collector.update_policy_weights_() == k + 1
+        assert frames == collector.frames == 4 * fpb
+        assert sorted(collector.pop_episode_returns()) == sorted(expected) and expected
+
+        collector.sync = False  # the same actors, batches as they arrive
+        batches = 8
+        collector.total_frames += batches * per_actor
         victim = collector.actor_info[0]["pid"]
         state = {"killed": False}
         from_0 = []
@@ -207,12 +205,12 @@ def test_killed_actor_is_restarted_frames_count_once_then_out_of_restarts_names_
         with pytest.warns(UserWarning, match=r"collector actor 0 .* was restarted \(1/1\) after: .*collected again"):
             frames = _run_checking_versions(collector, policy, batches, n=n, on_batch=on_batch)
         assert from_0  # (the warning above: a reply of the restarted actor arrived)
-        assert frames == collector.frames == batches * fpb
+        assert frames == batches * per_actor and collector.frames == 4 * fpb + batches * per_actor
         assert list(collector) == []  # exactly total_frames: nothing more
         assert collector.actor_info[0]["pid"] != victim and not _alive(victim)
 
         os.kill(collector.actor_info[0]["pid"], signal.SIGKILL)  # no restart left
-        collector.total_frames += 4 * fpb  # the run goes on
+        collector.total_frames += 4 * per_actor  # the run goes on
         with pytest.raises(RayCollectorError, match=r"collector actor 0 \(node .*, pid \d+\) died 2 times "
                                                     r"\(max_restarts=1\); last error: .*"):
             for _ in collector:
@@ -331,6 +329,17 @@ def test_env_factory_failing_remotely_shows_traceback_and_node(ray_cluster):
 DRIVER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[2])  # the checkout: tests.distributed.test_ray, for this driver and its actors
+sys.modules["ray"] = None  # first as if Ray were not installed (a fresh interpreter: nothing imported it yet)
+import steersman.distributed as distributed
+from steersman.envs import CartPoleEnv
+imported = sorted(m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] == "ray")
+try:
+    distributed.RayCollector(CartPoleEnv, frames_per_batch=8, total_frames=8)
+    error = None
+except ImportError as err:
+    error = str(err)
+print(json.dumps({"ray_modules": imported, "error": error}), flush=True)
+del sys.modules["ray"]  # then with Ray
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False)
 from steersman.collectors import MultiSyncDataCollector
@@ -341,15 +350,24 @@ time.sleep(600)
 """
 
 
-def test_killed_driver_leaves_no_worker(ray_cluster):
-    """A driver script runs a MultiSyncDataCollector actor through both modes, checking the
-    versions (check_multi_process_actor_versions), and is then killed (SIGKILL): Ray kills
-    the actors it owned, and their collector worker processes (children of the actor, not
-    Ray processes) go too."""
+def test_lazy_import_then_killed_driver_leaves_no_worker(ray_cluster):
+    """A driver script, in a fresh interpreter:
+
+    * without Ray (``sys.modules["ray"] = None``): ``steersman.distributed`` imports and
+      imports no Ray module; using it raises an ImportError naming the extra;
+    * with Ray: runs a MultiSyncDataCollector actor through both modes, checking the
+      versions (check_multi_process_actor_versions), and is then killed (SIGKILL): Ray kills
+      the actors it owned, and their collector worker processes (children of the actor,
+      not Ray processes) go too.
+    """
     root = str(Path(__file__).resolve().parents[2])
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, ray_cluster.address, root], stdout=subprocess.PIPE,
                             text=True, cwd=root)
     try:
+        no_ray = json.loads(proc.stdout.readline() or "null")
+        assert no_ray, "the driver script failed (its traceback is in the captured stderr)"
+        assert no_ray["ray_modules"] == []
+        assert "pip install 'steersman[ray]'" in (no_ray["error"] or ""), no_ray
         line = proc.stdout.readline()
         assert line, "the driver script failed (its traceback is in the captured stderr)"
         pids = json.loads(line)

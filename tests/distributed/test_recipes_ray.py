@@ -5,7 +5,7 @@ learning."""
 from __future__ import annotations
 
 import math
-import signal
+import shutil
 
 import pytest
 import ray
@@ -33,37 +33,38 @@ def _flat_state(obj, prefix=""):
 
 
 def test_ppo_recipe_on_ray_is_on_policy_and_resumes_bit_exact(ray_cluster, tmp_path, monkeypatch):
-    """`steersman train ppo distributed.backend=ray`: the run folder of a local run; every
-    batch is collected with the weights of the last update (the collector's version is the
-    number of batches); stopped after two batches and resumed, it ends with the same
-    checkpoint (networks, optimizer, every actor's collector, env and RNG state) as an
-    uninterrupted distributed run. (Three batches: the resumed run's updates and its own
+    """`steersman train ppo distributed.backend=ray` with 2 actors: the run folder of a local
+    run; every batch is collected with the weights of the last update (the collector's
+    version is the number of batches, every actor holds it); a copy of the run folder taken
+    right after its checkpoint at 64 frames (as if the run had been killed there), resumed,
+    ends with the same checkpoint (networks, optimizer, every actor's collector, env and RNG
+    state) as the uninterrupted run. (Three batches: the resumed run's updates and its own
     weight pushes both count.)"""
     from steersman.recipes.ppo import train
 
-    ray_over = RAY
     over = {"total_frames": 192, "export_format": "none", "checkpoint.interval": 64}  # 3 batches of [4 envs, 16]
     local = train(tiny_config("ppo", **over), tmp_path / "local")
-    full = train(tiny_config("ppo", **over, **ray_over), tmp_path / "full")
+
+    original = Run.save
+
+    def save(self):
+        path = original(self)
+        if self.frames == 64 and self.dir == tmp_path / "full":  # the checkpoint of the first batch
+            shutil.copytree(self.dir, tmp_path / "resumed")
+        return path
+
+    monkeypatch.setattr(Run, "save", save)
+    full = train(tiny_config("ppo", **over, **RAY), tmp_path / "full")
+    monkeypatch.setattr(Run, "save", original)
     assert full["frames"] == local["frames"] == 192 and set(full) == set(local)
     names = lambda d: sorted(p.name for p in d.iterdir())  # noqa: E731
     assert names(tmp_path / "full") == names(tmp_path / "local")
     state = load_checkpoint(tmp_path / "full" / "checkpoints").state
     assert state["collector"]["version"] == 3  # one weight update per batch
     assert [c["version"] for c in state["collector"]["collectors"]] == [3, 3]  # every actor holds the newest
+    assert load_checkpoint(tmp_path / "resumed" / "checkpoints").state["collector"]["frames"] == 64
 
-    original = Run.log
-
-    def log(self, frames, metrics):
-        original(self, frames, metrics)
-        if frames >= 64 and not self._resume:
-            self.stop_signal = signal.SIGTERM
-
-    monkeypatch.setattr(Run, "log", log)
-    stopped = train(tiny_config("ppo", **over, **ray_over), tmp_path / "resumed")
-    assert stopped["interrupted"] and stopped["frames"] == 64
-    monkeypatch.setattr(Run, "log", original)
-    resumed = train(tiny_config("ppo", **over, **ray_over), tmp_path / "resumed", resume=True)
+    resumed = train(tiny_config("ppo", **over, **RAY), tmp_path / "resumed", resume=True)
     assert resumed["frames"] == 192
     a = dict(_flat_state(state))
     b = dict(_flat_state(load_checkpoint(tmp_path / "resumed" / "checkpoints").state))
@@ -76,7 +77,7 @@ def test_ppo_recipe_on_ray_is_on_policy_and_resumes_bit_exact(ray_cluster, tmp_p
     assert ray.is_initialized()  # the test's cluster connection is not shut down by the recipe
 
     with pytest.raises(ConfigError, match=r"env.num_envs \(4\) out among distributed.num_collectors \(3\)"):
-        train(tiny_config("ppo", **over, **{**ray_over, "distributed.num_collectors": 3}), tmp_path / "bad")
+        train(tiny_config("ppo", **over, **{**RAY, "distributed.num_collectors": 3}), tmp_path / "bad")
 
 
 #: Pendulum, small nets, a high learning rate: a run learns in this budget (eval return around
