@@ -134,12 +134,20 @@ def inference_batches(collector: Iterable[TensorDictBase]) -> Iterator[TensorDic
     """The collector's batches, each collected under :func:`torch.inference_mode` (the
     policy's, the env's and the collector's small per-step ops skip autograd's bookkeeping
     entirely: ~7% of a step here, beyond the ``no_grad`` the collector already uses), then
-    copied into ordinary tensors (inference tensors cannot be saved for a backward pass)."""
-    batches = iter(collector)
+    copied into ordinary tensors (inference tensors cannot be saved for a backward pass).
+
+    Example:
+        >>> from steersman.collectors import SyncDataCollector
+        >>> env = make_marl_env("navigation", 2, seed=0)
+        >>> collector = SyncDataCollector(env, None, frames_per_batch=4, total_frames=8)
+        >>> [b["agents", "observation"].is_inference() for b in inference_batches(collector)]
+        [False, False]
+    """
+    batches, end = iter(collector), object()
     while True:
         with torch.inference_mode():
-            batch = next(batches, None)
-        if batch is None:
+            batch = next(batches, end)
+        if batch is end:
             return
         yield batch.clone()
 
