@@ -19,11 +19,12 @@ from steersman.recipes.config import (
     EvalConfig,
     LoggerConfig,
 )
+from steersman.recipes.envs import make_env
+from steersman.recipes.evaluation import evaluate
 from steersman.recipes.launch import make_config
 from steersman.recipes.ppo import PPOConfig, PPOOptimConfig
 from steersman.record.loggers.csv import read_metrics_csv
 from steersman.record.plot import aggregate_returns, plot_learning_curves
-from steersman.tensordict import TensorDict
 
 
 def tiny(**kw) -> PPOConfig:
@@ -259,38 +260,36 @@ def test_aggregate_interval_covers_like_a_95_percent_interval():
     assert math.isnan(aggregate_returns([math.nan])["mean"])
 
 
-def random_policy_return(episodes: int = 1000) -> float:
-    """Mean return of uniformly random actions on native CartPole (about 22)."""
-    from steersman.envs import CartPoleEnv
-
-    env = CartPoleEnv(batch_size=[episodes], seed=0)
-    g = torch.Generator().manual_seed(0)
-    env.reset()
-    ret, alive = torch.zeros(episodes), torch.ones(episodes, dtype=torch.bool)
-    while bool(alive.any()):
-        td = env.step(TensorDict({"action": torch.randint(0, 2, (episodes,), generator=g)}, [episodes]))
-        ret += td["next", "reward"].squeeze(-1) * alive
-        alive &= ~td["next", "done"].squeeze(-1)
-    return float(ret.mean())
-
-
 @pytest.mark.slow
-def test_four_seeds_learn_cartpole(tmp_path):
-    """4 PPO seeds at once on native CartPole, 15k frames each (~35 s CPU): every seed's
-    greedy policy returns at least 4x a random policy's (~22), the population's mean at least 8x.
+def test_four_seeds_reach_475_on_cartpole(tmp_path):
+    """Issue 17's learning test: 4 PPO seeds at once (``seeds=4``, one vmapped update) on
+    native CartPole, 16,384 frames each: every seed's deterministic evaluation (10 episodes)
+    ends >= 475, and every seed's saved final policy holds >= 450 on 20 other starts.
 
-    Reaching 475 with every seed needs ~40k frames per seed with these settings (measured:
-    seeds 0-3 at 40k frames: 457.7, 471, 500, 500; ~95 s CPU), over this test's budget.
+    The settings are rl-zoo's (8 envs x 32 steps, 20 epochs of 256, GAE(0.98, 0.8), lr and
+    clip linear to 0) with lr 2e-3 instead of 1e-3 and an entropy bonus of 0.01: rl-zoo's
+    needed ~40k frames per seed for all 4 (~95 s CPU). Measured here (seeds 0-3 at 16,384
+    frames: 500, 500, 484.7, 500; seeds 4-11 at 20,480: seven at 500, one at 437). ~38 s CPU.
     """
-    random_return = random_policy_return()
-    assert 15 < random_return < 30
-    cfg = PPOConfig(seeds=4, total_frames=15_000, quiet=True, logger=LoggerConfig(backends=["csv"]),
-                      export_format="none", eval=EvalConfig(interval=0, episodes=10),
-                      checkpoint=CheckpointConfig(interval=0))
-    summary = multiseed.train_ppo(cfg, tmp_path)
+    cfg = PPOConfig(seeds=4, total_frames=16_384, quiet=True, logger=LoggerConfig(backends=["csv"]),
+                    export_format="none", eval=EvalConfig(interval=0, episodes=10),
+                    checkpoint=CheckpointConfig(interval=0))
+    cfg.optim.lr, cfg.loss.entropy_coef = 2e-3, 0.01
+    summary = ppo.train(cfg, tmp_path)  # seeds=4: the recipe hands the population to multiseed
     finals = list(summary["final_eval_return"].values())
-    assert min(finals) >= 4 * random_return, (finals, random_return)
-    assert summary["aggregate"]["mean"] >= 8 * random_return, (finals, random_return)
+    print(f"final deterministic returns of seeds 0-3: {finals} (min {min(finals):.1f}, threshold 475)")
+    assert summary["members"] == 4 and summary["frames_per_member"] == 16_384
+    assert min(finals) >= 475, finals
+    for k in range(4):
+        evals = [r for r in read_metrics_csv(tmp_path / f"seed_{k}" / "metrics.csv")["eval/return"]
+                 if not math.isnan(r)]
+        assert evals == [pytest.approx(finals[k])]  # the one evaluation, at the end, is the logged one
+        env = make_env("CartPole-v1", 20, seed=123)
+        policy = ppo.make_policy(cfg, env)
+        policy.load_state_dict(torch.load(tmp_path / f"seed_{k}" / "policy.pt", weights_only=True))
+        held = float(evaluate(env, policy).mean())
+        print(f"seed {k}: saved policy on 20 other starts: {held:.1f} (threshold 450)")
+        assert held >= 450, (k, held)
 
 
 # ---------------------------------------------------------------- A2C and DQN populations (the shared machinery)
