@@ -9,7 +9,7 @@ import torch
 from steersman.collectors import SyncDataCollector
 from steersman.envs.native import AcrobotEnv, CartPoleEnv, GridWorldEnv, MountainCarEnv
 from steersman.objectives.value import GAE
-from steersman.recipes.fused import FusedCollector, FusedGAE, fusable
+from steersman.recipes.fused import FusedCollector, FusedGAE, cacheable_scan, fusable
 from steersman.recipes.ppo import PPOConfig, make_critic, make_policy
 
 ENVS = [CartPoleEnv, AcrobotEnv, MountainCarEnv]
@@ -66,16 +66,30 @@ def test_fusable_names_what_is_missing():
 
 def test_compiled_rollout_is_one_graph_and_equals_eager():
     """The whole rollout (n_steps of policy + env) traces into one graph, compiled once for
-    every batch, and gives the eager collector's batches bit for bit."""
-    from torch._dynamo.testing import CompileCounter
+    every batch, and gives the eager collector's batches bit for bit. That graph (a
+    ``scan``) is one inductor's on-disk caches store while it compiles (torch refuses
+    graphs with a ``scan`` by default: a warm start would trace, functionalize and
+    generate its code again), and the opt-in ends with the compile."""
+    from torch._functorch._aot_autograd.autograd_cache import (
+        BypassAOTAutogradCache,
+        check_cacheable,
+    )
+    from torch._higher_order_ops.scan import scan_op
+
+    graphs, cacheable = [], []
+
+    def backend(gm, example_inputs):  # counts graphs; checks, as the compile runs, that the cache takes it
+        graphs.append(gm)
+        check_cacheable(gm)  # raises BypassAOTAutogradCache if not
+        cacheable.append(scan_op.cacheable())
+        return gm.forward
 
     cfg = PPOConfig()
     envs = [CartPoleEnv(batch_size=[4], seed=5) for _ in range(2)]
     torch.manual_seed(0)
     policy = make_policy(cfg, envs[0])
-    counter = CompileCounter()
     eager = SyncDataCollector(envs[0], policy, frames_per_batch=64, total_frames=10**6)
-    fused = FusedCollector(envs[1], policy, frames_per_batch=64, total_frames=10**6, backend=counter)
+    fused = FusedCollector(envs[1], policy, frames_per_batch=64, total_frames=10**6, backend=backend)
     it_e, it_f = iter(eager), iter(fused)
     for i in range(3):
         with torch.no_grad():  # a new policy each batch: the graph reads the current parameters
@@ -86,8 +100,16 @@ def test_compiled_rollout_is_one_graph_and_equals_eager():
         b = next(it_f)
         for k in a.keys(True, True):
             assert torch.equal(a[k], b[k]), k
-    assert counter.frame_count == 1
+    assert len(graphs) == 1 and cacheable == [True]
     assert fused.compiled
+    assert any(n.target is scan_op for n in graphs[0].graph.nodes)
+    assert not scan_op.cacheable()  # torch's default again outside the compile
+    with pytest.raises(BypassAOTAutogradCache, match="scan"):
+        check_cacheable(graphs[0])
+    with cacheable_scan():
+        check_cacheable(graphs[0])
+        assert scan_op.cacheable()
+    assert not scan_op.cacheable()
 
 
 def test_rollout_that_cannot_compile_falls_back_with_one_warning():

@@ -40,7 +40,17 @@ from steersman.tensordict.module_params import _params_cls
 from steersman.tensordict.nn import from_module
 from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
-__all__ = ["CompiledUpdate", "FunctionalOptimizer", "FunctionalUpdate", "OptimizerState", "use_compile_cache"]
+__all__ = [
+    "CompiledUpdate",
+    "FunctionalOptimizer",
+    "FunctionalUpdate",
+    "OptimizerState",
+    "flat_state_key",
+    "use_compile_cache",
+]
+
+
+_SCALAR = torch.Size([])
 
 
 class FunctionalOptimizer(Protocol):
@@ -50,6 +60,40 @@ class FunctionalOptimizer(Protocol):
 
     def step(self, params: TensorDictBase, grads: TensorDictBase,
              state: TensorDictBase) -> tuple[TensorDict, TensorDict]: ...
+
+
+def _trusted_tree(keys: Sequence, values: Sequence[Tensor], batch_size: torch.Size) -> TensorDict:
+    """``tree_from_leaves`` through ``TensorDict.from_trusted``: the same nested TensorDict
+    without the constructor's per-entry checks (the entries are the step's own tensors),
+    a few times cheaper for dynamo to trace."""
+    root: dict = {}
+    for key, value in zip(keys, values):
+        path = key if isinstance(key, tuple) else (key,)
+        node = root
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = value
+
+    def wrap(node: dict) -> TensorDict:
+        return TensorDict.from_trusted({k: wrap(v) if type(v) is dict else v for k, v in node.items()}, batch_size)
+
+    return wrap(root)
+
+
+def _registry_slots(module: nn.Module) -> dict[str, tuple[dict, str]] | None:
+    """``name -> (registry, key)`` of every parameter and buffer of ``module`` (the
+    ``_parameters``/``_buffers`` dict holding it, as ``named_parameters`` names it); None
+    if a ``TensorDictParams`` holds some (their leaves are swapped through ``to_module``)."""
+    params_cls = _params_cls()
+    slots: dict[str, tuple[dict, str]] = {}
+    for prefix, sub in module.named_modules():
+        if params_cls is not None and isinstance(sub, params_cls):
+            return None
+        for registry in (sub._parameters, sub._buffers):
+            for key, value in registry.items():
+                if value is not None:
+                    slots.setdefault(f"{prefix}.{key}" if prefix else key, (registry, key))
+    return slots
 
 
 class FunctionalUpdate:
@@ -91,6 +135,7 @@ class FunctionalUpdate:
             raise ValueError(f"{type(loss_module).__name__} has no {what} to update")
         self._keys = [tuple(name.split(".")) for name in self._names]
         _params_cls()  # resolves to_module's lazy global now: set during a trace, it would recompile
+        self._slots = _registry_slots(loss_module)
 
     @property
     def names(self) -> list[str]:
@@ -120,9 +165,24 @@ class FunctionalUpdate:
         # swapped in with to_module (torch.func.functional_call would miss the leaves of a
         # TensorDictParams, e.g. stacked critics: it swaps the registry, not the TensorDict)
         tensors = {**others, **trained}
-        swap = tree_from_leaves([tuple(k.split(".")) for k in tensors], list(tensors.values()), [])
-        with swap.to_module(self.loss_module):
-            out = self._call(batch)
+        slots = self._slots
+        if slots is not None and all(k in slots for k in tensors):
+            # the registries' entries swapped directly (what to_module does, without building the
+            # nested TensorDicts of values and old values: a third of dynamo's trace of the step)
+            swapped = []
+            try:
+                for name, value in tensors.items():
+                    registry, key = slots[name]
+                    swapped.append((registry, key, registry[key]))
+                    registry[key] = value
+                out = self._call(batch)
+            finally:
+                for registry, key, old in reversed(swapped):
+                    registry[key] = old
+        else:
+            swap = tree_from_leaves([tuple(k.split(".")) for k in tensors], list(tensors.values()), [])
+            with swap.to_module(self.loss_module):
+                out = self._call(batch)
         if isinstance(out, Tensor):
             return out, {}
         if isinstance(out, tuple):
@@ -138,26 +198,68 @@ class FunctionalUpdate:
                            f"got {sorted(entries)}")
         return total, {k: v.detach() for k, v in entries.items()}
 
+    def _grads(self, flat: dict[str, Tensor], others: dict[str, Tensor] | None,
+               batch: TensorDictBase) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        grads, (total, terms) = torch.func.grad_and_value(self._loss, has_aux=True)(flat, others or {}, batch)
+        metrics: dict[str, Tensor] = dict(terms)
+        metrics["loss"] = total.detach()
+        return grads, metrics
+
+    def _apply(self, params: TensorDictBase, grads: TensorDictBase, opt_state: TensorDictBase,
+               metrics: dict[str, Tensor]) -> tuple[TensorDict, TensorDict]:
+        if self.max_grad_norm is not None:
+            grads, metrics["grad_norm"] = clip_grad_norm(grads, self.max_grad_norm)
+        return self.optimizer.step(params, grads, opt_state)
+
     def step(self, params: TensorDictBase, opt_state: TensorDictBase, batch: TensorDictBase,
              others: dict[str, Tensor] | None = None) -> tuple[TensorDict, TensorDict, dict[str, Tensor]]:
         """:meth:`__call__` with ``others`` (name -> tensor) overriding other module
         tensors (the current values of parameters another update trains, targets);
         metrics as a dict."""
         flat = {name: params.get(key) for name, key in zip(self._names, self._keys)}
-        grads, (total, terms) = torch.func.grad_and_value(self._loss, has_aux=True)(flat, others or {}, batch)
+        grads, metrics = self._grads(flat, others, batch)
         grads_td = tree_from_leaves(self._keys, [grads[name] for name in self._names], params.batch_size)
-        metrics: dict[str, Tensor] = dict(terms)
-        metrics["loss"] = total.detach()
-        if self.max_grad_norm is not None:
-            grads_td, metrics["grad_norm"] = clip_grad_norm(grads_td, self.max_grad_norm)
-        new_params, new_state = self.optimizer.step(params, grads_td, opt_state)
+        new_params, new_state = self._apply(params, grads_td, opt_state, metrics)
         return new_params, new_state, metrics
+
+    def step_flat(self, params: dict[str, Tensor], opt_state: TensorDictBase, batch: TensorDictBase,
+                  others: dict[str, Tensor] | None = None) -> tuple[dict[str, Tensor], TensorDict, dict[str, Tensor]]:
+        """:meth:`step` on flat layouts: ``params`` (and the result's) keyed by parameter
+        name (``"actor.0.weight"``), and the optimizer state with one-level, name-keyed
+        TensorDicts where :meth:`step`'s has nested parameter trees (see
+        :func:`flat_state_key`). Same numbers as :meth:`step`, with a few TensorDicts
+        instead of one per module level: what :class:`CompiledUpdate` traces (dynamo's
+        trace of the nested layout cost about twice as much)."""
+        grads, metrics = self._grads(params, others, batch)
+        params_td = _trusted_tree(self._names, [params[name] for name in self._names], _SCALAR)
+        grads_td = _trusted_tree(self._names, [grads[name] for name in self._names], _SCALAR)
+        new_params, new_state = self._apply(params_td, grads_td, opt_state, metrics)
+        return {name: new_params.get(name) for name in self._names}, new_state, metrics
 
     def __call__(self, params: TensorDictBase, opt_state: TensorDictBase,
                  batch: TensorDictBase) -> tuple[TensorDict, TensorDict, TensorDict]:
         """One step; pure (no input is modified)."""
         new_params, new_state, metrics = self.step(params, opt_state, batch)
         return new_params, new_state, TensorDict(metrics, batch_size=[])
+
+
+def flat_state_key(key: tuple[str, ...], names: Sequence[str]) -> tuple[str, ...]:
+    """The key of a nested optimizer-state leaf in :meth:`FunctionalUpdate.step_flat`'s
+    layout: the part of ``key`` that is a parameter's path becomes that parameter's
+    dotted name (``("exp_avg", "actor", "0", "weight")`` -> ``("exp_avg",
+    "actor.0.weight")``); other keys (``("step",)``) are unchanged.
+
+    Example:
+        >>> flat_state_key(("exp_avg", "actor", "0", "weight"), ["actor.0.weight"])
+        ('exp_avg', 'actor.0.weight')
+        >>> flat_state_key(("step",), ["actor.0.weight"])
+        ('step',)
+    """
+    paths = {tuple(name.split(".")): name for name in names}
+    for i in range(len(key)):
+        if key[i:] in paths:
+            return (*key[:i], paths[key[i:]])
+    return key
 
 
 class OptimizerState:
@@ -253,6 +355,8 @@ class CompiledUpdate:
         self._trained_set = set(self._trained)
         self._targets = [(o, t) for o, t in self._target_names(module) if t in self._current] if tau else []
         self._state_keys = list(opt_state.state.keys(include_nested=True, leaves_only=True))
+        self._flat_state_keys = [flat_state_key(k if isinstance(k, tuple) else (k,), self._trained)
+                                 for k in self._state_keys]
         self._state = tuple(opt_state.state.get(k) for k in self._state_keys)
         self._batch_keys: tuple = ()
         self._batch_dims = 0
@@ -283,16 +387,18 @@ class CompiledUpdate:
         keys = self._batch_keys
         if index is not None:
             data = tuple(v[index] for v in data)
-        batch = tree_from_leaves(keys, list(data), data[0].shape[:self._batch_dims])
-        params = tree_from_leaves([tuple(n.split(".")) for n in self._trained], list(trained), [])
-        opt_state = tree_from_leaves(self._state_keys, list(state), [])
+        batch = _trusted_tree(keys, data, data[0].shape[:self._batch_dims])
+        # flat layouts (parameters by name, name-keyed optimizer state): a few TensorDicts to trace, not
+        # one per module level
+        opt_state = _trusted_tree(self._flat_state_keys, state, _SCALAR)
         other_names = [n for n in self._current if n not in self._trained_set]
-        new_params, new_state, metrics = self.update.step(params, opt_state, batch, dict(zip(other_names, others)))
-        new_trained = tuple(new_params.get(tuple(n.split("."))) for n in self._trained)
+        new_params, new_state, metrics = self.update.step_flat(dict(zip(self._trained, trained)), opt_state, batch,
+                                                               dict(zip(other_names, others)))
+        new_trained = tuple(new_params[n] for n in self._trained)
         current = dict(zip(other_names, others))
         current.update(zip(self._trained, new_trained))
         new_targets = tuple(torch.lerp(current[t], current[o], self.tau) for o, t in self._targets)
-        return new_trained, new_targets, tuple(new_state.get(k) for k in self._state_keys), metrics
+        return new_trained, new_targets, tuple(new_state.get(k) for k in self._flat_state_keys), metrics
 
     def __call__(self, batch: TensorDictBase, index: Tensor | None = None) -> dict[str, Tensor]:
         """One step on ``batch`` (or on ``batch[index]``, gathered inside the graph: the

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -109,6 +110,35 @@ def _stance(warm: bool) -> Any:
     dtypes and the Python-level settings (the env's constants) never change, while at
     these sizes the guards cost as much as the graph (as in ``CompiledUpdate``)."""
     return torch.compiler.set_stance(skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def cacheable_scan() -> Iterator[None]:
+    """Lets inductor's on-disk caches (FX graph and AOTAutograd) store and reuse a graph
+    that contains a ``scan``, for the compiles that happen inside the block.
+
+    torch 2.13 opts higher-order ops into these caches one by one and ``scan`` is not
+    among them, so without this the rollout graph is traced, functionalized and code
+    generated again in every process (~10 s CPU of a warm start). The cache key already
+    covers a ``scan``'s body (its subgraph is pickled into the key with the outer
+    graph), and the compiled output is ordinary wrapper code and kernels. The opt-in is
+    scoped: it is restored on exit, so other code's scans in the process keep torch's
+    default.
+    """
+    try:
+        from torch._higher_order_ops.scan import scan_op
+    except ImportError:  # pragma: no cover - another torch layout: nothing to opt in
+        yield
+        return
+    before = getattr(scan_op, "_cacheable", None)
+    if before is None:  # pragma: no cover
+        yield
+        return
+    scan_op._cacheable = True
+    try:
+        yield
+    finally:
+        scan_op._cacheable = before
 
 
 def _compile(fn: Any, backend: Any) -> Any:
@@ -220,7 +250,7 @@ class FusedCollector(SyncDataCollector):
         # inputs may not alias, and the graph (its guards skipped) is specialised to one memory layout
         carry = tuple(t.clone(memory_format=torch.contiguous_format)
                       for t in (self._carried.get("observation"), env._state, env._steps, env._rng))
-        with torch.no_grad(), _stance(self._warm):
+        with torch.no_grad(), _stance(self._warm), contextlib.nullcontext() if self._warm else cacheable_scan():
             (obs, state, steps, rng), (obs_t, action, logits, log_prob, nobs, reward, flags) = self._call(
                 params, *carry, self._time)
         self._warm = self.compiled
