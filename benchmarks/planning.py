@@ -11,14 +11,19 @@ Rows:
   steersman fn      the policy with a plain recurrent function on a tensor embedding.
   steersman tdm     the policy with ``recurrent_fn_from_model`` over two
                     ``TensorDictModule``\\ s (TensorDict embeddings).
-  steersman compiled  the plain-fn policy with ``compile=True``: the whole search (every
-                    simulation after the first) is one inductor graph, an outer
-                    ``while_loop`` over simulations with the ``while_loop`` descent and
-                    backup inside; the first call per batch (the compile) is reported
-                    separately as ``compile_s``.
+  steersman compiled  the plain-fn policy with ``compile=True``: small trees (B <= 256
+                    here) run the whole search (every simulation after the first) as one
+                    inductor graph, an outer ``while_loop`` over simulations with the
+                    ``while_loop`` descent and backup inside; larger trees run one
+                    in-place graph per simulation. The first call per batch (the compile)
+                    is reported separately as ``compile_s``.
   steersman compiled cpp  the same with inductor's C++ wrapper
                     (``compile={"options": {"cpp_wrapper": True}}``): the loops run in
                     C++ instead of the generated Python wrapper.
+
+Compiled rows at batches that also have an eager row are checked against it: same seed,
+same root visit counts and tree (``equals eager``), or ``WRONG`` (torch 2.13's
+``cpp_wrapper`` computes different Gumbel trees).
   mctx jit          mctx's policy under ``jax.jit`` (compile time excluded), run in a
                     separate interpreter: ``MCTX_PYTHON=<venv with jax, mctx>/bin/python``
                     (a venv with ``jax mctx numpy``; the row is skipped without it).
@@ -119,6 +124,7 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
 
     rows = []
     clock = _timer(wall)
+    first_out = {}  # (policy, batch) -> the eager plain-fn policy's first output (same seed)
     for b in batches:
         latent = t["root"][:b]
         logits, value = pred(latent)
@@ -143,7 +149,7 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
                             if i:
                                 times.append(dt)
                             else:
-                                first = dt
+                                first, first_tree = dt, out.search_tree
                 except Exception as e:  # noqa: BLE001  (report the failure as the row)
                     rows.append({"impl": name, "policy": pol_name, "batch": b, "error": f"{type(e).__name__}: "
                                  f"{str(e).strip().splitlines()[-1][:120]}"})
@@ -154,6 +160,12 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
                        "sims_per_s": b * NUM_SIMULATIONS / med}
                 if comp:
                     row["compile_s"] = first - med
+                # the compiled rows must compute the eager search's tree (same seed, same draws)
+                ref = first_out.setdefault((pol_name, b), first_tree) if name == "steersman fn" \
+                    else first_out.get((pol_name, b))
+                if comp and ref is not None:
+                    row["equals_eager"] = bool(torch.equal(ref.children_visits, first_tree.children_visits)
+                                               and torch.equal(ref.parents, first_tree.parents))
                 rows.append(row)
     return rows
 
@@ -246,8 +258,9 @@ def main() -> None:
             print(f"{r['impl']:<23} {r['policy']:<14} {r['batch']:>6} failed: {r['error']}")
             continue
         cs = f"{r['compile_s']:.1f}" if "compile_s" in r else ""
+        eq = {True: "equals eager", False: "WRONG: differs from eager"}.get(r.get("equals_eager"), "")
         print(f"{r['impl']:<23} {r['policy']:<14} {r['batch']:>6} {r['sims_per_s']:>12,.0f} "
-              f"{1e3 * r['seconds']:>10.1f} {cs:>10}")
+              f"{1e3 * r['seconds']:>10.1f} {cs:>10}  {eq}")
     if note:
         print(note)
     if args.json:

@@ -367,3 +367,60 @@ def test_functional_simulation_equals_in_place(td_embedding):
     for f in _WRITTEN:
         assert torch.equal(getattr(in_place, f), getattr(functional, f)), f
     assert (in_place.embeddings == functional.embeddings).all()
+
+
+def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
+    """Trees above ``WHOLE_GRAPH_MAX_BYTES`` run one in-place graph per simulation
+    (forced here with a limit of 0): the same tree and action as the eager search,
+    one graph for every simulation, and the written arrays are the tree's own
+    (written in place, not replaced)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("steersman.planning.search"), "WHOLE_GRAPH_MAX_BYTES", 0)
+    t = tables(11, two_player=True)
+    root = root_for(t, torch.tensor([0, 5, 7]))
+    policy = "muzero"
+    inv = torch.zeros(3, A, dtype=torch.bool)
+    inv[1, 1:3] = True
+    eager = POLICIES[policy]((), torch.Generator().manual_seed(2), root, model(t), 10, invalid_actions=inv)
+    torch._dynamo.utils.counters.clear()
+    comp = POLICIES[policy]((), torch.Generator().manual_seed(2), root, model(t), 10, invalid_actions=inv,
+                            compile="eager")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    for f in ("children_visits", "children_index", "parents", "depth"):
+        assert torch.equal(getattr(eager.search_tree, f), getattr(comp.search_tree, f)), f
+    torch.testing.assert_close(eager.search_tree.node_values, comp.search_tree.node_values)
+    assert torch.equal(eager.action, comp.action)
+    assert eager.search_tree.depth.amax().item() >= 2
+
+
+def test_search_pauses_the_garbage_collector_and_restores_it():
+    """The collector is off while the simulations run and back on afterwards, also when
+    the recurrent function raises; a collector the caller disabled stays disabled."""
+    import gc
+
+    t = tables(0)
+    seen = []
+    fn = model(t)
+
+    def spy(params, rng, action, embedding):
+        seen.append(gc.isenabled())
+        return fn(params, rng, action, embedding)
+
+    root = root_for(t, torch.tensor([0, 1]))
+    assert gc.isenabled()
+    muzero_policy((), None, root, spy, 4)
+    assert seen and not any(seen) and gc.isenabled()
+
+    def boom(params, rng, action, embedding):
+        raise RuntimeError("model failed")
+
+    with pytest.raises(RuntimeError, match="model failed"):
+        muzero_policy((), None, root, boom, 4)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        muzero_policy((), None, root, spy, 4)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

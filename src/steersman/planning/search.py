@@ -15,8 +15,10 @@ embedding)``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -301,6 +303,23 @@ _COMPILED: dict = {}
 _MAX_COMPILED = 32
 
 
+@contextlib.contextmanager
+def gc_paused() -> Any:
+    """Python's cyclic garbage collector off for the block (restored after, also on an
+    error). A search makes many short-lived Python objects per simulation; each batch
+    of them can trigger a gen-2 collection that walks every object of the process,
+    including the large heap ``torch.compile`` leaves (17% of a compiled search's time
+    in a profile, benchmarks/README.md). Reference counting still frees everything a
+    search makes; only cycles wait until the collector runs again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def compile_options(compile: bool | str | dict) -> dict:
     """``torch.compile`` keywords for :func:`search`'s ``compile=``: True is inductor,
     a string a backend name (``"eager"``, ``"aot_eager"``, ``"inductor"``), a dict the
@@ -338,6 +357,16 @@ def compiled_simulation(options: dict, key: tuple) -> Callable:
 # the tree arrays a simulation writes (carried through the simulation loop)
 _WRITTEN = ("node_visits", "raw_values", "node_values", "parents", "action_from_parent", "depth", "children_index",
             "children_prior_logits", "children_visits", "children_rewards", "children_discounts", "children_values")
+
+
+# the compiled search runs as one graph while the carried tree arrays are smaller than
+# this; larger trees run one in-place graph per simulation (see :func:`search`)
+WHOLE_GRAPH_MAX_BYTES = 8 << 20
+
+
+def _carried_bytes(tree: Tree) -> int:
+    """Bytes of the tree arrays a simulation writes (the whole-search loop's carry)."""
+    return sum(getattr(tree, f).nbytes for f in _WRITTEN) + sum(x.nbytes for x in tree.embeddings.values(True, True))
 
 
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
@@ -400,18 +429,23 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     tree)`` runs the simulations (default: a Python loop).
 
     ``compile``: run every simulation after the first (which runs eagerly and checks
-    the recurrent function's outputs) as one graph compiled with
-    ``torch.compile(fullgraph=True, dynamic=False)`` (True: inductor; or a backend
-    name, or a dict of ``torch.compile`` keywords, see :func:`compile_options`): an
-    outer ``while_loop`` over the simulations carries the tree arrays (updated
-    functionally), with the ``while_loop`` descent and backup inside, so the depth
-    follows the tree without recompiling and one graph serves every search with the
-    same shapes (the first search of a shape pays the compile). With a custom
-    ``loop_fn``, each simulation is its own graph instead. Results equal the eager
-    search's. Under compile the recurrent function gets ``rng=None`` (a
-    ``torch.Generator`` cannot enter a graph) and must itself be traceable. On CPU,
-    ``compile={"options": {"cpp_wrapper": True}}`` runs the loops in C++ (faster per
-    simulation at B >= 64; see benchmarks/README.md).
+    the recurrent function's outputs) compiled with ``torch.compile(fullgraph=True,
+    dynamic=False)`` (True: inductor; or a backend name, or a dict of ``torch.compile``
+    keywords, see :func:`compile_options`). Small trees (the written tree arrays under
+    ``WHOLE_GRAPH_MAX_BYTES``, 8 MiB: B=256 with 64 simulations, 8 actions and a 16-float
+    latent is about 5 MiB) run as one graph: an outer ``while_loop`` over the simulations
+    carries the tree arrays, with the ``while_loop`` descent and backup inside, so the
+    depth follows the tree without recompiling; ``while_loop`` cannot write its carry in
+    place, so every simulation copies the arrays it writes. Larger trees run one graph
+    per simulation that writes the tree in place (the copies would cost more than the
+    per-call overhead), as does a custom ``loop_fn``. One graph serves every search with
+    the same shapes (the first search of a shape pays the compile). Results equal the
+    eager search's. Under compile the recurrent function gets ``rng=None`` (a
+    ``torch.Generator`` cannot enter a graph) and must itself be traceable. Python's
+    garbage collector is paused during the search (:func:`gc_paused`).
+    Not recommended: inductor's ``cpp_wrapper`` option (``compile={"options":
+    {"cpp_wrapper": True}}``): with torch 2.13 it fails at B=1 and computes wrong Gumbel
+    MuZero trees at B >= 2 (a miscompilation, see benchmarks/README.md).
 
     The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
     ``rng`` up front. Bad inputs raise before any simulation; the recurrent
@@ -419,6 +453,16 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     """
     check_root(root, num_simulations, invalid_actions, max_depth)
     options = compile_options(compile) if compile is not False else None
+    with gc_paused():
+        return _search(params, rng, root, recurrent_fn, root_action_selection_fn, interior_action_selection_fn,
+                       num_simulations, max_depth, invalid_actions, extra_data, loop_fn, options)
+
+
+def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurrent_fn: RecurrentFn,
+            root_action_selection_fn: Callable, interior_action_selection_fn: Callable, num_simulations: int,
+            max_depth: int | None, invalid_actions: Tensor | None, extra_data: TensorDictBase | None,
+            loop_fn: Callable, options: dict | None) -> Tree:
+    """:func:`search` after its input checks."""
     logits, value, emb = root
     batch, num_actions = logits.shape
     if max_depth is None:
@@ -448,7 +492,8 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
         step = compiled_simulation(options, key)
         sims = torch.arange(num_simulations, device=logits.device)
 
-    if step is not None and loop_fn is fori_loop:  # the whole search as one graph
+    if step is not None and loop_fn is fori_loop and _carried_bytes(tree) < WHOLE_GRAPH_MAX_BYTES:
+        # the whole search as one graph (small trees: no per-simulation call overhead)
         simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
                       interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
         run = compiled_search(options, key)
