@@ -11,7 +11,12 @@ from torch import nn
 from torch._dynamo.testing import CompileCounter
 
 from steersman.objectives import ClipPPOLoss
-from steersman.objectives.functional_update import CompiledUpdate, FunctionalUpdate, OptimizerState
+from steersman.objectives.functional_update import (
+    CompiledUpdate,
+    FunctionalUpdate,
+    OptimizerState,
+    flat_state_key,
+)
 from steersman.tensordict import TensorDict
 from steersman.tensordict.nn import (
     ProbabilisticTensorDictModule,
@@ -120,6 +125,48 @@ def test_update_is_pure():
     for k, v in update.loss_module.state_dict().items():
         assert torch.equal(v, before[2][k]), k
     assert not (new_params == params).all()
+
+
+@pytest.mark.parametrize("opt", [Adam(lr=1e-2, eps=1e-5, amsgrad=True), SGD(lr=1e-2, momentum=0.9)],
+                         ids=["Adam-amsgrad", "SGD-momentum"])
+def test_step_flat_equals_step_bitwise(opt):
+    """The flat layouts CompiledUpdate traces (parameters by name, name-keyed optimizer
+    state) give step()'s numbers bit for bit over 5 steps, every state leaf included."""
+    update = FunctionalUpdate(_loss(), opt, max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    keys = list(state.keys(True, True))
+    flat_keys = [flat_state_key(k if isinstance(k, tuple) else (k,), update.names) for k in keys]
+    assert ("exp_avg" if isinstance(opt, Adam) else "momentum_buffer", "actor_network.module.0.module.0.weight") \
+        in flat_keys
+    flat_params = {name: params.get(tuple(name.split("."))) for name in update.names}
+    flat_state = TensorDict({}, [])
+    for k, fk in zip(keys, flat_keys):
+        flat_state.set(fk, state.get(k))
+    for mb in _batches(5):
+        params, state, metrics = update.step(params, state, mb)
+        flat_params, flat_state, flat_metrics = update.step_flat(flat_params, flat_state, mb)
+        assert metrics.keys() == flat_metrics.keys()
+        for k in metrics:
+            assert torch.equal(metrics[k], flat_metrics[k]), k
+    for name in update.names:
+        assert torch.equal(flat_params[name], params.get(tuple(name.split(".")))), name
+    for k, fk in zip(keys, flat_keys):
+        assert torch.equal(flat_state.get(fk), state.get(k)), k
+
+
+def test_loss_swap_restores_the_module_when_the_loss_raises():
+    """The step swaps its tensors into the loss module's registries for the call and puts
+    the module's own back afterwards, also when the loss raises."""
+    update = FunctionalUpdate(_loss(), Adam(lr=1e-2), max_grad_norm=MAX_NORM)
+    params, state = update.init()
+    before = {k: v for k, v in update.loss_module.named_parameters()}
+    with pytest.raises(KeyError, match="action_log_prob"):
+        update(params.apply(lambda t: t + 1), state, _batches(1)[0].exclude("action_log_prob"))
+    after = dict(update.loss_module.named_parameters())
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert after[k] is v, k  # the same Parameter objects, untouched
+    assert all(isinstance(v, nn.Parameter) for v in after.values())
 
 
 def test_fullgraph_no_graph_break_one_graph_no_recompile():
