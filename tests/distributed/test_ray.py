@@ -245,7 +245,8 @@ def test_remote_buffer_stores_local_data_once_and_restarts_from_checkpoint(ray_c
     * episode returns still reach the driver;
     * the buffer actor killed: restarted from its last checkpoint (every 96 transitions:
       at 192), it reports the 64 transitions written since as lost and holds the first 192
-      transitions as they were.
+      transitions as they were;
+    * used after ``shutdown()``: an error that says so.
     """
     from steersman.data import TensorDictReplayBuffer
 
@@ -297,6 +298,8 @@ def test_remote_buffer_stores_local_data_once_and_restarts_from_checkpoint(ray_c
             assert torch.equal(after.get(key), before[:192].get(key)), key
     finally:
         rb.shutdown()
+    with pytest.raises(RuntimeError, match=r"buffer actor was shut down \(shutdown\(\)\), its data is gone"):
+        rb.dumps(tmp_path / "late")  # a clear error, not an AttributeError of a None handle
 
 
 # ---------------------------------------------------------------- bad input

@@ -213,6 +213,13 @@ class RayReplayBuffer:
     @property
     def actor(self) -> Any:
         """The Ray actor handle."""
+        return self._live()
+
+    def _live(self) -> Any:
+        """The actor handle, or a RuntimeError after :meth:`shutdown` (its data is gone)."""
+        if self._actor is None:
+            raise RuntimeError("RayReplayBuffer: the buffer actor was shut down (shutdown()), its data is gone; "
+                               "call dumps/sample/extend before shutdown")
         return self._actor
 
     def _call(self, method: str, *args: Any) -> Any:
@@ -223,7 +230,7 @@ class RayReplayBuffer:
         deadline = time.monotonic() + self._restart_wait
         while True:
             try:
-                return ray.get(getattr(self._actor, method).remote(*args))
+                return ray.get(getattr(self._live(), method).remote(*args))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
                 if time.monotonic() > deadline or "restarts" in str(err) and "exceeded" in str(err):
                     raise RuntimeError(f"RayReplayBuffer: the buffer actor died and was not restarted within "
@@ -265,7 +272,7 @@ class RayReplayBuffer:
         while len(self._writes) >= self.max_pending_writes:
             self._reap(1, block=True)
         data = pack(data)
-        self._writes.append((seq, method, data, getattr(self._actor, method).remote(data, self._writer, seq)))
+        self._writes.append((seq, method, data, getattr(self._live(), method).remote(data, self._writer, seq)))
         return None
 
     def _done_write(self, out: tuple) -> Any:
@@ -325,9 +332,9 @@ class RayReplayBuffer:
         if self._samples and self._samples[0][0] != key:
             self._samples.clear()
         while len(self._samples) <= self.prefetch:
-            self._samples.append((key, self._actor.sample.remote(batch_size, return_info)))
+            self._samples.append((key, self._live().sample.remote(batch_size, return_info)))
         _, ref = self._samples.popleft()
-        self._samples.append((key, self._actor.sample.remote(batch_size, return_info)))
+        self._samples.append((key, self._live().sample.remote(batch_size, return_info)))
         try:
             out = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
