@@ -16,6 +16,17 @@ Reported: frames/s summed over members, and the ratio to the recipe's single see
     python benchmarks/multiseed.py --seeds 8,32 --batches 4 --compile
     python benchmarks/multiseed.py --json out.json
 
+``--learn`` trains to the end instead (issue 17's "32 seeds in one process: all reach
+>= 475"): ``--seeds`` N members with the fast CartPole settings of the 4-seed test
+(rl-zoo's, with lr 2e-3 and entropy bonus 0.01; ``--lr``/``--ent-coef`` override) for
+``--frames`` frames each, one greedy evaluation (10 episodes) per member at the end;
+reported: every member's final return and the aggregate frames/s (wall clock, and per
+CPU-second of the process: steadier on a loaded machine), against Stable-Baselines3
+with the same settings in the same invocation, one run (``sb3``) and two at once
+(``sb3-pair``, one per core), each SB3 process on one thread, in the anchor venv:
+
+    nice -n 10 python benchmarks/multiseed.py --learn --seeds 32 --frames 16384
+
 On a shared machine the times drift; compare the rows of one run.
 """
 
@@ -23,10 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+ANCHORS_VENV = Path(os.environ.get("STEERSMAN_ANCHORS_VENV", Path.home() / ".cache" / "steersman" / "anchors-venv"))
 
 CHILD = r"""
 import json, sys, tempfile, time
@@ -61,6 +76,64 @@ print(json.dumps({"mode": mode, "n": members, "frames": 256 * batches * members,
 """
 
 
+LEARN_CHILD = r"""
+import json, sys, tempfile, time
+import torch
+torch.set_num_threads(1)
+from steersman.recipes import multiseed
+from steersman.recipes.config import CheckpointConfig, EvalConfig, LoggerConfig
+from steersman.recipes.ppo import PPOConfig
+
+n, frames, lr, ent = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+cfg = PPOConfig(seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]),
+                export_format="none", eval=EvalConfig(interval=0, episodes=10), checkpoint=CheckpointConfig(interval=0))
+cfg.optim.lr, cfg.loss.entropy_coef = lr, ent
+c0, t0 = time.process_time(), time.perf_counter()
+summary = multiseed.train_ppo(cfg, tempfile.mkdtemp() + "/run")
+print(json.dumps({"mode": f"steersman seeds={n}", "n": n, "frames": frames * n, "fps": summary["frames_per_s"],
+                  "call_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                  "finals": list(summary["final_eval_return"].values())}))
+"""
+
+SB3_CHILD = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+
+seed, frames, lr, ent = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+c0, t0 = time.process_time(), time.perf_counter()
+env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=ent,
+            learning_rate=lambda p: p * lr, clip_range=lambda p: p * 0.2, seed=seed, device="cpu", verbose=0)
+model.learn(frames)
+train_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+ret, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=seed + 10_000), n_eval_episodes=10,
+                         deterministic=True)
+print(json.dumps({"frames": int(model.num_timesteps), "train_s": train_s, "cpu_s": cpu_s, "final": float(ret)}))
+"""
+
+
+def learn(n: int, frames: int, lr: float, ent: float) -> list[dict]:
+    """The population to the end, then SB3 alone and two SB3 runs at once, same settings."""
+    rows = []
+    out = subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(frames), str(lr), str(ent)],
+                         capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    sb3 = str(ANCHORS_VENV / "bin" / "python")
+    for label, seeds in (("sb3", [0]), ("sb3-pair", [0, 1])):
+        procs = [subprocess.Popen([sb3, "-c", SB3_CHILD, str(s), str(frames), str(lr), str(ent)],
+                                  stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir()) for s in seeds]
+        runs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        rows.append({"mode": label, "n": len(runs), "frames": sum(r["frames"] for r in runs),
+                     "fps": sum(r["frames"] / r["train_s"] for r in runs), "call_s": max(r["train_s"] for r in runs),
+                     "cpu_s": sum(r["cpu_s"] for r in runs),
+                     "finals": [r["final"] for r in runs]})
+    return rows
+
+
 def run(mode: str, n: int, batches: int, compile_: bool) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, mode, str(n), str(batches), "1" if compile_ else "0"],
                          capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
@@ -73,7 +146,28 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=4, help="timed batches of 256 frames per member")
     ap.add_argument("--compile", action="store_true", help="also the compiled update (inductor)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--learn", action="store_true", help="train to the end, SB3 side by side (see above)")
+    ap.add_argument("--frames", type=int, default=16_384, help="--learn: frames per member")
+    ap.add_argument("--lr", type=float, default=2e-3, help="--learn: Adam lr (linear to 0)")
+    ap.add_argument("--ent-coef", type=float, default=0.01, help="--learn: entropy bonus")
     args = ap.parse_args()
+    if args.learn:
+        n = int(args.seeds.split(",")[-1])
+        rows = learn(n, args.frames, args.lr, args.ent_coef)
+        sb3, sb3_cpu = rows[1]["fps"], rows[1]["frames"] / rows[1]["cpu_s"]
+        print(f"{'contestant':<20}{'runs':>6}{'frames/s (all)':>16}{'x sb3':>8}{'frames/CPU-s':>14}{'x sb3':>8}"
+              f"{'call s':>9}  final returns")
+        for r in rows:
+            finals = " ".join(f"{f:.0f}" for f in r["finals"])
+            per_cpu = r["frames"] / r["cpu_s"]
+            print(f"{r['mode']:<20}{r['n']:>6}{r['fps']:>16.0f}{r['fps'] / sb3:>8.2f}{per_cpu:>14.0f}"
+                  f"{per_cpu / sb3_cpu:>8.2f}{r['call_s']:>9.1f}  {finals}")
+        finals = rows[0]["finals"]
+        print(f"members >= 475: {sum(f >= 475 for f in finals)}/{len(finals)}; min {min(finals):.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
+        return
     rows = [run("recipe", 1, args.batches, False)]
     for n in (int(v) for v in args.seeds.split(",")):
         rows.append(run("seeds", n, args.batches, False))
