@@ -80,10 +80,12 @@ def test_ppo_recipe_on_ray_is_on_policy_and_resumes_bit_exact(ray_cluster, tmp_p
         train(tiny_config("ppo", **over, **{**RAY, "distributed.num_collectors": 3}), tmp_path / "bad")
 
 
-#: Pendulum, small nets, a high learning rate: a run learns in this budget (eval return around
-#: -125 at 3,072 frames for a local run and a Ray run alike, measured; a random policy gets about
-#: -1,200). Fewer updates do not learn: at 2,048 frames (1,792 updates) or half the updates
-#: (utd 0.5) the return is still about -900 to -1,150.
+#: Pendulum, small nets, a high learning rate: runs learn in this budget, measured (eval return
+#: of 4 episodes at 3,072 frames): local runs -123, -503, -477, -325 (seeds 0-3), a Ray run
+#: (2 collectors, seed 0) -193; untrained and random policies get -1,100 to -1,800. The return
+#: is still rising steeply there (local seed 3: -1,012 at 2,048 frames, -195 at 2,816), hence
+#: the threshold of -700: "learns", with room for the seed-like spread of a Ray run's data
+#: order. Cheaper budgets learned for one seed only (benchmarks/README.md, Distributed (Ray)).
 SAC_PENDULUM = {"env.name": "Pendulum-v1", "total_frames": 3072, "frames_per_batch": 64, "learning_starts": 512,
                 "batch_size": 128, "hidden_sizes": [64, 64], "utd_ratio": 1.0, "optim.lr": 3e-3,
                 "eval.episodes": 4, "export_format": "none", "checkpoint.interval": 1024}
@@ -104,7 +106,7 @@ def test_sac_on_ray_learns_with_the_run_folder_of_a_local_run(ray_cluster, tmp_p
 
     remote = train(tiny_config("sac", **SAC_PENDULUM, **RAY), tmp_path / "ray")
     assert remote["frames"] == SAC_PENDULUM["total_frames"]
-    assert remote["final_eval_return"] > -400, remote["final_eval_return"]
+    assert remote["final_eval_return"] > -700, remote["final_eval_return"]
     assert ray.is_initialized()  # the test's cluster connection is not shut down by the recipe
     local = train(tiny_config("sac", **{**SAC_PENDULUM, "total_frames": 128, "learning_starts": 64,
                                         "checkpoint.interval": 64, "eval.episodes": 1}), tmp_path / "local")
