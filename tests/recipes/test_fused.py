@@ -134,3 +134,26 @@ def test_rollout_that_cannot_compile_falls_back_with_one_warning():
         for k in a.keys(True, True):
             assert torch.equal(a[k], b[k]), k
     assert not fused.compiled
+
+
+def test_plain_mlps_run_layer_by_layer_others_through_functional_call():
+    """The fused graphs run make_policy's/make_critic's MLPs layer by layer (F.linear and
+    the activation: the modules' own ops, bit for bit, with new parameters swapped in); a
+    network with any other parametrised layer goes through functional_call."""
+    from torch import nn
+
+    from steersman.modules import MLP
+    from steersman.recipes.fused import _flat, _program, _run_net
+
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    for net, kinds in ((MLP(in_features=4, out_features=2, num_cells=[8, 8], activation_class=nn.Tanh),
+                        ["linear", "call", "linear", "call", "linear"]),
+                       (nn.Sequential(nn.Linear(4, 3, bias=False), nn.ReLU()), ["linear", "call"]),
+                       (nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8)), None)):
+        names, params = _flat(net)
+        program = _program(net, names)
+        assert (None if program is None else [s[0] for s in program]) == kinds
+        new = tuple(p + 0.25 for p in params)
+        expected = torch.func.functional_call(net, dict(zip(names, new)), (x,))
+        assert torch.equal(_run_net(net, names, program, new, x), expected)
+        assert not torch.equal(expected, net(x))  # the new parameters were used

@@ -100,6 +100,39 @@ def fusable(env: Any, actor: nn.Module, critic: nn.Module | None = None) -> str 
     return None
 
 
+def _program(net: nn.Module, names: list[str]) -> list[tuple] | None:
+    """``net`` as a list of steps, if it is a plain stack of ``nn.Linear`` and parameter-free
+    layers (``make_policy``'s and ``make_critic``'s MLPs): ``("linear", weight index, bias
+    index or None)`` or ``("call", layer)``. None: something else (``functional_call`` then)."""
+    if not isinstance(net, nn.Sequential) or getattr(net, "_out_shape", None) is not None:
+        return None
+    index = {name: i for i, name in enumerate(names)}
+    steps: list[tuple] = []
+    for key, layer in net.named_children():
+        if type(layer) is nn.Linear:
+            steps.append(("linear", index[f"{key}.weight"], index.get(f"{key}.bias")))
+        elif next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
+            steps.append(("call", layer))
+        else:
+            return None
+    return steps
+
+
+def _run_net(net: nn.Module, names: list[str], program: list[tuple] | None, params: tuple, x: Tensor) -> Tensor:
+    """``net(x)`` with ``params`` (in ``names``' order) in place of its parameters: the
+    layers one by one when ``program`` has them (the same ops as the modules' forwards,
+    and a third of dynamo's trace of ``torch.func.functional_call``), else
+    ``functional_call``."""
+    if program is None:
+        return torch.func.functional_call(net, dict(zip(names, params)), (x,))
+    for step in program:
+        if step[0] == "linear":
+            x = torch.nn.functional.linear(x, params[step[1]], None if step[2] is None else params[step[2]])
+        else:
+            x = step[1](x)
+    return x
+
+
 def _flat(net: nn.Module) -> tuple[list[str], tuple[Tensor, ...]]:
     named = list(net.named_parameters())
     return [n for n, _ in named], tuple(p.detach() for _, p in named)
@@ -152,7 +185,7 @@ class FusedCollector(SyncDataCollector):
 
     Each step is ``step(params, obs, state, steps, rng) -> (action, logits, log_prob,
     next obs, reward, flags, state', steps', rng', obs after reset)``: the policy's MLP
-    with the current parameters swapped in (``torch.func.functional_call``), the draw of
+    with the current parameters swapped in (layer by layer, see :func:`_run_net`), the draw of
     :class:`torch.distributions.Categorical` (``multinomial`` of the softmax, from torch's
     global generator: the eager policy's numbers), and the env's own step function with
     auto-reset. The batch is the eager collector's: same entries, same layout, same
@@ -185,6 +218,7 @@ class FusedCollector(SyncDataCollector):
         super().__init__(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames)
         self._net = _logits_net(policy)
         self._names, _ = _flat(self._net)
+        self._program = _program(self._net, self._names)
         self._kernel = type(env)._kernel
         self._time = torch.zeros(self._steps_per_batch, 0)  # what the scan runs over
         self.compiled = compile
@@ -205,7 +239,7 @@ class FusedCollector(SyncDataCollector):
 
     def _step(self, params: tuple, obs: Tensor, state: Tensor, steps: Tensor, rng: Tensor) -> tuple:
         env = self.env
-        logits = torch.func.functional_call(self._net, dict(zip(self._names, params)), (obs,))
+        logits = _run_net(self._net, self._names, self._program, params, obs)
         # torch.distributions.Categorical(logits=logits): normalised logits, probs their softmax
         log_pmf = logits - logits.logsumexp(-1, keepdim=True)
         probs = torch.softmax(log_pmf, -1)
@@ -302,14 +336,14 @@ class FusedGAE:
             raise ValueError("FusedGAE: the critic is not observation -> state_value")
         self._net, self.gamma, self.lmbda = net, float(gamma), float(lmbda)
         self._names, _ = _flat(net)
+        self._program = _program(net, self._names)
         self._fn = _compile(self._gae, backend) if compile else self._gae
         self._warm = False
 
     def _gae(self, params: tuple, obs: Tensor, next_obs: Tensor, reward: Tensor, done: Tensor,
              terminated: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        p = dict(zip(self._names, params))
-        value = torch.func.functional_call(self._net, p, (obs,))
-        next_value = torch.func.functional_call(self._net, p, (next_obs,))
+        value = _run_net(self._net, self._names, self._program, params, obs)
+        next_value = _run_net(self._net, self._names, self._program, params, next_obs)
         adv, target = vec_generalized_advantage_estimate(self.gamma, self.lmbda, value, next_value, reward, done,
                                                          terminated, time_dim=-2)
         return adv, target, value, next_value
