@@ -269,7 +269,9 @@ def test_four_seeds_reach_475_on_cartpole(tmp_path):
     The settings are rl-zoo's (8 envs x 32 steps, 20 epochs of 256, GAE(0.98, 0.8), lr and
     clip linear to 0) with lr 2e-3 instead of 1e-3 and an entropy bonus of 0.01: rl-zoo's
     needed ~40k frames per seed for all 4 (~95 s CPU). Measured here (seeds 0-3 at 16,384
-    frames: 500, 500, 484.7, 500; seeds 4-11 at 20,480: seven at 500, one at 437). ~38 s CPU.
+    frames: 500, 500, 484.7, 500; ~38 s CPU). The margin is thin: seeds 4-11 at this budget
+    reach 475 in 4 of 8 (at 32,768 frames, 31 of 32): if torch or the loss changes the last
+    bits, this test may need more frames (benchmarks/README.md, "Every seed to 475").
     """
     cfg = PPOConfig(seeds=4, total_frames=16_384, quiet=True, logger=LoggerConfig(backends=["csv"]),
                     export_format="none", eval=EvalConfig(interval=0, episodes=10),
