@@ -33,7 +33,8 @@ Timing: one thread on each side (torch.set_num_threads(1); XLA's CPU client with
 call, then the median of ``--repeats`` calls in process CPU time (``--wall``: wall
 clock).
 
-    python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--json out.json]
+    python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--no-cpp]
+                                  [--eager-max-batch 64] [--json out.json]
     MCTX_PYTHON=<venv with jax, mctx>/bin/python python benchmarks/planning.py
 """
 
@@ -76,7 +77,7 @@ CPP = {"backend": "inductor", "options": {"cpp_wrapper": True}}
 
 
 def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True,
-                   eager_max_batch: int = 1 << 30) -> list[dict]:
+                   eager_max_batch: int = 1 << 30, cpp: bool = True) -> list[dict]:
     import torch
     from torch import nn
 
@@ -135,7 +136,8 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
                                                                                          batch_size=[b])), False)
         if compiled:
             variants["steersman compiled"] = (plain_fn, RootFnOutput(logits, value, latent), True)
-            variants["steersman compiled cpp"] = (plain_fn, RootFnOutput(logits, value, latent), CPP)
+            if cpp:
+                variants["steersman compiled cpp"] = (plain_fn, RootFnOutput(logits, value, latent), CPP)
         for name, (fn, root, comp) in variants.items():
             for pol_name, pol in (("muzero", muzero_policy), ("gumbel_muzero", gumbel_muzero_policy)):
                 gen = torch.Generator().manual_seed(0)
@@ -239,6 +241,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,64,256,1024")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
+    ap.add_argument("--no-cpp", action="store_true", help="skip the cpp_wrapper rows")
     ap.add_argument("--eager-max-batch", type=int, default=1 << 30, help="skip the eager rows above this batch")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--wall", action="store_true")
@@ -251,7 +254,8 @@ def main() -> None:
         return
     w = make_weights()
     rows, note = mctx_rows(w, batches, args.repeats, args.wall)
-    rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile, args.eager_max_batch) + rows
+    rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile, args.eager_max_batch,
+                          not args.no_cpp) + rows
     print(f"{'impl':<23} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
     for r in sorted(rows, key=lambda r: (r["policy"], r["batch"], r["impl"])):
         if "error" in r:

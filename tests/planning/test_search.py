@@ -370,13 +370,17 @@ def test_functional_simulation_equals_in_place(td_embedding):
 
 
 def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
-    """Trees above ``WHOLE_GRAPH_MAX_BYTES`` run one in-place graph per simulation
-    (forced here with a limit of 0): the same tree and action as the eager search,
-    one graph for every simulation, and the written arrays are the tree's own
-    (written in place, not replaced)."""
+    """Trees above ``WHOLE_GRAPH_MAX_BYTES`` run one in-place graph per simulation with
+    one level per descent/backup loop iteration (the large-batch configuration, forced
+    here with limits of 0): the same tree and action as the eager search, one graph for
+    every simulation. (The whole-search graph with 4 levels per iteration, the small-batch
+    configuration, is checked against eager by the tests above and by the mctx parity
+    test.)"""
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("steersman.planning.search"), "WHOLE_GRAPH_MAX_BYTES", 0)
+    search_mod = importlib.import_module("steersman.planning.search")
+    monkeypatch.setattr(search_mod, "WHOLE_GRAPH_MAX_BYTES", 0)
+    monkeypatch.setattr(search_mod, "UNROLL_MAX_BATCH", 0)
     t = tables(11, two_player=True)
     root = root_for(t, torch.tensor([0, 5, 7]))
     policy = "muzero"
@@ -424,3 +428,4 @@ def test_search_pauses_the_garbage_collector_and_restores_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+

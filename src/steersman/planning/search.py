@@ -161,7 +161,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
                   early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False,
-                  functional: bool = False) -> Tensor:
+                  functional: bool = False, unroll: int = 1) -> Tensor:
     """One simulation on every tree, updating ``tree`` in place: a descent of at most
     ``depth_steps`` levels (``<= max_depth``), one expansion (node ``sim + 1`` unless
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
@@ -174,8 +174,10 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     the graph is not). With ``use_while_loop`` (or neither flag) there is no
     data-dependent Python control flow, so it compiles with ``fullgraph=True`` (pass
     ``sim`` as a 0-dim int64 tensor to reuse one graph for every simulation); under
-    ``use_while_loop`` the interior selection gets ``depth`` as a 0-dim tensor.
-    Returns the ``[B]`` expanded node indices."""
+    ``use_while_loop`` the interior selection gets ``depth`` as a 0-dim tensor, and
+    each iteration of the descent and backup loops does ``unroll`` levels (masked past
+    the end: the same result, fewer loop iterations, each of which costs a call of the
+    compiled loop body). Returns the ``[B]`` expanded node indices."""
     ar = tree.batch_range
     children_index = tree.children_index
     batch = ar.shape[0]
@@ -205,9 +207,16 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
             active = active & (nxt != Tree.UNVISITED)
             return d + 1, torch.where(active, nxt, node), active, depth, pn, pa
 
+        def unrolled(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
+            carry = body(d, node, active, depth, pn, pa)
+            for _ in range(unroll - 1):  # levels past the end are no-ops for every tree
+                d = carry[0]
+                carry = body(d, carry[1], carry[2] & (d < levels), *carry[3:])
+            return carry
+
         carry = (torch.ones((), dtype=torch.int64, device=ar.device), node, active, depth, path_nodes, path_actions)
         if use_while_loop:
-            carry = _while(cond, body, carry, True)
+            carry = _while(cond, unrolled, carry, True)
         else:
             for d in range(1, levels):
                 if early_exit and not bool(carry[2].any()):
@@ -257,11 +266,14 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
             return i >= 0
 
         def bbody(i: Tensor, ret: Tensor, returns: Tensor) -> tuple:
-            at = i.reshape(1)
-            r = rewards.index_select(1, at).squeeze(1)
-            g = discounts.index_select(1, at).squeeze(1)
-            ret = torch.where(depth > i, r + g * ret, ret)
-            return i - 1, ret, torch.where(cols == i, ret.unsqueeze(-1), returns)
+            for j in range(unroll):  # levels below 0 (unrolled past the root) are no-ops
+                at = i.clamp_min(0).reshape(1) if j else i.reshape(1)
+                r = rewards.index_select(1, at).squeeze(1)
+                g = discounts.index_select(1, at).squeeze(1)
+                ret = torch.where((depth > i) & (i >= 0) if j else depth > i, r + g * ret, ret)
+                returns = torch.where(cols == i, ret.unsqueeze(-1), returns)
+                i = i - 1
+            return i, ret, returns
 
         returns = _while(bcond, bbody, (depth.max() - 1, leaf_value, torch.zeros_like(rewards)), True)[2]
     else:
@@ -364,6 +376,18 @@ _WRITTEN = ("node_visits", "raw_values", "node_values", "parents", "action_from_
 WHOLE_GRAPH_MAX_BYTES = 8 << 20
 
 
+# levels per iteration of the compiled descent and backup loops: each iteration is a call
+# of the loop body from inductor's Python wrapper (tens of microseconds), which dominates
+# small batches; at large batches the kernels dominate and levels past a tree's leaf are
+# wasted work
+UNROLL_SMALL_BATCH, UNROLL_MAX_BATCH = 4, 256
+
+
+def descent_unroll(batch: int) -> int:
+    """Levels per compiled descent/backup loop iteration for a batch of ``batch`` trees."""
+    return UNROLL_SMALL_BATCH if batch <= UNROLL_MAX_BATCH else 1
+
+
 def _carried_bytes(tree: Tree) -> int:
     """Bytes of the tree arrays a simulation writes (the whole-search loop's carry)."""
     return sum(getattr(tree, f).nbytes for f in _WRITTEN) + sum(x.nbytes for x in tree.embeddings.values(True, True))
@@ -371,7 +395,7 @@ def _carried_bytes(tree: Tree) -> int:
 
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
                     root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
-                    levels: int, tensor_embedding: bool) -> tuple[Tensor, ...]:
+                    levels: int, tensor_embedding: bool, unroll: int = 1) -> tuple[Tensor, ...]:
     """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
     whole search in one graph under ``torch.compile(fullgraph=True)``): the written
     tree arrays and the embeddings are the loop's carried state, updated functionally.
@@ -391,7 +415,8 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
         uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
         _, arrays, embeddings = simulate_once(
             params, None, t, sim, uniform, recurrent_fn, root_action_selection_fn, interior_action_selection_fn,
-            max_depth, levels, tensor_embedding=tensor_embedding, use_while_loop=True, functional=True)
+            max_depth, levels, tensor_embedding=tensor_embedding, use_while_loop=True, functional=True,
+            unroll=unroll)
         return (sim + 1, *(arrays[f] for f in _WRITTEN), *(embeddings[k] for k in keys))
 
     state = (*(getattr(tree, f) for f in _WRITTEN), *(tree.embeddings.get(k) for k in keys))
@@ -486,7 +511,8 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
     step = None
     if options is not None and not compiling and num_simulations > 1:
         levels = min(max_depth, num_simulations)
-        key = (tuple(sorted((k, repr(v)) for k, v in options.items())), levels, max_depth, tensor_embedding,
+        unroll = descent_unroll(batch)
+        key = (tuple(sorted((k, repr(v)) for k, v in options.items())), levels, max_depth, tensor_embedding, unroll,
                batch, num_actions, num_simulations, logits.dtype, value.dtype, str(logits.device),
                tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
         step = compiled_simulation(options, key)
@@ -498,7 +524,7 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
                       interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
         run = compiled_search(options, key)
         out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
-                  interior_action_selection_fn, max_depth, levels, tensor_embedding)
+                  interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll)
         for name, x in zip(_WRITTEN, out):
             setattr(tree, name, x)
         for k, x in zip(_leaf_keys(tree.embeddings), out[len(_WRITTEN):]):
@@ -513,7 +539,7 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         else:
             step(params, None, tree, sims[sim], uniforms[sim], recurrent_fn, root_action_selection_fn,
                  interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
-                 use_while_loop=True)
+                 use_while_loop=True, unroll=unroll)
         return tree
 
     return loop_fn(0, num_simulations, body, tree)
