@@ -227,9 +227,9 @@ def train(cfg: PPOConfig | None = None, run_dir: str | Path | None = None, *, re
     try:
         _loop(cfg, run, collector, actor, policy, loss_fn, optimizer, params, lr, eval_env,
               functional if cfg.compile else None, minibatch_keys, frames_per_batch, gae)
+        return run.wrap_up(policy, eval_env)  # the final checkpoint still holds the collectors' state
     finally:
         shutdown(collector)  # the actors and a Ray started here, also on errors and Ctrl-C
-    return run.wrap_up(policy, eval_env)
 
 
 def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn.Module, loss_fn: ClipPPOLoss,

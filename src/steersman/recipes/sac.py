@@ -213,9 +213,9 @@ def train(cfg: SACConfig | None = None, run_dir: str | Path | None = None, *, re
         compiled = CompiledUpdate(functional, optim, tau=cfg.tau, backend=cfg.compile_backend) if cfg.compile else None
         _loop(cfg, run, collector, rb, episodes, loss_fn, optim, target_updater, actor, eval_env, updates_per_batch,
               compiled)
+        return run.wrap_up(actor, eval_env)  # the final checkpoint still holds the buffer and collectors
     finally:
         shutdown(collector, rb)
-    return run.wrap_up(actor, eval_env)
 
 
 def _loop(cfg: SACConfig, run: Run, collector: Any, rb: Any, episodes: EpisodeReturns, loss_fn: nn.Module,
