@@ -62,24 +62,6 @@ class FunctionalOptimizer(Protocol):
              state: TensorDictBase) -> tuple[TensorDict, TensorDict]: ...
 
 
-def _trusted_tree(keys: Sequence, values: Sequence[Tensor], batch_size: torch.Size) -> TensorDict:
-    """``tree_from_leaves`` through ``TensorDict.from_trusted``: the same nested TensorDict
-    without the constructor's per-entry checks (the entries are the step's own tensors),
-    a few times cheaper for dynamo to trace."""
-    root: dict = {}
-    for key, value in zip(keys, values):
-        path = key if isinstance(key, tuple) else (key,)
-        node = root
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = value
-
-    def wrap(node: dict) -> TensorDict:
-        return TensorDict.from_trusted({k: wrap(v) if type(v) is dict else v for k, v in node.items()}, batch_size)
-
-    return wrap(root)
-
-
 def _registry_slots(module: nn.Module) -> dict[str, tuple[dict, str]] | None:
     """``name -> (registry, key)`` of every parameter and buffer of ``module`` (the
     ``_parameters``/``_buffers`` dict holding it, as ``named_parameters`` names it); None
@@ -231,8 +213,8 @@ class FunctionalUpdate:
         instead of one per module level: what :class:`CompiledUpdate` traces (dynamo's
         trace of the nested layout cost about twice as much)."""
         grads, metrics = self._grads(params, others, batch)
-        params_td = _trusted_tree(self._names, [params[name] for name in self._names], _SCALAR)
-        grads_td = _trusted_tree(self._names, [grads[name] for name in self._names], _SCALAR)
+        params_td = tree_from_leaves(self._names, [params[name] for name in self._names], _SCALAR, trusted=True)
+        grads_td = tree_from_leaves(self._names, [grads[name] for name in self._names], _SCALAR, trusted=True)
         new_params, new_state = self._apply(params_td, grads_td, opt_state, metrics)
         return {name: new_params.get(name) for name in self._names}, new_state, metrics
 
@@ -387,10 +369,10 @@ class CompiledUpdate:
         keys = self._batch_keys
         if index is not None:
             data = tuple(v[index] for v in data)
-        batch = _trusted_tree(keys, data, data[0].shape[:self._batch_dims])
+        batch = tree_from_leaves(keys, data, data[0].shape[:self._batch_dims], trusted=True)
         # flat layouts (parameters by name, name-keyed optimizer state): a few TensorDicts to trace, not
         # one per module level
-        opt_state = _trusted_tree(self._flat_state_keys, state, _SCALAR)
+        opt_state = tree_from_leaves(self._flat_state_keys, state, _SCALAR, trusted=True)
         other_names = [n for n in self._current if n not in self._trained_set]
         new_params, new_state, metrics = self.update.step_flat(dict(zip(self._trained, trained)), opt_state, batch,
                                                                dict(zip(other_names, others)))

@@ -175,14 +175,15 @@ class set_interaction_type:
             _THREAD.type = self.type
         else:
             self._prev.append(_PROCESS[0])
-            _PROCESS[0] = self.type
+            if _PROCESS[0] is not self.type:  # no global write when nothing changes (a graph under
+                _PROCESS[0] = self.type  # torch.compile then has no side effect to replay)
         return self
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         prev = self._prev.pop()
         if self.thread_local:
             _THREAD.type = prev  # _Unset reads as "not set" (no del: dynamo can't trace it)
-        else:
+        elif _PROCESS[0] is not prev:
             _PROCESS[0] = prev
 
     def clone(self) -> set_interaction_type:
