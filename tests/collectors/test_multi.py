@@ -170,14 +170,19 @@ def test_exact_frames_random_frames_and_transports(shared_memory):
 
 def test_async_single_worker_exact_frames_and_replay_buffer():
     from steersman.data import LazyTensorStorage, ReplayBuffer
+    from steersman.envs import PendulumEnv
 
+    # Pendulum: no episode ends within 30 steps, so every batch is one trajectory of 10 steps and the
+    # split (padded) items keep one shape (with CartPole a batch holding an episode end pads to its
+    # longest piece, e.g. [2, 7], which a tensor storage of [10]-step items rightly refuses)
     rb = ReplayBuffer(storage=LazyTensorStorage(100))
-    c = aSyncDataCollector(CartPoleEnv, None, frames_per_batch=10, total_frames=30, replay_buffer=rb,
+    c = aSyncDataCollector(PendulumEnv, None, frames_per_batch=10, total_frames=30, replay_buffer=rb,
                            split_trajs=True)
     try:
         assert list(c) == [None, None, None]
-        assert c._frames == 30 and len(rb) >= 3  # split trajectories: one item per trajectory
-        assert rb.sample(2)["collector", "mask"].shape[0] == 2
+        assert c._frames == 30 and len(rb) == 3  # split trajectories: one item per trajectory
+        sample = rb.sample(2)
+        assert sample["collector", "mask"].shape == (2, 10) and bool(sample["collector", "mask"].all())
     finally:
         c.shutdown()
     assert c.worker_pids == []
