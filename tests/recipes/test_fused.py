@@ -157,3 +157,163 @@ def test_plain_mlps_run_layer_by_layer_others_through_functional_call():
         expected = torch.func.functional_call(net, dict(zip(names, new)), (x,))
         assert torch.equal(_run_net(net, names, program, new, x), expected)
         assert not torch.equal(expected, net(x))  # the new parameters were used
+
+
+# ---------------------------------------------------------------- the fused update (recipes/fused_ppo.py)
+def _ppo_loss(seed=0, **kw):
+    from steersman.objectives import ClipPPOLoss
+    from steersman.objectives.functional_update import FunctionalUpdate, OptimizerState
+    from steersman.tensordict.nn import optim
+
+    cfg, env = PPOConfig(), CartPoleEnv(batch_size=[2])
+    torch.manual_seed(seed)
+    actor, critic = make_policy(cfg, env), make_critic(cfg, env)
+    opt_kw = kw.pop("optimizer", {})
+    loss = ClipPPOLoss(actor, critic, **{"clip_epsilon": 0.2, "critic_coeff": 0.5, "loss_critic_type": "l2",
+                                          "normalize_advantage": True, "diagnostics": False, **kw})
+    lr = torch.tensor(1e-3)
+    update = FunctionalUpdate(loss, (opt_kw.pop("cls", optim.Adam))(lr=lr, eps=1e-5, **opt_kw), max_grad_norm=0.5)
+    return loss, update, OptimizerState(update.optimizer.init(update.params())), lr
+
+
+def _ppo_batch(n=128, seed=1):
+    from steersman.tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict({"observation": torch.randn(n, 4, generator=g), "action": torch.randint(0, 2, (n,), generator=g),
+                       "action_log_prob": -torch.rand(n, generator=g) - 0.3,
+                       "advantage": torch.randn(n, 1, generator=g), "value_target": torch.randn(n, 1, generator=g)}, [n])
+
+
+@pytest.mark.parametrize("kw", [{}, {"entropy_coeff": 0.01, "loss_critic_type": "smooth_l1"},
+                                {"normalize_advantage": False, "entropy_bonus": False, "critic_coeff": 1.0}],
+                         ids=["rl-zoo", "entropy-smooth_l1", "raw-advantage"])
+def test_fused_ppo_loss_equals_clip_ppo_loss(kw):
+    """The fused path's hand-written loss gives ClipPPOLoss's terms and gradients (the
+    clip range mid-anneal, ratios away from 1 so that the clip acts)."""
+    from steersman.recipes.fused_ppo import FusedPPOUpdate
+
+    loss, update, state, _ = _ppo_loss(**kw)
+    loss.clip_epsilon.fill_(0.13)
+    batch = _ppo_batch()
+    fused = FusedPPOUpdate(loss, update, state, compile=False)
+    ref = loss(batch)
+    assert float(loss.diagnose(batch)["clip_fraction"]) > 0.1  # the clipped branch is exercised
+    names = [n for n, p in loss.named_parameters() if p.requires_grad]
+    ref_total = sum(ref[k] for k in ref.keys() if k.startswith("loss_"))
+    ref_grads = torch.autograd.grad(ref_total, [dict(loss.named_parameters())[n] for n in names])
+    data = [batch.get(k) for k in fused._data_keys]
+    (total, (objective, bonus, critic)) = fused.loss(fused.params, *data, loss.clip_epsilon)
+    torch.testing.assert_close(objective, ref["loss_objective"])
+    torch.testing.assert_close(critic, ref["loss_critic"])
+    torch.testing.assert_close(bonus, ref.get("loss_entropy", torch.zeros(())))
+    grads = torch.func.grad(lambda p: fused.loss(p, *data, loss.clip_epsilon)[0])(fused.params)
+    order = [names.index(n) for n in fused._names]
+    for g, i in zip(grads, order, strict=True):
+        torch.testing.assert_close(g, ref_grads[i], msg=names[i])
+    assert len(grads) == len(names)
+
+
+def test_fused_ppo_iteration_equals_per_minibatch_update():
+    """Two iterations of all epochs x minibatches in one call (the lr and clip range
+    annealed between them) end where CompiledUpdate's per-minibatch calls end: every
+    parameter and every Adam state leaf, and the last gradient norm."""
+    from steersman.objectives.functional_update import CompiledUpdate
+    from steersman.recipes.fused_ppo import FusedPPOUpdate
+
+    loss_a, update_a, state_a, lr_a = _ppo_loss(entropy_coeff=0.01)
+    loss_b, update_b, state_b, lr_b = _ppo_loss(entropy_coeff=0.01)
+    ref = CompiledUpdate(update_a, state_a, compile=False)
+    fused = FusedPPOUpdate(loss_b, update_b, state_b, compile=False)
+    start = [p.detach().clone() for p in loss_b.parameters()]
+    for it in range(2):
+        batch = _ppo_batch(seed=it)
+        for lr, loss in ((lr_a, loss_a), (lr_b, loss_b)):
+            lr.fill_(1e-3 * (1 - 0.4 * it))
+            loss.clip_epsilon.fill_(0.2 * (1 - 0.4 * it))
+        indices = torch.stack([torch.randperm(128) for _ in range(3)]).reshape(-1, 32)
+        norms = fused(batch, indices)
+        for idx in indices:
+            last = ref(batch, idx)["grad_norm"]
+        assert norms.shape == (12,)
+        torch.testing.assert_close(norms[-1], last)
+    ref.sync()
+    fused.sync()
+    for (name, a), (_, b), before in zip(loss_a.named_parameters(), loss_b.named_parameters(), start, strict=True):
+        torch.testing.assert_close(b, a, msg=name)
+        assert not torch.equal(b, before), name  # trained (sync wrote the new values into the modules)
+    assert list(state_b.state.keys(True, True)) == list(state_a.state.keys(True, True))  # the checkpoint layout
+    for key in state_a.state.keys(True, True):
+        torch.testing.assert_close(state_b.state.get(key), state_a.state.get(key), msg=str(key))
+    assert int(state_b.state["step"]) == 24
+
+
+def test_fused_ppo_update_is_one_graph_with_a_scan():
+    """Compiled (fullgraph), all the updates of an iteration are one graph holding one
+    ``scan`` over the minibatches, traced once for every iteration (no recompile when the
+    lr and clip range change in place), with the eager loop's numbers."""
+    from torch._higher_order_ops.scan import scan_op
+
+    from steersman.recipes.fused_ppo import FusedPPOUpdate
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    (loss_a, up_a, st_a, lr_a), (loss_b, up_b, st_b, lr_b) = _ppo_loss(), _ppo_loss()
+    eager, compiled = (FusedPPOUpdate(loss_a, up_a, st_a, compile=False),
+                       FusedPPOUpdate(loss_b, up_b, st_b, backend=backend))
+    for it in range(3):
+        lr_a.fill_(1e-3 / (it + 1))
+        lr_b.fill_(1e-3 / (it + 1))
+        batch, indices = _ppo_batch(seed=it), torch.stack([torch.randperm(128) for _ in range(2)]).reshape(-1, 64)
+        torch.testing.assert_close(compiled(batch, indices), eager(batch, indices))
+    assert compiled.compiled and len(graphs) == 1
+    assert sum(n.target is scan_op for n in graphs[0].graph.nodes) == 1
+    for a, b in zip(eager.params, compiled.params, strict=True):
+        torch.testing.assert_close(b, a)
+    torch._dynamo.reset()
+
+
+def test_fused_ppo_update_that_cannot_compile_falls_back_with_one_warning():
+    from steersman.recipes.fused_ppo import FusedPPOUpdate
+
+    loss, update, state, _ = _ppo_loss()
+    fused = FusedPPOUpdate(loss, update, state)
+
+    def refuse(*args):
+        raise torch._dynamo.exc.Unsupported("planted: no scan today")
+
+    fused._fn = refuse
+    indices = torch.arange(128).reshape(2, 64)
+    with pytest.warns(UserWarning, match=r"fused PPO update cannot be compiled \(planted: no scan today\)"):
+        fused(_ppo_batch(), indices)
+    assert not fused.compiled and int(fused._step) == 2
+    fused(_ppo_batch(), indices)  # eager from then on, no second warning
+    assert int(fused._step) == 4
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"clip_value": True}, "clip_value=0.2"),
+    ({"delay_actor": True}, "delay_actor=True"),
+    ({"reduction": "sum"}, "reduction='sum'"),
+    ({"optimizer": {"amsgrad": True}}, "not plain Adam"),
+    ({"optimizer": {"cls": "AdamW"}}, "not plain Adam"),
+])
+def test_fusable_update_names_what_it_does_not_cover(kw, reason):
+    """Losses and optimizers the fused update does not cover are named (the recipe then
+    keeps CompiledUpdate, one compiled call per minibatch)."""
+    from steersman.recipes.fused_ppo import FusedPPOUpdate, fusable_update
+    from steersman.tensordict.nn import optim
+
+    if kw.get("optimizer", {}).get("cls") == "AdamW":
+        kw = {"optimizer": {"cls": optim.AdamW}}
+    loss, update, state, _ = _ppo_loss(**kw)
+    assert reason in fusable_update(loss, update)
+    with pytest.raises(ValueError, match="FusedPPOUpdate: "):
+        FusedPPOUpdate(loss, update, state, compile=False)
+    plain, plain_update, _, _ = _ppo_loss()
+    assert fusable_update(plain, plain_update) is None

@@ -50,6 +50,7 @@ from .distributed import DistributedConfig, check_distributed, make_collector, s
 from .envs import action_spec_unbatched
 from .evaluation import EpisodeReturns, evaluate
 from .fused import FusedCollector, FusedGAE, fusable
+from .fused_ppo import FusedPPOUpdate, fusable_update
 from .run import EVAL_SEED_OFFSET, Run, setup
 
 __all__ = ["PPOConfig", "PPOLossConfig", "PPOOptimConfig", "make_critic", "make_policy", "train"]
@@ -239,8 +240,13 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
     episodes = EpisodeReturns()
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=episodes)
 
-    compiled = CompiledUpdate(functional, optimizer, backend=cfg.compile_backend) if functional is not None else None
-    if compiled is None:  # (made after track: it starts from the restored parameters)
+    compiled: Any = None  # (made after track: it starts from the restored parameters)
+    fused = False
+    if functional is not None:  # all epochs x minibatches in one graph where the loss allows it (fused_ppo.py)
+        fused = frames_per_batch % cfg.minibatch_size == 0 and fusable_update(loss_fn, functional) is None
+        compiled = FusedPPOUpdate(loss_fn, functional, optimizer, backend=cfg.compile_backend) if fused \
+            else CompiledUpdate(functional, optimizer, backend=cfg.compile_backend)  # one call per minibatch
+    else:
         lr = optimizer.param_groups[0]["lr"]  # the group's own tensor (a restored one on resume)
 
     def update(flat, idx):
@@ -269,9 +275,14 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
         with torch.no_grad():
             gae(batch)
         flat = batch.select(*minibatch_keys).reshape(-1)  # only what the loss reads: cheaper indexing
-        for _ in range(cfg.epochs):
-            for idx in torch.randperm(frames_per_batch).split(cfg.minibatch_size):
-                grad_norm = update(flat, idx)
+        if fused:  # the same shuffles as the loop below, drawn up front: one compiled call for all updates
+            indices = torch.stack([torch.randperm(frames_per_batch) for _ in range(cfg.epochs)])
+            indices = indices.reshape(-1, cfg.minibatch_size)
+            grad_norm, idx = compiled(flat, indices)[-1], indices[-1]
+        else:
+            for _ in range(cfg.epochs):
+                for idx in torch.randperm(frames_per_batch).split(cfg.minibatch_size):
+                    grad_norm = update(flat, idx)
         if compiled is not None:
             compiled.sync()  # the modules (collection, eval, checkpoints, export) get the new parameters
         if remote:  # one object-store put; every actor collects the next batch with these weights
