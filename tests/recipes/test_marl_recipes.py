@@ -214,3 +214,41 @@ def test_mappo_on_pettingzoo_end_to_end(tmp_path, capsys):
     assert main(["export", str(run)]) == 0
     report = capsys.readouterr().out
     assert "observation [B, 3, 31] -> action [B, 3, 4]" in report and "max abs diff 0.00e+00" in report
+
+
+@pytest.mark.parametrize("share_params", [True, False])
+def test_tanh_normal_rollout_equals_the_actor(share_params):
+    """The recipe's collecting call computes what the ProbabilisticActor computes, bit for bit
+    (action, log-prob, loc, scale; the same random stream), also where tanh saturates; other
+    interaction types run the actor; the state_dict is the actor's."""
+    import copy
+
+    from steersman.recipes.mappo import MAPPOConfig, TanhNormalRollout, make_policy
+
+    env = make_marl_env("navigation", 8, seed=0, n_agents=3)
+    actor = make_policy(MAPPOConfig(share_params=share_params), env)
+    steep = copy.deepcopy(actor)  # |loc| >> 9 for some agents: the float32 tanh rounds to +-1
+    with torch.no_grad():
+        for p in steep.parameters():
+            p.mul_(40)
+    td = env.reset()
+    for net in (actor, steep):
+        fast = TanhNormalRollout(net)
+        assert fast.state_dict().keys() == net.state_dict().keys()
+        for itype in (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC):
+            with torch.no_grad(), set_exploration_type(itype):
+                torch.manual_seed(3)
+                want = net(td.clone())
+                torch.manual_seed(3)
+                got = fast(td.clone())
+                next_fast = torch.rand(3)
+                torch.manual_seed(3)
+                net(td.clone())
+                assert torch.equal(torch.rand(3), next_fast), "the random stream moved differently"
+            assert got.keys(True, True) == want.keys(True, True)
+            for key in want.keys(True, True):
+                assert torch.equal(got.get(key), want.get(key)), (itype, key)
+    assert (got.get(("agents", "loc")).abs() > 9).any()  # the steep actor's draws were clamped
+    discrete = make_policy(MAPPOConfig(categorical_actions=True), make_marl_env("navigation", 2, categorical_actions=True))
+    with pytest.raises(TypeError, match="not make_policy's tanh-normal actor"):
+        TanhNormalRollout(discrete)

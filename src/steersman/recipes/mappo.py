@@ -22,19 +22,29 @@ checkpoint, log (``train/return/agents`` is the team's mean episode return).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from steersman.collectors import SyncDataCollector
 from steersman.envs import EnvBase
 from steersman.modules import MultiAgentMLP, ProbabilisticActor, ValueOperator
 from steersman.modules.value_norm import PopArtValueNorm, RunningValueNorm, ValueNorm
 from steersman.objectives import IPPOLoss, MAPPOLoss, ValueEstimators
-from steersman.tensordict.nn import NormalParamExtractor, TanhNormal, TensorDictModule, shared_copy
+from steersman.tensordict import TensorDictBase
+from steersman.tensordict.nn import (
+    InteractionType,
+    NormalParamExtractor,
+    TanhNormal,
+    TensorDictModule,
+    interaction_type,
+    shared_copy,
+)
 
 from .config import CheckpointConfig, ConfigError, EvalConfig, LoggerConfig
 from .marl_common import (
@@ -48,7 +58,7 @@ from .marl_common import (
 from .marl_envs import GROUP
 from .run import Run
 
-__all__ = ["MAPPOConfig", "make_critic", "make_policy", "train"]
+__all__ = ["MAPPOConfig", "TanhNormalRollout", "make_critic", "make_policy", "train"]
 
 G = GROUP
 
@@ -136,6 +146,72 @@ def make_policy(cfg: MAPPOConfig, env: EnvBase) -> ProbabilisticActor:
                               distribution_class=TanhNormal, return_log_prob=True, log_prob_key=(G, "action_log_prob"))
 
 
+_LOG_SQRT_2PI, _LN2 = 0.5 * math.log(2 * math.pi), math.log(2.0)
+
+
+class TanhNormalRollout(nn.Module):
+    """The collecting call of :func:`make_policy`'s tanh-normal actor, in plain tensors.
+
+    Under :class:`~steersman.tensordict.nn.InteractionType` ``RANDOM`` (the collector's) it
+    computes what the :class:`~steersman.modules.ProbabilisticActor` computes, op for op
+    (the network, ``loc``/``scale``, one ``randn`` draw, the safe ``tanh`` and
+    :meth:`TanhNormal.log_prob`'s formula on ``[-1, 1]``), so the numbers and the random
+    stream are the same, without building the distribution or the actor's intermediate
+    TensorDicts (~1.2 ms of a ~1.6 ms call for 64 envs x 3 agents). Any other interaction
+    type runs ``actor`` itself. It holds ``actor``'s own modules (the same parameters and
+    ``state_dict`` keys, so a collector's saved policy state is unchanged).
+
+    Writes ``(group, "loc"|"scale"|"action")`` ``[*B, n, act]`` and
+    ``(group, "action_log_prob")`` ``[*B, n]`` into the input TensorDict and returns it.
+
+    Example:
+        >>> from steersman.recipes.marl_envs import make_marl_env
+        >>> from steersman.tensordict.nn import ExplorationType, set_exploration_type
+        >>> env = make_marl_env("navigation", 4, seed=0)
+        >>> actor = make_policy(MAPPOConfig(), env)
+        >>> fast = TanhNormalRollout(actor)
+        >>> td = env.reset()
+        >>> with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        ...     _ = torch.manual_seed(0); a = actor(td.copy())
+        ...     _ = torch.manual_seed(0); b = fast(td.copy())
+        >>> all(torch.equal(a[k], b[k]) for k in a.keys(True, True))
+        True
+        >>> b["agents", "action"].shape, b["agents", "action_log_prob"].shape
+        (torch.Size([4, 3, 2]), torch.Size([4, 3]))
+    """
+
+    def __init__(self, actor: ProbabilisticActor, group: str = G) -> None:
+        super().__init__()
+        params, draw = actor.module[0], actor.module[1]
+        if (draw.distribution_class is not TanhNormal or draw.distribution_kwargs or draw.generator is not None
+                or draw.num_samples or getattr(draw, "safe", False)
+                or list(params.in_keys) != [(group, "observation")]
+                or list(params.out_keys) != [(group, "loc"), (group, "scale")]
+                or list(draw.out_keys) != [(group, "action"), (group, "action_log_prob")]):
+            raise TypeError(f"TanhNormalRollout: {type(actor).__name__} is not make_policy's tanh-normal actor of "
+                            f"group {group!r} (default TanhNormal on [-1, 1], no generator, safe projection or samples)")
+        self.module = actor.module  # the actor's own ModuleList: same parameters, same state_dict keys
+        object.__setattr__(self, "actor", actor)  # the fallback (not a second submodule)
+        self.group = group
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        if interaction_type() is not InteractionType.RANDOM:
+            return self.actor(td)
+        group = td.get(self.group)
+        loc, scale = self.module[0].module(group.get("observation"))
+        # TanhNormal.rsample: one draw of loc's shape, the safe tanh (mid 0, half-range 1)
+        eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+        lim = 1 - torch.finfo(loc.dtype).eps
+        action = torch.tanh(loc + scale * eps).clamp(-lim, lim)
+        # TanhNormal.log_prob on the drawn action
+        x = torch.atanh(action.clamp(-lim, lim))
+        z = (x - loc) / scale
+        normal = -0.5 * z * z - scale.log() - _LOG_SQRT_2PI
+        log_det = 2 * (_LN2 - x - F.softplus(-2 * x))
+        group.update({"loc": loc, "scale": scale, "action": action, "action_log_prob": (normal - log_det).sum(-1)})
+        return td
+
+
 def make_critic(cfg: MAPPOConfig, env: EnvBase) -> ValueOperator:
     """Per-agent values ``(agents, state_value) [*B, n, 1]`` from all agents' observations
     (``centralized_critic``) or each agent's own."""
@@ -183,7 +259,8 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
     minibatch_keys = ((G, "observation"), keys.action, keys.sample_log_prob, keys.advantage, keys.value_target)
     policy = shared_copy(actor)  # collection/eval twin: same parameters, never toggled
     run = Run(algo, cfg, run_dir, resume=resume, frames_per_batch=frames_per_batch)
-    collector = SyncDataCollector(env, policy, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
+    collect = policy if cfg.categorical_actions else TanhNormalRollout(policy)  # same numbers, ~3x faster call
+    collector = SyncDataCollector(env, collect, frames_per_batch=frames_per_batch, total_frames=run.total_frames)
     returns = GroupReturns(G)
     run.track(policy=actor, loss=loss_fn, optim=optimizer, collector=collector, episodes=returns)
 
