@@ -33,16 +33,19 @@ from torch import nn
 PENDULUM = {"frames_per_batch": 256, "frames": 10_000, "collectors": 2}
 
 
-def fps(collector, frames: int) -> float:
+def fps(collector, frames: int, update: bool = False) -> float:
+    """Frames/s over ``frames`` frames after a warm-up batch; ``update``: publish the policy's
+    weights after every batch (what an on-policy learner does)."""
     it = iter(collector)
     next(it)  # warm-up batch (actor/worker start-up excluded)
     t, n = time.perf_counter(), 0
     for batch in it:
         n += batch.numel()
+        if update:
+            collector.update_policy_weights_()
         if n >= frames:
             break
     return n / (time.perf_counter() - t)
-
 
 
 def torchrl_pendulum() -> None:
@@ -130,13 +133,37 @@ def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _old_collect(actor, seq: int) -> tuple:
+    """The actor's reply as it was before session 10 (run in the actor with ``__ray_call__``):
+    an info dict and the batch packed as one NumPy array per tensor plus its structure."""
+    from steersman.distributed._wire import pack
+    from steersman.distributed.collector import TRAJ_KEY, _episode_returns
+
+    t = time.perf_counter()
+    batch = next(actor._it)
+    if TRAJ_KEY in batch.keys(True, True):
+        batch.set(TRAJ_KEY, batch.get(TRAJ_KEY) * actor.n + actor.index)
+    returns, actor.carry = _episode_returns(batch, actor.carry)
+    info = {"index": actor.index, "seq": seq, "frames": batch.numel(), "version": actor.version,
+            "episode_returns": returns, "incarnation": actor.incarnation, "node": actor.node,
+            "pid": os.getpid(), "weights_s": 0.0}
+    out = pack(batch)
+    info["busy_s"] = time.perf_counter() - t
+    return info, out
+
+
 def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any]:
     """Frames/s of the local MultiSyncDataCollector and of RayCollector (n workers / actors,
     sync), both built once and measured in alternating windows of ``frames`` frames
-    (``reps`` each, after a warm-up batch): the median of the per-window ratios. Then where a
-    RayCollector batch's time goes: the driver's round trip of one request to every actor
-    against the actors' own time in the call (``busy_s``: collecting and packing), and the
-    driver's unpacking and stacking."""
+    (``reps`` each, after a warm-up batch): the median of the per-window ratios, for
+    RayCollector as it runs (requests sent ahead while the policy is not updated), with
+    ``pipelining=False`` (each request sent when the previous batch was yielded), and both
+    collectors with the weights published after every batch (the on-policy case: no
+    request can be sent ahead). Then where one sync step's time goes, the protocol before
+    session 10 (one reply of many arrays per actor, a ``ray.get`` per actor, a TensorDict
+    per actor and ``torch.stack``) and now (one buffer per actor, one ``ray.get``, copied
+    into one new batch) alternating: the driver's round trip against the actors' own time in
+    the call (``busy_s``), and the driver's unpacking."""
     import ray
 
     from steersman.distributed._wire import unpack
@@ -145,28 +172,50 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
     local = MultiSyncDataCollector([make_env] * n, Greedy(), frames_per_batch=fpb, total_frames=-1)
     remote = RayCollector(make_env, Greedy(), frames_per_batch=fpb, total_frames=-1, num_collectors=n, sync=True)
     try:
-        lf, rf = [], []
+        runs: dict[str, list[float]] = {"local": [], "ray": [], "ray_no_pipelining": [], "local_update": [],
+                                        "ray_update": []}
         for _ in range(reps):
-            lf.append(fps(local, frames))
-            rf.append(fps(remote, frames))
-        out["local_fps"], out["ray_fps"] = statistics.median(lf), statistics.median(rf)
-        out["ratios"] = [ray_ / local_ for ray_, local_ in zip(rf, lf)]
-        out["ratio"] = statistics.median(out["ratios"])
-        # one sync step by hand: what RayCollector's sync iterator does, timed piecewise
-        wall, busy, unpack_s, seq = [], [], [], 10**6
+            runs["local"].append(fps(local, frames))
+            remote.pipelining, remote._quiet_needed = True, 1  # the update windows below raised it
+            runs["ray"].append(fps(remote, frames))
+            remote.pipelining = False
+            runs["ray_no_pipelining"].append(fps(remote, frames))
+            remote.pipelining = True
+            runs["local_update"].append(fps(local, frames, update=True))
+            runs["ray_update"].append(fps(remote, frames, update=True))
+        for name, xs in runs.items():
+            out[name + "_fps"] = statistics.median(xs)
+        for name, base in (("ray", "local"), ("ray_no_pipelining", "local"), ("ray_update", "local_update")):
+            out[name + "_ratios"] = [r / b for r, b in zip(runs[name], runs[base])]
+            out[name + "_ratio"] = statistics.median(out[name + "_ratios"])
+        out["dropped"] = remote.dropped_batches
+        # one sync step by hand, before / now alternating (no request in flight at the start)
+        remote._drop_outdated(keep_current=False)
+        steps: dict[str, dict[str, list[float]]] = {m: {"wall": [], "busy": [], "unpack": []} for m in ("old", "new")}
+        seq = 10**6
         for _ in range(20):
             t = time.perf_counter()
-            replies = ray.get([a.collect.remote(seq, None) for a in remote._actors])
+            refs = [a.__ray_call__.remote(_old_collect, seq) for a in remote._actors]
+            replies = [ray.get(r) for r in refs]
             t1 = time.perf_counter()
             torch.stack([unpack(b) for _, b in replies], 0)
-            unpack_s.append(time.perf_counter() - t1)
-            wall.append(t1 - t)
-            busy.append(max(info["busy_s"] for info, _ in replies))
+            steps["old"]["unpack"].append(time.perf_counter() - t1)
+            steps["old"]["wall"].append(t1 - t)
+            steps["old"]["busy"].append(max(info["busy_s"] for info, _ in replies))
             seq += 1
-        out["ray_round_trip_ms"] = 1e3 * statistics.median(wall)
-        out["ray_busy_ms"] = 1e3 * statistics.median(busy)
-        out["ray_overhead_ms"] = 1e3 * statistics.median([w - b for w, b in zip(wall, busy)])
-        out["ray_unpack_ms"] = 1e3 * statistics.median(unpack_s)
+            t = time.perf_counter()
+            want = {i: remote._submit(i) for i in range(n)}
+            got = remote._gather_replies(want)
+            t1 = time.perf_counter()
+            remote._stacked([got[i][1] for i in range(n)])
+            steps["new"]["unpack"].append(time.perf_counter() - t1)
+            steps["new"]["wall"].append(t1 - t)
+            steps["new"]["busy"].append(max(info["busy_s"] for info, _ in got.values()))
+        for m, d in steps.items():
+            out[f"{m}_round_trip_ms"] = 1e3 * statistics.median(d["wall"])
+            out[f"{m}_busy_ms"] = 1e3 * statistics.median(d["busy"])
+            out[f"{m}_overhead_ms"] = 1e3 * statistics.median([w - b for w, b in zip(d["wall"], d["busy"])])
+            out[f"{m}_unpack_ms"] = 1e3 * statistics.median(d["unpack"])
         it, t_local = iter(local), []
         for _ in range(20):
             t = time.perf_counter()
@@ -180,14 +229,30 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
     return out
 
 
+def _old_apply(actor, weights: list) -> float:
+    """An actor taking a flat weight buffer as before session 10 (run in the actor with
+    ``__ray_call__``): views of the buffer in a ``state_dict``, loaded through the
+    collector's ``update_policy_weights_``; returns the seconds spent."""
+    import ray
+
+    from steersman.distributed.collector import _unpack
+
+    t = time.perf_counter()
+    actor.collector.update_policy_weights_(_unpack(ray.get(weights[1])))
+    actor.version = weights[0]
+    return time.perf_counter() - t
+
+
 def bench_broadcast(n_actors: int = 4, reps: int = 30) -> dict[str, float]:
     """A ~1M-parameter policy's weights to 4 actors, per update (median and p90 of
     ``reps``): what the learner waits for in ``update_policy_weights_`` (packing into the
     flat buffer and one ``ray.put``); what each actor spends taking them (fetch from the
     object store and copy into its policy: paid inside its next ``collect`` request, which
-    carries the reference); and the standalone round trip the earlier rows measured (put,
-    then one call to each actor that loads them, waiting for all), with its floor (an empty
-    call to the 4 actors: waking them)."""
+    carries the reference); and the standalone round trip (put, then one call to each actor
+    that loads them, waiting for all), with its floor (an empty call to the 4 actors: waking
+    them). The actors' loading as it was before session 10 (``old``: through the collector's
+    ``update_policy_weights_``) and now (``new``: one byte copy per tensor into the policy),
+    alternating update by update."""
     import ray
 
     class Holder(nn.Module):
@@ -205,25 +270,32 @@ def bench_broadcast(n_actors: int = 4, reps: int = 30) -> dict[str, float]:
     try:
         policy = collector.policy
         out: dict[str, Any] = {"params": sum(p.numel() for p in policy.parameters()), "load_before": _load()}
-        put, apply, total, empty = [], [], [], []
-        for k in range(reps + 3):  # the first 3 warm up
+        runs = {m: {"update": [], "actor_apply": [], "round_trip": []} for m in ("old", "new")}
+        empty = []
+        for k in range(2 * reps + 6):  # the first 6 warm up
+            mode = "new" if k % 2 == 0 else "old"
             with torch.no_grad():
                 policy.net[0].bias.fill_(k)
             t = time.perf_counter()
             version = collector.update_policy_weights_()
             t1 = time.perf_counter()
-            spent = ray.get([a._apply_weights.remote([version, collector._weights_ref]) for a in collector._actors])
+            w = [version, collector._weights_ref]
+            calls = [a._apply_weights.remote(w) if mode == "new" else a.__ray_call__.remote(_old_apply, w)
+                     for a in collector._actors]
+            spent = ray.get(calls)
             t2 = time.perf_counter()
             ray.get([a.ping.remote() for a in collector._actors])
             t3 = time.perf_counter()
-            if k >= 3:
-                put.append(t1 - t)
-                apply.append(max(spent))
-                total.append(t2 - t)
+            if k >= 6:
+                runs[mode]["update"].append(t1 - t)
+                runs[mode]["actor_apply"].append(max(spent))
+                runs[mode]["round_trip"].append(t2 - t)
                 empty.append(t3 - t2)
-        for name, xs in (("update", put), ("actor_apply", apply), ("round_trip", total), ("empty_call", empty)):
-            out[name] = 1e3 * statistics.median(xs)
-            out[name + "_p90"] = 1e3 * _q(xs, 0.9)
+        for mode, r in runs.items():
+            for name, xs in r.items():
+                out[f"{mode}_{name}"] = 1e3 * statistics.median(xs)
+                out[f"{mode}_{name}_p90"] = 1e3 * _q(xs, 0.9)
+        out["empty_call"], out["empty_call_p90"] = 1e3 * statistics.median(empty), 1e3 * _q(empty, 0.9)
         out["load_after"] = _load()
         return out
     finally:
@@ -284,20 +356,29 @@ def main() -> None:
         c = bench_collect(args.collectors, args.frames, args.frames_per_batch, args.reps)
         print(f"collect, {args.collectors} collectors, CartPole[16], {args.frames_per_batch} frames/batch, "
               f"{args.reps} alternating windows of {args.frames} frames (load {c['load_before']} -> "
-              f"{c['load_after']}): local MultiSync {c['local_fps']:,.0f} frames/s, RayCollector "
-              f"{c['ray_fps']:,.0f} frames/s (medians); ratio median {c['ratio']:.2f} "
-              f"(windows: {', '.join(f'{r:.2f}' for r in c['ratios'])})")
-        print(f"  per batch, ms (median of 20): local MultiSync {c['local_batch_ms']:.1f}; Ray round trip "
-              f"{c['ray_round_trip_ms']:.1f} = actors busy {c['ray_busy_ms']:.1f} + Ray {c['ray_overhead_ms']:.1f}; "
-              f"then unpack+stack {c['ray_unpack_ms']:.2f}")
+              f"{c['load_after']}), frames/s (medians): local MultiSync {c['local_fps']:,.0f}, RayCollector "
+              f"{c['ray_fps']:,.0f}, RayCollector pipelining=False {c['ray_no_pipelining_fps']:,.0f}; weights "
+              f"published after every batch: local {c['local_update_fps']:,.0f}, RayCollector "
+              f"{c['ray_update_fps']:,.0f}")
+        for name, label in (("ray", "RayCollector / local"), ("ray_no_pipelining", "pipelining=False / local"),
+                            ("ray_update", "with an update per batch, RayCollector / local")):
+            print(f"  {label}: median {c[name + '_ratio']:.2f} "
+                  f"(windows: {', '.join(f'{r:.2f}' for r in c[name + '_ratios'])})")
+        print(f"  batches sent ahead and dropped (an update made them stale): {c['dropped']}")
+        print(f"  per batch, ms (median of 20): local MultiSync {c['local_batch_ms']:.1f}")
+        for m, label in (("old", "before session 10"), ("new", "now")):
+            print(f"  one sync step by hand, {label}: round trip {c[m + '_round_trip_ms']:.2f} = actors busy "
+                  f"{c[m + '_busy_ms']:.2f} + Ray {c[m + '_overhead_ms']:.2f}; then unpack+stack "
+                  f"{c[m + '_unpack_ms']:.2f}")
     if args.only in (None, "broadcast"):
         b = bench_broadcast()
-        print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms median (p90) of 30 updates "
-              f"(load {b['load_before']} -> {b['load_after']}): update_policy_weights_ (pack + put) "
-              f"{b['update']:.1f} ({b['update_p90']:.1f}); each actor's fetch+copy, the slowest "
-              f"{b['actor_apply']:.1f} ({b['actor_apply_p90']:.1f}); standalone round trip put + 4 calls "
-              f"{b['round_trip']:.1f} ({b['round_trip_p90']:.1f}); floor: empty call to the 4 actors "
-              f"{b['empty_call']:.1f} ({b['empty_call_p90']:.1f})")
+        print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms median (p90) of 30 updates each, "
+              f"the actors' loading before session 10 and now alternating (load {b['load_before']} -> "
+              f"{b['load_after']}); floor: empty call to the 4 actors {b['empty_call']:.1f} ({b['empty_call_p90']:.1f})")
+        for m, label in (("old", "before"), ("new", "now")):
+            print(f"  {label}: update_policy_weights_ (pack + put) {b[m + '_update']:.1f} ({b[m + '_update_p90']:.1f}); "
+                  f"each actor's fetch+copy, the slowest {b[m + '_actor_apply']:.1f} ({b[m + '_actor_apply_p90']:.1f}); "
+                  f"standalone round trip put + 4 calls {b[m + '_round_trip']:.1f} ({b[m + '_round_trip_p90']:.1f})")
     if args.only not in (None, "buffer"):
         return
     r = bench_buffer()

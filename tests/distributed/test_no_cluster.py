@@ -86,3 +86,112 @@ def test_packed_tensordicts_round_trip_through_pickle():
     odd = TensorDict({"a": torch.ones(3, dtype=torch.bfloat16)}, [3])
     assert pack(odd) is odd and unpack(odd) is odd
     assert pack([1, 2]) == [1, 2]
+
+
+_DTYPES = [torch.float32, torch.float64, torch.int64, torch.int8, torch.uint8, torch.bool, torch.bfloat16,
+           torch.complex64, torch.float16]
+
+
+@st.composite
+def _tensordicts(draw):
+    """A plain TensorDict of random entries (some nested, some with more batch dims), made
+    n times with the same layout and different values."""
+    from steersman import TensorDict
+
+    batch = tuple(draw(st.lists(st.integers(0, 3), min_size=0, max_size=2)))
+    spec = []
+    for k in range(draw(st.integers(1, 5))):
+        nested = draw(st.sampled_from([(), ("next",), ("group", "deep")]))
+        extra = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
+        spec.append(((*nested, f"k{k}"), draw(st.sampled_from(_DTYPES)), extra, draw(st.booleans())))
+    n = draw(st.integers(1, 3))
+    seed = draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        td = TensorDict({}, batch)
+        for path, dtype, extra, transposed in spec:
+            shape = (*batch, *extra)
+            value = (torch.randn(shape, generator=g) * 50).to(dtype)
+            if transposed and value.dim() >= 2:  # a non-contiguous tensor
+                value = value.transpose(0, 1).contiguous().transpose(0, 1)
+            td.set(path, value)
+        out.append(td)
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(tds=_tensordicts())
+def test_flat_batches_through_pickle_equal_torch_stack(tds):
+    """What a collector actor sends: one byte buffer per batch (its layout aside) gives, on the
+    driver, the batch itself (``stack=False``) or ``torch.stack`` of the actors' batches: the
+    same keys in the same order, batch sizes (nested ones too), dtypes and values; contiguous
+    tensors of their own (writable, not sharing the received buffers)."""
+    import pickle
+
+    import numpy as np
+
+    from steersman.distributed._wire import flat_layout, pack_flat, unpack_flat
+
+    layout = pickle.loads(pickle.dumps(flat_layout(tds[0])))
+    assert layout.id == flat_layout(tds[0]).id and layout is not None
+    buffers = []
+    for td in tds:
+        buf = np.empty(layout.nbytes, dtype=np.uint8)
+        assert pack_flat(td, layout, buf)
+        received = pickle.loads(pickle.dumps(buf, protocol=5))
+        received.flags.writeable = False  # as Ray hands it over
+        buffers.append(received)
+    for got, want in ((unpack_flat(layout, buffers[:1]), tds[0]),
+                      (unpack_flat(layout, buffers, stack=True), torch.stack(tds, 0))):
+        assert got.batch_size == want.batch_size
+        assert list(got.keys(True)) == list(want.keys(True))
+        for key, value in want.items(True):
+            if isinstance(value, torch.Tensor):
+                g = got.get(key)
+                assert g.dtype == value.dtype and g.shape == value.shape and g.is_contiguous(), key
+                assert torch.equal(g.view(torch.uint8) if g.dtype == torch.bool else g, value.view(torch.uint8)
+                                   if value.dtype == torch.bool else value), key
+            else:
+                assert got.get(key).batch_size == value.batch_size, key
+        for value in got.values(True, True):
+            if value.numel():
+                value.view(-1)[0] = value.view(-1)[1 % value.numel()]  # writable, and no error about strides
+
+
+def test_flat_layout_refuses_what_it_cannot_carry_and_pack_checks_the_layout():
+    """``flat_layout`` is None for what the byte buffer does not carry (names, non-tensor
+    entries, another container); ``pack_flat`` is False for a TensorDict of another layout
+    (then the actor builds a new one), whatever differs."""
+    import numpy as np
+
+    from steersman import TensorDict
+    from steersman.distributed._wire import flat_layout, pack_flat
+
+    def make():
+        return TensorDict({"a": torch.zeros(4, 2), "next": {"r": torch.zeros(4, 1)}}, [4])
+
+    layout = flat_layout(make())
+    buf = np.empty(layout.nbytes, dtype=np.uint8)
+    assert pack_flat(make(), layout, buf)
+    named = make()
+    named.names = ["t"]
+    assert flat_layout(named) is None
+    odd = make()
+    odd.set_non_tensor("tag", "x")
+    assert flat_layout(odd) is None
+    assert flat_layout({"a": torch.zeros(2)}) is None
+    variants = {
+        "shape": lambda td: td.set("a", torch.zeros(4, 3)),
+        "dtype": lambda td: td.set("a", torch.zeros(4, 2, dtype=torch.float64)),
+        "extra key": lambda td: td.set("b", torch.zeros(4)),
+        "extra nested key": lambda td: td.set(("next", "d"), torch.zeros(4)),
+        "missing key": lambda td: td.del_(("next", "r")),
+        "batch size": lambda td: td.__setattr__("batch_size", torch.Size([])),
+        "nested batch size": lambda td: td.set("next", TensorDict({"r": torch.zeros(4, 1)}, [4, 1])),
+    }
+    for name, change in variants.items():
+        td = make()
+        change(td)
+        assert not pack_flat(td, layout, buf), name
+        assert flat_layout(td).id != layout.id, name

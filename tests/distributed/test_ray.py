@@ -159,7 +159,8 @@ def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_o
 
     * sync: every batch ``[2, 32]`` after the k-th update has version k; exactly
       total_frames are delivered; the episode returns computed in the actors equal those
-      computed locally from the same batches;
+      computed locally from the same batches; without updates the requests are sent ahead,
+      and those an update made stale are dropped (the next batch has the new version);
     * async (the same actors; each reply is an actor's 32 frames): SIGKILL of actor 0 mid-run:
       restarted, its lost batch collected again, exactly total_frames delivered, and every
       batch requested after the k-th update (the restarted actor's included) has version k;
@@ -181,6 +182,20 @@ def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_o
             assert collector.update_policy_weights_() == k + 1
         assert frames == collector.frames == 4 * fpb
         assert sorted(collector.pop_episode_returns()) == sorted(expected) and expected
+
+        # no update after a batch: the next requests leave before the batch is yielded; an
+        # update then makes the requests sent ahead stale: dropped, sent again with version 5
+        collector.total_frames += 5 * fpb
+        seen = []
+        for k, batch in enumerate(collector, start=4):
+            seen.append(batch["version"].unique().tolist())
+            assert len(collector._pending) == (n if k in (5, 6) else 0), k  # sent ahead after 1 quiet yield
+            if k == 6:
+                _set(policy, 5)
+                assert collector.update_policy_weights_() == 5
+        assert seen == [[4], [4], [4], [5], [5]]  # after the update: version 5 only
+        assert collector.dropped_batches == n and collector.frames == 9 * fpb  # dropped: never counted
+        collector.pop_episode_returns()
 
         collector.sync = False  # the same actors, batches as they arrive
         batches = 8
@@ -205,7 +220,7 @@ def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_o
         with pytest.warns(UserWarning, match=r"collector actor 0 .* was restarted \(1/1\) after: .*collected again"):
             frames = _run_checking_versions(collector, policy, batches, n=n, on_batch=on_batch)
         assert from_0  # (the warning above: a reply of the restarted actor arrived)
-        assert frames == batches * per_actor and collector.frames == 4 * fpb + batches * per_actor
+        assert frames == batches * per_actor and collector.frames == 9 * fpb + batches * per_actor
         assert list(collector) == []  # exactly total_frames: nothing more
         assert collector.actor_info[0]["pid"] != victim and not _alive(victim)
 

@@ -15,6 +15,10 @@ The protocol (why frames are counted once and weights are never stale):
   multi-process collector (``MultiaSyncDataCollector``): its workers start their next
   batch when one is handed out, so a worker's batch carries the version the actor held
   when that worker's previous batch left (never older), as with the collector locally.
+* Sync mode sends the next requests ahead (before the batch is yielded) only while the
+  caller does not update the policy between batches; an update then makes them stale:
+  they are dropped (never delivered nor counted) and sent again with the new version, so
+  every batch delivered after the k-th update still has version k.
 * With ``replay_buffer=`` a :class:`~steersman.distributed.RayReplayBuffer`, an actor
   writes its batch straight into the buffer actor, tagged ``(actor, seq)``: the buffer
   stores each number once, so a batch re-collected after a restart is not stored twice.
@@ -40,7 +44,7 @@ from steersman.collectors import Collector
 from steersman.tensordict import TensorDictBase
 
 from ._ray import fit_actors_to_cpus, init_ray, require_ray
-from ._wire import pack, unpack
+from ._wire import FlatLayout, flat_layout, pack, pack_flat, unpack, unpack_flat
 
 __all__ = ["RayCollector", "RayCollectorError"]
 
@@ -83,6 +87,7 @@ def _episode_returns(batch: TensorDictBase, carry: torch.Tensor | None) -> tuple
 
 
 _FLAT = "steersman-flat-weights"
+_BATCH = "steersman-flat-batch"  # a reply's batch: (_BATCH, layout id, layout or None, byte buffer)
 _ALIGN = 64  # byte offsets of the tensors in the flat buffer (any dtype can view its slice)
 
 
@@ -138,6 +143,8 @@ class _CollectorActor:
         self.batches = 0
         self.carry: torch.Tensor | None = None
         self.incarnation = uuid.uuid4().hex
+        self._layout: FlatLayout | None = None  # of the batches (one buffer per reply)
+        self._weight_dst: tuple | None = None  # (layout, [(bytes of a policy tensor, offset, nbytes)])
         self.node = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
         self._it = iter(self.collector)
@@ -155,6 +162,9 @@ class _CollectorActor:
         if weights is not None and weights[0] > self.version:
             t = time.perf_counter()
             w = ray.get(weights[1])
+            if isinstance(w, tuple) and w and w[0] == _FLAT and self._copy_flat(w):
+                self.version = weights[0]
+                return time.perf_counter() - t
             if isinstance(w, tuple) and w and w[0] == _FLAT:  # one buffer: views of it, copied into the policy
                 w = _unpack(w)
             elif isinstance(w, dict):  # read-only views of the object store, copied into the policy
@@ -166,10 +176,61 @@ class _CollectorActor:
             return time.perf_counter() - t
         return 0.0
 
-    def collect(self, seq: int, weights: list | None) -> tuple[dict, Any]:
+    def _copy_flat(self, packed: tuple) -> bool:
+        """The fast path of a flat weight buffer into a ``Collector``'s own policy: one byte
+        copy per tensor, straight from the object store into the policy's storage (the byte
+        views of its tensors are found once per layout). False where it does not apply
+        (another collector class, or the names, dtypes or shapes differ): the collector's
+        ``update_policy_weights_`` then does it."""
+        _, layout, array = packed
+        if self._weight_dst is None or self._weight_dst[0] != layout:
+            self._weight_dst = None
+            if type(self.collector) is not Collector or not isinstance(self.policy, nn.Module) \
+                    or self.collector.policy is not self.policy:
+                return False
+            own = self.policy.state_dict(keep_vars=True)
+            if len(own) != len(layout):
+                return False
+            dst = []
+            for name, dtype, shape, off, nbytes in layout:
+                t = own.get(name)
+                if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape \
+                        or not t.is_contiguous() or t.device.type != "cpu":
+                    return False
+                dst.append((t.detach().reshape(-1).view(torch.uint8), off, nbytes))
+            self._weight_dst = (layout, dst)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "non-writable array": only read
+            flat = torch.from_numpy(array)
+        with torch.no_grad():
+            for t, off, nbytes in self._weight_dst[1]:
+                t.copy_(flat[off:off + nbytes])
+        return True
+
+    def _flat_reply(self, batch: TensorDictBase, known: int | None) -> Any:
+        """``batch`` as one byte buffer (the layout too if the driver does not hold it:
+        ``known`` is the layout id it holds for this actor), or packed as before when it is
+        not a plain TensorDict of CPU tensors."""
+        layout = self._layout
+        buf = None
+        if layout is not None:
+            buf = np.empty(layout.nbytes, dtype=np.uint8)
+            if not pack_flat(batch, layout, buf):
+                layout = None
+        if layout is None:
+            layout = self._layout = flat_layout(batch)
+            if layout is None:
+                return pack(batch)
+            buf = np.empty(layout.nbytes, dtype=np.uint8)
+            pack_flat(batch, layout, buf)
+        return (_BATCH, layout.id, None if known == layout.id else layout, buf)
+
+    def collect(self, seq: int, weights: list | None, layout_id: int | None = None) -> tuple[dict, Any]:
         """The next batch, with the newest weights (``weights``: ``[version, ref]``), and its
         info (``busy_s``: seconds spent in this call, so the driver's round trip minus it is
-        Ray's transport and scheduling)."""
+        Ray's transport and scheduling). One object: the info (a few numbers) and the batch
+        as one byte buffer (its layout only if ``layout_id``, the one the driver holds,
+        is not that of the batch)."""
         t = time.perf_counter()
         weights_s = self._apply_weights(weights)
         batch = next(self._it)
@@ -181,7 +242,7 @@ class _CollectorActor:
                 "episode_returns": returns, "incarnation": self.incarnation, "node": self.node,
                 "pid": os.getpid(), "weights_s": weights_s}
         if self.replay_buffer is None:
-            out = pack(batch)  # NumPy arrays + layout: far cheaper to send than a pickled TensorDict
+            out = self._flat_reply(batch, layout_id)
         else:
             out = None
             info["stored"], info["write_count"], info["buffer_incarnation"] = self._write(batch, seq)
@@ -281,6 +342,16 @@ class RayCollector:
     Metrics: :meth:`pop_episode_returns` gives the returns of the episodes that ended in the
     batches delivered since the last call (computed in the actors, also with a remote buffer).
 
+    Requests sent ahead (``sync=True``, no ``replay_buffer``): while the caller does not
+    update the policy between batches, the next request to every actor leaves as soon as
+    its reply is in, so the actors collect while the driver stacks the batch and the loop
+    body runs. An update after such a yield makes those requests stale: they are dropped
+    (their batches are not delivered nor counted; :attr:`dropped_batches` counts them) and
+    sent again with the new weights, and the number of quiet yields needed before sending
+    ahead again doubles (a loop updating after every batch never sends ahead). Set the
+    attribute ``pipelining = False`` to ask for each batch only when the previous one was
+    handed over.
+
     Example (not run by the doctests: it starts Ray)::
 
         from steersman.distributed import RayCollector
@@ -336,7 +407,14 @@ class RayCollector:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
-        self._pending: dict[Any, tuple[int, int]] = {}  # in-flight ref -> (actor, seq)
+        # in-flight ref -> (actor, seq, weight version it carries, sent ahead of a yield)
+        self._pending: dict[Any, tuple[int, int, int, bool]] = {}
+        self._layouts: dict[int, FlatLayout] = {}  # the batches' layouts by id (sent once by the actors)
+        self._known_layout: list[int | None] = [None] * n  # the layout id of each actor's last batch
+        self.pipelining = True
+        self._quiet = 0  # yields in a row after which the policy was not updated
+        self._quiet_needed = 1  # ... needed to send requests ahead (doubles when one is dropped)
+        self.dropped_batches = 0  # batches sent ahead, then dropped: the policy was updated meanwhile
         self._actors: list = []
         self._finalizer = weakref.finalize(self, _kill_actors, self._actors)
         try:
@@ -391,24 +469,57 @@ class RayCollector:
         return out
 
     # ------------------------------------------------------------------ requests
-    def _submit(self, i: int, seq: int | None = None) -> Any:
+    def _submit(self, i: int, seq: int | None = None, ahead: bool = False) -> Any:
         if seq is None:
             seq = self._seq[i]
             self._seq[i] += 1
         w = None if self._weights_ref is None else [self._version, self._weights_ref]
-        ref = self._actors[i].collect.remote(seq, w)
-        self._pending[ref] = (i, seq)
+        ref = self._actors[i].collect.remote(seq, w, self._known_layout[i])
+        self._pending[ref] = (i, seq, self._version, ahead)
         return ref
 
+    def _drop_outdated(self, keep_current: bool = True) -> None:
+        """Forgets the requests sent ahead of a yield that carry an older weight version than
+        the newest (their batches are collected with the old weights, so they are never
+        delivered nor counted); with ``keep_current=False``, all requests sent ahead."""
+        for ref, (_, _, version, ahead) in list(self._pending.items()):
+            if ahead and (version < self._version or not keep_current):
+                del self._pending[ref]
+                self.dropped_batches += 1
+                if keep_current:  # the policy is updated at this rhythm: wait for longer quiet spells
+                    self._quiet_needed = min(2 * self._quiet_needed, 1 << 20)
+
+    def _may_send_ahead(self) -> bool:
+        """Whether the next requests may leave before the batch is yielded: only while the
+        policy was not updated after the last ``_quiet_needed`` yields (an update after this
+        yield would make them stale: they are then dropped, see :meth:`_drop_outdated`)."""
+        return (self.pipelining and self.replay_buffer is None and not self.update_after_each_batch
+                and self._quiet >= self._quiet_needed and self._frames < self.total_frames and not self._closed)
+
+    def _batch_of(self, i: int, payload: Any) -> TensorDictBase:
+        """Actor ``i``'s batch from its reply."""
+        layout = self._layout_of(i, payload)
+        return unpack(payload) if layout is None else unpack_flat(layout, [payload[3]])
+
+    def _layout_of(self, i: int, payload: Any) -> FlatLayout | None:
+        """The layout of a flat reply (kept when it comes with it); None for another form."""
+        if not (type(payload) is tuple and len(payload) == 4 and payload[0] == _BATCH):
+            return None
+        if payload[2] is not None:
+            self._layouts[payload[1]] = payload[2]
+        self._known_layout[i] = payload[1]
+        return self._layouts[payload[1]]
+
     def _receive(self, ref: Any) -> tuple[dict, Any] | None:
-        """The reply of ``ref``; None (and the request sent again) if its actor died."""
+        """The reply of ``ref`` (its info and its raw payload); None (and the request sent
+        again) if its actor died."""
         import ray
 
-        i, seq = self._pending.pop(ref)
+        i, seq, _, ahead = self._pending.pop(ref)
         try:
             info, batch = ray.get(ref)
             self._unavailable_since.pop(i, None)
-            return info, unpack(batch)
+            return info, batch
         except ray.exceptions.RayTaskError as err:  # the collector raised: not retried
             raise RayCollectorError(f"RayCollector: {self._describe(i)} raised while collecting; remote "
                                     f"traceback:\n{err}") from None
@@ -418,7 +529,7 @@ class RayCollector:
                 raise RayCollectorError(f"RayCollector: {self._describe(i)} did not come back within "
                                         f"{self.restart_timeout:g} s; last error: {self._last_error[i]}") from None
             time.sleep(0.2)
-            self._submit(i, seq)  # same number: counted once, stored once
+            self._submit(i, seq, ahead)  # same number: counted once, stored once
             return None
         except ray.exceptions.RayActorError as err:  # dead for good: Ray ran out of restarts
             raise RayCollectorError(f"RayCollector: {self._describe(i)} died {self._restarts[i] + 1} times "
@@ -457,33 +568,70 @@ class RayCollector:
             if self.update_after_each_batch:
                 self.update_policy_weights_()
 
+    def _gather_replies(self, want: dict[int, Any]) -> dict[int, tuple[dict, Any]]:
+        """The replies of one request per actor (``want``: actor -> ref): one ``ray.get``
+        over all of them; where one failed, each is received on its own (a dead actor's
+        request is sent again, see :meth:`_receive`)."""
+        import ray
+
+        try:
+            got = ray.get(list(want.values()))
+        except ray.exceptions.RayError:
+            got = None
+        if got is not None:
+            for i, ref in want.items():
+                del self._pending[ref]
+                self._unavailable_since.pop(i, None)
+            return dict(zip(want, got))
+        replies: dict[int, tuple[dict, Any]] = {}
+        while len(replies) < len(want):
+            for i in [i for i in want if i not in replies]:
+                got_i = self._receive(want[i])
+                if got_i is None:
+                    want[i] = next(r for r, (j, *_) in self._pending.items() if j == i)
+                else:
+                    replies[i] = got_i
+        return replies
+
+    def _stacked(self, payloads: list) -> TensorDictBase:
+        """The actors' batches stacked along a new leading dim: their buffers copied straight
+        into one new batch when they share a layout (no per-actor TensorDict)."""
+        layouts = [self._layout_of(i, p) for i, p in enumerate(payloads)]
+        if layouts[0] is not None and all(lay is layouts[0] for lay in layouts):
+            return unpack_flat(layouts[0], [p[3] for p in payloads], stack=True)
+        return torch.stack([self._batch_of(i, p) for i, p in enumerate(payloads)], 0)
+
     def _sync_iterator(self) -> Iterator[TensorDictBase | None]:
+        """One batch of every actor per yield. While the policy is not being updated, the next
+        requests leave as soon as the replies are in (the actors collect while the driver
+        stacks and the caller works); a request sent ahead whose batch an update made stale
+        is dropped and sent again with the new weights."""
+        n = self.num_collectors
         while self._frames < self.total_frames:
-            want = {i: ref for ref, (i, _) in self._pending.items()}
-            for i in range(self.num_collectors):
+            self._drop_outdated()
+            want = {i: ref for ref, (i, *_) in self._pending.items()}
+            for i in range(n):
                 if i not in want:
                     want[i] = self._submit(i)
-            replies: dict[int, tuple[dict, Any]] = {}
-            while len(replies) < self.num_collectors:
-                for i in [i for i in range(self.num_collectors) if i not in replies]:
-                    ref = want[i]
-                    got = self._receive(ref)
-                    if got is None:
-                        want[i] = next(r for r, (j, _) in self._pending.items() if j == i)
-                    else:
-                        replies[i] = got
-            for i in range(self.num_collectors):
+            replies = self._gather_replies({i: want[i] for i in range(n)})
+            for i in range(n):
                 self._accept(replies[i][0])
+            if self._may_send_ahead():
+                for i in range(n):
+                    self._submit(i, ahead=True)
+            version = self._version
             if self.replay_buffer is not None:
                 yield None
             else:
-                yield torch.stack([replies[i][1] for i in range(self.num_collectors)], 0)
+                yield self._stacked([replies[i][1] for i in range(n)])
+            self._quiet = self._quiet + 1 if self._version == version else 0
 
     def _async_iterator(self) -> Iterator[TensorDictBase | None]:
         import ray
 
         while self._frames < self.total_frames:
-            busy = {i for i, _ in self._pending.values()}
+            self._drop_outdated()
+            busy = {i for i, *_ in self._pending.values()}
             for i in range(self.num_collectors):
                 if i not in busy and self._frames + self.frames_per_batch * len(self._pending) < self.total_frames:
                     self._submit(i)
@@ -492,7 +640,7 @@ class RayCollector:
             if got is None:
                 continue
             self._accept(got[0])
-            yield got[1]
+            yield self._batch_of(got[0]["index"], got[1])
 
     def __len__(self) -> int:
         if self.total_frames == math.inf:
@@ -597,6 +745,7 @@ class RayCollector:
         """Seeds the actors' envs in turn (actor ``i`` gets the seed returned by actor ``i - 1``)."""
         import ray
 
+        self._drop_outdated(keep_current=False)  # collected before the seeding: not delivered
         for a in self._actors:
             seed = ray.get(a.set_seed.remote(seed, static_seed))
         return seed
@@ -607,6 +756,7 @@ class RayCollector:
         dropped — call it between iterations). The actors first take the newest weights,
         so a restored collector collects with the version it was saved at (not the one
         before), and their RNG state is saved too."""
+        self._drop_outdated(keep_current=False)  # the actors' saved state comes after those batches
         for ref in list(self._pending):
             got = self._receive(ref)
             if got is not None:
@@ -622,6 +772,7 @@ class RayCollector:
         if state.get("num_collectors") != self.num_collectors:
             raise ValueError(f"RayCollector.load_state_dict: the state has {state.get('num_collectors')} collectors, "
                              f"this one {self.num_collectors}")
+        self._drop_outdated(keep_current=False)  # collected from the state being replaced
         self._gather([a.load_state_dict.remote(s) for a, s in zip(self._actors, state["collectors"])],
                      "load_state_dict")
         self._frames, self._seq = int(state["frames"]), [int(s) for s in state["seq"]]
