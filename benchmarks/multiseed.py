@@ -84,13 +84,13 @@ from steersman.recipes import multiseed
 from steersman.recipes.config import CheckpointConfig, EvalConfig, LoggerConfig
 from steersman.recipes.ppo import PPOConfig
 
-n, frames, lr, ent = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-cfg = PPOConfig(seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]),
+n, frames, lr, ent, compile_ = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+cfg = PPOConfig(seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]), compile=compile_,
                 export_format="none", eval=EvalConfig(interval=0, episodes=10), checkpoint=CheckpointConfig(interval=0))
 cfg.optim.lr, cfg.loss.entropy_coef = lr, ent
 c0, t0 = time.process_time(), time.perf_counter()
 summary = multiseed.train_ppo(cfg, tempfile.mkdtemp() + "/run")
-print(json.dumps({"mode": f"steersman seeds={n}", "n": n, "frames": frames * n, "fps": summary["frames_per_s"],
+print(json.dumps({"mode": f"steersman seeds={n}" + (" compiled" if compile_ else ""), "n": n, "frames": frames * n, "fps": summary["frames_per_s"],
                   "call_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                   "finals": list(summary["final_eval_return"].values())}))
 """
@@ -116,11 +116,57 @@ print(json.dumps({"frames": int(model.num_timesteps), "train_s": train_s, "cpu_s
 """
 
 
-def learn(n: int, frames: int, lr: float, ent: float) -> list[dict]:
+UPDATE_CHILD = r"""
+import json, sys, tempfile, time
+import torch
+torch.set_num_threads(1)
+from steersman.recipes import multiseed
+from steersman.recipes.ppo import PPOConfig
+
+n, rounds, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+B = 256
+g = torch.Generator().manual_seed(0)
+contestants = {}
+for label, compile_ in (("eager", False), ("compiled", True)):
+    pop = multiseed.Population("ppo", PPOConfig(seeds=n, quiet=True, compile=compile_), tempfile.mkdtemp(),
+                               resume=False, batch_frames=B)
+    contestants[label] = multiseed._OnPolicyModel("ppo", pop)
+P = pop.P
+data = (torch.randn(P, B, 4, generator=g), torch.randint(0, 2, (P, B), generator=g), -torch.rand(P, B, generator=g),
+        torch.randn(P, B, 1, generator=g), torch.randn(P, B, 1, generator=g))
+idx = torch.stack([torch.randperm(B, generator=g) for _ in range(P)])
+state, first = {}, {}
+for label, m in contestants.items():
+    c0 = time.process_time()
+    state[label] = m.v_update(m.params, m.opt_state, data, idx, m.base["lr"], m.base["max_grad_norm"])[:2]
+    first[label] = time.process_time() - c0
+times = {label: [] for label in contestants}
+for _ in range(rounds):  # alternate: both see the same machine
+    for label, m in contestants.items():
+        p, s = state[label]
+        c0 = time.process_time()
+        for _ in range(reps):
+            p, s, _ = m.v_update(p, s, data, idx, m.base["lr"], m.base["max_grad_norm"])
+        times[label].append((time.process_time() - c0) / reps * 1e3)
+        state[label] = (p, s)
+print(json.dumps({"n": n, "first_call_cpu_s": first,
+                  "ms_per_update": {k: sorted(v)[len(v) // 2] for k, v in times.items()}}))
+"""
+
+
+def update_ms(n: int, rounds: int, reps: int) -> dict:
+    """Per-update CPU ms of the eager and the compiled vmapped PPO update, alternated in one process."""
+    out = subprocess.run([sys.executable, "-c", UPDATE_CHILD, str(n), str(rounds), str(reps)],
+                         capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def learn(n: int, frames: int, lr: float, ent: float, compile_: bool = False) -> list[dict]:
     """The population to the end, then SB3 alone and two SB3 runs at once, same settings."""
     rows = []
-    out = subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(frames), str(lr), str(ent)],
-                         capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+    out = subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(frames), str(lr), str(ent),
+                          "1" if compile_ else "0"], capture_output=True, text=True, check=True,
+                         cwd=tempfile.gettempdir())
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     sb3 = str(ANCHORS_VENV / "bin" / "python")
     for label, seeds in (("sb3", [0]), ("sb3-pair", [0, 1])):
@@ -144,16 +190,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="1,8,32", help="comma-separated N")
     ap.add_argument("--batches", type=int, default=4, help="timed batches of 256 frames per member")
-    ap.add_argument("--compile", action="store_true", help="also the compiled update (inductor)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also the compiled update (inductor); with --learn: the population compiled")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--learn", action="store_true", help="train to the end, SB3 side by side (see above)")
     ap.add_argument("--frames", type=int, default=16_384, help="--learn: frames per member")
     ap.add_argument("--lr", type=float, default=2e-3, help="--learn: Adam lr (linear to 0)")
     ap.add_argument("--ent-coef", type=float, default=0.01, help="--learn: entropy bonus")
+    ap.add_argument("--update-ms", action="store_true",
+                    help="per-update CPU ms of the vmapped PPO update, eager vs compiled (inductor), in one process")
     args = ap.parse_args()
+    if args.update_ms:
+        print(f"{'members':>8}{'eager ms':>10}{'compiled ms':>13}{'x':>7}{'ms/seed eager':>15}{'compiled':>10}"
+              f"{'first call CPU s (eager, compiled)':>36}")
+        rows = []
+        for n in (int(v) for v in args.seeds.split(",")):
+            r = update_ms(n, rounds=5, reps=10)
+            rows.append(r)
+            e, c = r["ms_per_update"]["eager"], r["ms_per_update"]["compiled"]
+            f = r["first_call_cpu_s"]
+            print(f"{n:>8}{e:>10.2f}{c:>13.2f}{e / c:>7.2f}{e / n:>15.3f}{c / n:>10.3f}"
+                  f"{f['eager']:>18.1f}{f['compiled']:>18.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
+        return
     if args.learn:
         n = int(args.seeds.split(",")[-1])
-        rows = learn(n, args.frames, args.lr, args.ent_coef)
+        rows = learn(n, args.frames, args.lr, args.ent_coef, args.compile)
         sb3, sb3_cpu = rows[1]["fps"], rows[1]["frames"] / rows[1]["cpu_s"]
         print(f"{'contestant':<20}{'runs':>6}{'frames/s (all)':>16}{'x sb3':>8}{'frames/CPU-s':>14}{'x sb3':>8}"
               f"{'call s':>9}  final returns")

@@ -86,6 +86,79 @@ def test_each_member_equals_its_run_alone(n, singles, tmp_path):
                                m["params.critic_network.module.0.weight"]) for m in members[1:])
 
 
+def test_compiled_population_is_three_graphs_and_equals_the_runs_alone(singles, tmp_path):
+    """``compile=true``: the vmapped PPO update (loss, torch.func gradients, clipping, Adam),
+    the collection step (policies, draws, env step with auto-reset) and the advantages
+    (critics, GAE) are one ``fullgraph`` graph each, traced once for the whole run (no
+    recompile, no fallback);
+    with dynamo's ``eager`` backend (the traced graphs run op by op) every member's
+    parameters, Adam state, env streams, evaluations and metrics equal its seed's eager
+    run alone bit for bit. (With inductor the kernels fuse and reorder: equal within float
+    rounding, checked in benchmarks/README.md, not here: the code generation costs ~20 s.)"""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*compile=true.*")
+        multiseed.train_ppo(tiny(seed=3, seeds=2, compile=True, compile_backend="eager"), tmp_path)
+    assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"], dict(counters)
+    state = final_state(tmp_path)
+    for k in range(2):
+        alone, alone_csv = singles[3 + k]
+        assert_rows_equal(row(state, k), alone)
+        csv = read_metrics_csv(tmp_path / f"seed_{k}" / "metrics.csv")
+        for col in ("train/loss_objective", "train/loss_critic", "train/grad_norm", "eval/return"):
+            np.testing.assert_array_equal(csv[col], alone_csv[col])
+
+
+def test_pure_ppo_loss_equals_clip_ppo_loss():
+    """The compiled path's loss on plain tensors: ClipPPOLoss's terms and gradients, bit for
+    bit (normalized advantages, clipped ratios, entropy bonus, l2 critic)."""
+    from steersman.envs import CartPoleEnv
+    from steersman.tensordict import TensorDict
+
+    cfg = tiny()
+    cfg.loss.entropy_coef = 0.01
+    env = CartPoleEnv(batch_size=[2])
+    torch.manual_seed(0)
+    actor, critic = ppo.make_policy(cfg, env), ppo.make_critic(cfg, env)
+    loss_fn = multiseed.ClipPPOLoss(actor, critic, clip_epsilon=0.1, entropy_coeff=0.01, critic_coeff=0.5,
+                                    loss_critic_type="l2", normalize_advantage=True, diagnostics=False)
+    g = torch.Generator().manual_seed(1)
+    n = 64
+    batch = TensorDict({"observation": torch.randn(n, 4, generator=g), "action": torch.randint(0, 2, (n,), generator=g),
+                        "action_log_prob": -torch.rand(n, generator=g) - 0.3,
+                        "advantage": torch.randn(n, 1, generator=g), "value_target": torch.randn(n, 1, generator=g)},
+                       [n])
+    out = loss_fn(batch)
+    ref = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+    ref_grads = torch.autograd.grad(ref, list(loss_fn.parameters()))
+    names = ["actor_network." + n for n, _ in actor.named_parameters()] + \
+        ["critic_network." + n for n, _ in critic.named_parameters()]
+    leaves = tuple(p for p in list(actor.parameters()) + list(critic.parameters()))
+    a_prog = multiseed._mlp_program(actor.module[0].module, names, "actor_network.module.0.module.")
+    c_prog = multiseed._mlp_program(critic.module, names, "critic_network.module.")
+    total, l_obj, l_crit = multiseed._pure_ppo_loss(
+        a_prog, c_prog, leaves, batch["observation"], batch["action"], batch["action_log_prob"], batch["advantage"],
+        batch["value_target"], loss_fn.clip_epsilon, 0.01, 0.5, True)
+    assert torch.equal(l_obj, out["loss_objective"]) and torch.equal(l_crit, out["loss_critic"])
+    assert torch.equal(total, ref)
+    for a, b in zip(torch.autograd.grad(total, list(leaves)), ref_grads):
+        assert torch.equal(a, b)
+
+
+def test_compile_falls_back_to_the_module_update_for_other_networks(monkeypatch, tmp_path):
+    """Networks the plain-tensor path cannot run: a one-line warning saying why, and the
+    module-swapping update is the one compiled (never a silent wrong result)."""
+    monkeypatch.setattr(multiseed, "_mlp_program", lambda *a: None)
+    cfg = tiny(seeds=2, compile=True, compile_backend="eager")
+    pop = multiseed.Population("ppo", cfg, tmp_path / "run", resume=False, batch_frames=16)
+    with pytest.warns(UserWarning, match="not plain MLPs .* compiling the module-swapping update instead"):
+        model = multiseed._OnPolicyModel("ppo", pop)
+    assert model.step_fn is None
+
 def test_sweep_trains_every_combination(tmp_path):
     """sweep.optim.lr=[1e-3, 3e-4] seeds=2: 4 members; the (3e-4, seed 1) member is the run
     of optim.lr=3e-4 seed=1 alone; the lr column follows each member's schedule."""

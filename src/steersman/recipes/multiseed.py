@@ -350,10 +350,11 @@ class Population:
             o = nxt["observation"]
         return ret.mean(-1)[:self.M]
 
-    def vmapped(self, update: Callable, what: str) -> Callable:
-        """``torch.vmap(update)`` over the rows; with ``compile=true`` one compiled graph
-        (eager with a one-line warning saying why, if dynamo cannot trace it)."""
-        eager = torch.vmap(update)
+    def vmapped(self, update: Callable, what: str, vmap: bool = True) -> Callable:
+        """``torch.vmap(update)`` over the rows (``vmap=False``: ``update`` as it is); with
+        ``compile=true`` one compiled graph (eager with a one-line warning saying why, if
+        dynamo cannot trace it)."""
+        eager = torch.vmap(update) if vmap else update
         if not self.cfg.compile:
             return eager
         from steersman.objectives.functional_update import use_compile_cache
@@ -368,7 +369,7 @@ class Population:
                     return compiled(*args)
                 except torch._dynamo.exc.TorchDynamoException as err:
                     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    warnings.warn(f"compile=true: the vmapped {what} cannot be compiled ({reason}); "
+                    warnings.warn(f"compile=true: the {what} cannot be compiled ({reason}); "
                                   "running it eagerly", stacklevel=2)
                     compiled = None
             return eager(*args)
@@ -484,71 +485,255 @@ def train_a2c(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
     return _train_on_policy("a2c", cfg, run_dir, resume)
 
 
+def _mlp_program(net: nn.Module, names: list[str], prefix: str) -> list[tuple] | None:
+    """``net`` as steps over the flat leaves ``names`` (its parameters named ``prefix + ...``):
+    ``("linear", weight index, bias index or None)`` or ``("call", layer)``, if it is a plain
+    stack of ``nn.Linear`` and parameter-free layers (``make_policy``'s and ``make_critic``'s
+    MLPs); None otherwise."""
+    if not isinstance(net, nn.Sequential) or getattr(net, "_out_shape", None) is not None:
+        return None
+    index = {name: i for i, name in enumerate(names)}
+    steps: list[tuple] = []
+    for key, layer in net.named_children():
+        if type(layer) is nn.Linear and f"{prefix}{key}.weight" in index:
+            steps.append(("linear", index[f"{prefix}{key}.weight"], index.get(f"{prefix}{key}.bias")))
+        elif next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
+            steps.append(("call", layer))
+        else:
+            return None
+    return steps
+
+
+def _run_program(program: list[tuple], params: tuple, x: Tensor) -> Tensor:
+    """The network of :func:`_mlp_program` on ``x`` with the leaves ``params``: the modules' own ops."""
+    for step in program:
+        if step[0] == "linear":
+            x = torch.nn.functional.linear(x, params[step[1]], None if step[2] is None else params[step[2]])
+        else:
+            x = step[1](x)
+    return x
+
+
+def _pure_ppo_loss(actor: list[tuple], critic: list[tuple], p: tuple, obs: Tensor, action: Tensor, logp_old: Tensor,
+                   advantage: Tensor, target: Tensor, clip_eps: Tensor, entropy_coef: float, critic_coef: float,
+                   normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """:class:`~steersman.objectives.ClipPPOLoss` (categorical actor, l2 critic, no value
+    clipping) of one member's minibatch as plain tensor ops on its flat leaves ``p``:
+    ``(total, loss_objective, loss_critic)``. The same terms, in the same order, as the
+    module's; what it skips is the TensorDict and module machinery, which is what makes a
+    compiled trace of the population's update small."""
+    if normalize and advantage.numel() > 1:
+        advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+    advantage = advantage[..., 0]
+    logits = _run_program(actor, p, obs)
+    log_pmf = logits - logits.logsumexp(-1, keepdim=True)  # torch.distributions.Categorical's logits
+    log_ratio = log_pmf.gather(-1, action.unsqueeze(-1)).squeeze(-1) - logp_old
+    clipped = log_ratio.clamp(torch.log1p(-clip_eps), torch.log1p(clip_eps))
+    gain = torch.minimum(log_ratio.exp() * advantage, clipped.exp() * advantage)
+    loss_objective = (-gain).mean()
+    min_real = torch.finfo(log_pmf.dtype).min
+    entropy = -(log_pmf.clamp(min=min_real) * torch.softmax(log_pmf, -1)).sum(-1)
+    loss_entropy = (-entropy_coef * entropy).mean()
+    value = _run_program(critic, p, obs)
+    loss_critic = (critic_coef * (target - value).pow(2))[..., 0].mean()
+    return loss_objective + loss_critic + loss_entropy, loss_objective, loss_critic
+
+
+class _OnPolicyModel:
+    """PPO's or A2C's population pieces: the members' networks and loss, their stacked
+    parameters and optimizer state, and the vmapped functions (act, greedy, values, the
+    minibatch update) over the rows."""
+
+    def __init__(self, algo: str, pop: Population) -> None:
+        from steersman.objectives import A2CLoss
+
+        from . import ppo
+
+        cfg = pop.cfg
+        nets = []  # each member's networks, built as the single-seed recipe builds them
+        for mc in pop.row_cfgs:
+            seed_everything(mc.seed)
+            shape_env = pop.shape_env(mc)
+            nets.append(nn.ModuleDict({"actor_network": ppo.make_policy(mc, shape_env),
+                                       "critic_network": ppo.make_critic(mc, shape_env)}))
+        actor, critic = self.actor, self.critic = nets[0]["actor_network"], nets[0]["critic_network"]
+        if algo == "ppo":
+            self.gamma, self.lmbda = cfg.loss.gamma, cfg.loss.gae_lambda
+            loss_fn: nn.Module = ClipPPOLoss(actor, critic, clip_epsilon=cfg.loss.clip_epsilon,
+                                             entropy_coeff=cfg.loss.entropy_coef, critic_coeff=cfg.loss.critic_coef,
+                                             loss_critic_type="l2", normalize_advantage=cfg.loss.normalize_advantage,
+                                             diagnostics=False)
+            opt_of: Callable[[Any], Any] = lambda lr: optim.Adam(lr=lr, eps=cfg.optim.eps)  # noqa: E731
+        else:
+            self.gamma, self.lmbda = cfg.gamma, cfg.gae_lambda
+            loss_fn = A2CLoss(actor, critic, entropy_coeff=cfg.entropy_coef, critic_coeff=cfg.critic_coef,
+                              loss_critic_type="l2")
+            opt_of = lambda lr: optim.RMSprop(lr=lr, alpha=0.99, eps=1e-5)  # noqa: E731  (a2c.py's settings)
+        self.loss_fn = loss_fn
+        logits_net, value_net = actor.module[0].module, critic.module  # obs -> logits, obs -> value
+        st = Stacked(nets, loss_fn)
+        keys, self.names, self.params = st.keys, st.names, st.params
+        self.state_keys, opt_state = st.opt_init(opt_of(1.0))
+        # contiguous copies (the step counter comes expanded, stride 0): the leaves the update
+        # returns are contiguous, and a compiled update would otherwise trace twice
+        self.opt_state = tuple(v.clone(memory_format=torch.contiguous_format) for v in opt_state)
+        state_keys = self.state_keys
+        self.base = {name: torch.tensor([getattr(mc.optim, name) for mc in pop.row_cfgs], dtype=torch.float32)
+                     for name in ("lr", "max_grad_norm")}
+
+        def act(p: tuple, obs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:  # one member: obs [E, D], u [E]
+            with st.swapped(p):
+                return _categorical_draw(logits_net(obs), u)
+
+        def greedy(p: tuple, obs: Tensor) -> Tensor:
+            with st.swapped(p):
+                return logits_net(obs).argmax(-1)
+
+        def values(p: tuple, obs: Tensor) -> Tensor:
+            with st.swapped(p):
+                return value_net(obs).squeeze(-1)
+
+        lk = loss_fn.tensor_keys
+        td_keys = ["observation", lk.action, lk.sample_log_prob, lk.advantage, lk.value_target]
+
+        def update(p: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
+            """One member's step: pure, ``(params, state, data[idx]) -> (params, state, metrics)``."""
+            mb = tree_from_leaves(td_keys, [v[idx] for v in data], [idx.shape[0]])
+
+            def loss_of(q: tuple):
+                with st.swapped(q):
+                    out = loss_fn(mb)
+                total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
+                return total, (out["loss_objective"].detach(), out["loss_critic"].detach())
+
+            grads, (_, (l_obj, l_crit)) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
+            new_p, new_s, grad_norm = _opt_step(opt_of(lr), keys, state_keys, p, grads, s, max_norm)
+            return new_p, new_s, torch.stack([l_obj, l_crit, grad_norm])
+
+        self.update = update
+        self.step_fn: Callable | None = None  # compile=true: the collection step as one graph
+        self.gae_fn: Callable | None = None  # compile=true: values and GAE of a batch as one graph
+        if cfg.compile and algo == "ppo":
+            pure = self._pure_update(pop, loss_fn, logits_net, value_net, keys, state_keys, opt_of)
+            if pure is not None:
+                update = pure
+                self.step_fn = self._compiled_step(pop, _mlp_program(logits_net, self.names,
+                                                                     "actor_network.module.0.module."))
+                self.gae_fn = self._compiled_gae(pop, _mlp_program(value_net, self.names, "critic_network.module."))
+        self.v_update = pop.vmapped(update, f"vmapped {algo.upper()} update")
+        self.v_act, self.v_greedy, self.v_values = torch.vmap(act), torch.vmap(greedy), torch.vmap(values)
+
+    @staticmethod
+    def _compiled_step(pop: Population, actor: Any) -> Callable:
+        """One step of every row as one compiled graph: each member's policy MLP on its
+        observations, the categorical draw at the member's uniforms and the env's own step
+        function with auto-reset (the native env's kernel: the same dynamics and
+        counter-based resets as ``step_and_maybe_reset``)."""
+        env = pop.env
+        kernel, offsets, consts, max_steps, udtype = (type(env)._kernel, env._offsets, env._c_float,
+                                                      env.max_episode_steps, env._udtype)
+
+        def draw(p: tuple, obs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+            return _categorical_draw(_run_program(actor, p, obs), u)
+
+        v_draw = torch.vmap(draw)
+
+        def step(p: tuple, obs: Tensor, u: Tensor, state: Tensor, steps: Tensor, rng: Tensor) -> tuple:
+            action, logp = v_draw(p, obs, u)
+            state, steps, rng, (nobs, reward, flags), robs = kernel(state, steps, rng, offsets, action, consts, 1,
+                                                                    max_steps, True, udtype, True)
+            return (action, logp, nobs.clone(memory_format=torch.contiguous_format), reward[..., 0], flags, state,
+                    steps, rng, robs.clone(memory_format=torch.contiguous_format))
+
+        return pop.vmapped(step, "collection step", vmap=False)
+
+    def _compiled_gae(self, pop: Population, critic: Any) -> Callable:
+        """Each member's critic on the batch's observations and next observations, then
+        :func:`_gae`, as one compiled graph (the loop over time unrolled: ``n_steps`` small steps)."""
+        gamma, lmbda = self.gamma, self.lmbda
+        v_value = torch.vmap(lambda p, obs: _run_program(critic, p, obs).squeeze(-1))
+
+        def advantages(p: tuple, obs: Tensor, next_obs: Tensor, reward: Tensor, terminated: Tensor, done: Tensor):
+            return _gae(v_value(p, obs), v_value(p, next_obs), reward, terminated, done, gamma, lmbda)
+
+        return pop.vmapped(advantages, "advantage estimate", vmap=False)
+
+    def advantages(self, params: tuple, r: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """GAE of a collected batch ``[P, E, T]``: ``(advantage, value_target)``."""
+        if self.gae_fn is not None:
+            return self.gae_fn(params, r["obs"], r["next_obs"], r["reward"], r["terminated"], r["done"])
+        value, next_value = self.v_values(params, r["obs"]), self.v_values(params, r["next_obs"])
+        return _gae(value, next_value, r["reward"], r["terminated"], r["done"], self.gamma, self.lmbda)
+
+    def collect(self, env: NativeEnv, obs: Tensor, T: int, params: tuple, stream: Streams,
+                episodes: EpisodeStats) -> tuple[dict[str, Tensor], Tensor]:
+        """``T`` steps of every row with the members' current policies (see :func:`_collect`)."""
+        E = env.batch_size[1]
+        if self.step_fn is None:
+            def policy(o: Tensor) -> tuple[Tensor, dict]:
+                action, logp = self.v_act(params, o, stream.uniform(E))
+                return action, {"logp": logp}
+            return _collect(env, obs, T, policy, episodes)
+        out: dict[str, list[Tensor]] = {}
+        obs = obs.contiguous()
+        state, steps, rng = (t.contiguous() for t in (env._state, env._steps, env._rng))
+        for _ in range(T):
+            action, logp, nobs, reward, flags, state, steps, rng, next_obs = self.step_fn(
+                params, obs, stream.uniform(E), state, steps, rng)
+            done, terminated = flags[0].bool(), flags[1].bool()
+            episodes.step(reward, done)
+            for key, v in (("obs", obs), ("action", action), ("next_obs", nobs), ("reward", reward),
+                           ("terminated", terminated), ("done", done), ("logp", logp)):
+                out.setdefault(key, []).append(v)
+            obs = next_obs
+        env._state, env._steps, env._rng = state, steps, rng
+        episodes.end_batch()
+        return {k: torch.stack(v, 2) for k, v in out.items()}, obs
+
+
+    @staticmethod
+    def _pure_update(pop: Population, loss_fn: nn.Module, logits_net: nn.Module, value_net: nn.Module, keys: list,
+                     state_keys: list, opt_of: Callable[[Any], Any]) -> Callable | None:
+        """The member's PPO step on plain tensors (:func:`_pure_ppo_loss`), for ``compile=true``:
+        the same math as ``update`` (float-rounding equal, not bitwise: the compiled kernels
+        fuse and reorder), a trace a fraction of the size. None, with a one-line warning,
+        when the networks are not plain MLPs (the module-swapping update is compiled then)."""
+        names = [".".join(k) for k in keys]
+        actor = _mlp_program(logits_net, names, "actor_network.module.0.module.")
+        critic = _mlp_program(value_net, names, "critic_network.module.")
+        used = {i for prog in (actor or []) + (critic or []) if prog[0] == "linear" for i in prog[1:] if i is not None}
+        if actor is None or critic is None or used != set(range(len(names))) or loss_fn.clip_value is not None:
+            warnings.warn("compile=true: the population's networks are not plain MLPs (or the loss clips values); "
+                          "compiling the module-swapping update instead", stacklevel=3)
+            return None
+        cfg = pop.cfg.loss
+        clip_eps = loss_fn.clip_epsilon  # a buffer annealed in place: read at each call, no recompile
+
+        def update(p: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
+            obs, action, logp, adv, target = (v[idx] for v in data)
+
+            def loss_of(q: tuple):
+                total, l_obj, l_crit = _pure_ppo_loss(actor, critic, q, obs, action, logp, adv, target, clip_eps,
+                                                      float(cfg.entropy_coef), float(cfg.critic_coef),
+                                                      bool(cfg.normalize_advantage))
+                return total, (l_obj.detach(), l_crit.detach())
+
+            grads, (_, (l_obj, l_crit)) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
+            new_p, new_s, grad_norm = _opt_step(opt_of(lr), keys, state_keys, p, grads, s, max_norm)
+            return new_p, new_s, torch.stack([l_obj, l_crit, grad_norm])
+
+        return update
+
+
 def _train_on_policy(algo: str, cfg: Any, run_dir: str | Path | None, resume: bool) -> dict[str, Any]:
-    from steersman.objectives import A2CLoss
-
-    from . import ppo
-
     E, T = cfg.env.num_envs, cfg.n_steps
     B = E * T  # frames per member per batch
     pop = Population(algo, cfg, run_dir, resume=resume, batch_frames=B)
     P = pop.P
-    nets = []  # each member's networks, built as the single-seed recipe builds them
-    for mc in pop.row_cfgs:
-        seed_everything(mc.seed)
-        shape_env = pop.shape_env(mc)
-        nets.append(nn.ModuleDict({"actor_network": ppo.make_policy(mc, shape_env),
-                                   "critic_network": ppo.make_critic(mc, shape_env)}))
-    actor, critic = nets[0]["actor_network"], nets[0]["critic_network"]
-    if algo == "ppo":
-        gamma, lmbda, entropy_coef, critic_coef = (cfg.loss.gamma, cfg.loss.gae_lambda, cfg.loss.entropy_coef,
-                                                   cfg.loss.critic_coef)
-        loss_fn: nn.Module = ClipPPOLoss(actor, critic, clip_epsilon=cfg.loss.clip_epsilon,
-                                         entropy_coeff=entropy_coef, critic_coeff=critic_coef, loss_critic_type="l2",
-                                         normalize_advantage=cfg.loss.normalize_advantage, diagnostics=False)
-        opt_of: Callable[[Any], Any] = lambda lr: optim.Adam(lr=lr, eps=cfg.optim.eps)  # noqa: E731
-    else:
-        gamma, lmbda, entropy_coef, critic_coef = cfg.gamma, cfg.gae_lambda, cfg.entropy_coef, cfg.critic_coef
-        loss_fn = A2CLoss(actor, critic, entropy_coeff=entropy_coef, critic_coeff=critic_coef, loss_critic_type="l2")
-        opt_of = lambda lr: optim.RMSprop(lr=lr, alpha=0.99, eps=1e-5)  # noqa: E731  (a2c.py's settings)
-    logits_net, value_net = actor.module[0].module, critic.module  # obs -> logits, obs -> value
-    st = Stacked(nets, loss_fn)
-    keys, names, params = st.keys, st.names, st.params
-    state_keys, opt_state = st.opt_init(opt_of(1.0))
-    base = {name: torch.tensor([getattr(mc.optim, name) for mc in pop.row_cfgs], dtype=torch.float32)
-            for name in ("lr", "max_grad_norm")}
-
-    def act(p: tuple, obs: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:  # one member: obs [E, D], u [E]
-        with st.swapped(p):
-            return _categorical_draw(logits_net(obs), u)
-
-    def greedy(p: tuple, obs: Tensor) -> Tensor:
-        with st.swapped(p):
-            return logits_net(obs).argmax(-1)
-
-    def values(p: tuple, obs: Tensor) -> Tensor:
-        with st.swapped(p):
-            return value_net(obs).squeeze(-1)
-
-    lk = loss_fn.tensor_keys
-    td_keys = ["observation", lk.action, lk.sample_log_prob, lk.advantage, lk.value_target]
-
-    def update(p: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
-        """One member's step: pure, ``(params, state, data[idx]) -> (params, state, metrics)``."""
-        mb = tree_from_leaves(td_keys, [v[idx] for v in data], [idx.shape[0]])
-
-        def loss_of(q: tuple):
-            with st.swapped(q):
-                out = loss_fn(mb)
-            total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
-            return total, (out["loss_objective"].detach(), out["loss_critic"].detach())
-
-        grads, (_, (l_obj, l_crit)) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
-        new_p, new_s, grad_norm = _opt_step(opt_of(lr), keys, state_keys, p, grads, s, max_norm)
-        return new_p, new_s, torch.stack([l_obj, l_crit, grad_norm])
-
-    v_update = pop.vmapped(update, f"{algo.upper()} update")
-    v_act, v_greedy, v_values = torch.vmap(act), torch.vmap(greedy), torch.vmap(values)
+    model = _OnPolicyModel(algo, pop)
+    loss_fn, actor, names, state_keys = model.loss_fn, model.actor, model.names, model.state_keys
+    params, opt_state, base = model.params, model.opt_state, model.base
+    v_update, v_greedy = model.v_update, model.v_greedy
 
     # ---- the state a checkpoint holds
     act_stream, shuffle_stream = Streams(pop.seeds, _SALT_ACTIONS), Streams(pop.seeds, _SALT_SHUFFLE)
@@ -582,13 +767,8 @@ def _train_on_policy(algo: str, cfg: Any, run_dir: str | Path | None, resume: bo
     while frames < pop.total_frames:
         # ---- collect T steps of every member's E sub-envs, then GAE
         with torch.no_grad():
-            def policy(o: Tensor, p: tuple = params) -> tuple[Tensor, dict]:
-                action, logp = v_act(p, o, act_stream.uniform(E))
-                return action, {"logp": logp}
-
-            r, obs = _collect(env, obs, T, policy, episodes)
-            value, next_value = v_values(params, r["obs"]), v_values(params, r["next_obs"])
-            adv, target = _gae(value, next_value, r["reward"], r["terminated"], r["done"], gamma, lmbda)
+            r, obs = model.collect(env, obs, T, params, act_stream, episodes)
+            adv, target = model.advantages(params, r)
         frames += B
 
         # ---- anneal, then the vmapped update of every member: PPO epochs x minibatches, A2C one step
@@ -885,7 +1065,7 @@ class _DQN(OffPolicy):
             new_p, new_s, grad_norm = _opt_step(optim.Adam(lr=lr), keys, state_keys, p, grads, s, max_norm)
             return new_p, new_s, torch.stack([loss, grad_norm])
 
-        self.v_greedy, self.v_update = torch.vmap(greedy), pop.vmapped(update, "DQN update")
+        self.v_greedy, self.v_update = torch.vmap(greedy), pop.vmapped(update, "vmapped DQN update")
 
     def epsilon(self, frames: int) -> float:
         c = self.cfg
@@ -1002,7 +1182,7 @@ class _SAC(OffPolicy):
             return new_p, new_t, new_s, m
 
         self.v_sample, self.v_mode = torch.vmap(sample), torch.vmap(mode)
-        self.v_update = pop.vmapped(update, "SAC update")
+        self.v_update = pop.vmapped(update, "vmapped SAC update")
 
     def act(self, obs: Tensor, frames: int, random_phase: bool) -> Tensor:
         E = obs.shape[1]
@@ -1116,8 +1296,8 @@ class _TD3(OffPolicy):
             return new_a, new_s, new_t, loss
 
         self.v_mode = torch.vmap(mode)
-        self.v_critic = pop.vmapped(critic_step, "TD3 critic update")
-        self.v_actor = pop.vmapped(actor_step, "TD3 actor update")
+        self.v_critic = pop.vmapped(critic_step, "vmapped TD3 critic update")
+        self.v_actor = pop.vmapped(actor_step, "vmapped TD3 actor update")
         self._loss_actor = torch.full((pop.P,), math.nan)
 
     def act(self, obs: Tensor, frames: int, random_phase: bool) -> Tensor:
