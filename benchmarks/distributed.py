@@ -152,6 +152,58 @@ def _old_collect(actor, seq: int) -> tuple:
     return info, out
 
 
+def _replay_old(actor, seq: int) -> tuple:
+    """The actor's last batch again (no collection), in the reply of before session 10."""
+    from steersman.distributed._wire import pack
+
+    if not hasattr(actor, "_bench_batch"):
+        actor._bench_batch = next(actor._it)
+    return {"index": actor.index, "seq": seq, "frames": actor._bench_batch.numel(), "version": actor.version,
+            "episode_returns": [], "incarnation": actor.incarnation, "node": actor.node, "pid": os.getpid(),
+            "weights_s": 0.0, "busy_s": 0.0}, pack(actor._bench_batch)
+
+
+def _replay_new(actor, seq: int, known: int | None) -> tuple:
+    """The actor's last batch again (no collection), in the reply of now."""
+    if not hasattr(actor, "_bench_batch"):
+        actor._bench_batch = next(actor._it)
+    return {"index": actor.index, "seq": seq, "frames": actor._bench_batch.numel(), "version": actor.version,
+            "episode_returns": [], "incarnation": actor.incarnation, "node": actor.node, "pid": os.getpid(),
+            "weights_s": 0.0, "busy_s": 0.0}, actor._flat_reply(actor._bench_batch, known)
+
+
+def bench_protocol(remote, reps: int = 100) -> dict[str, float]:
+    """Ray's share alone: one sync step whose actors send their last batch again instead of
+    collecting (so no env work, and less exposure to the machine's load), the protocol before
+    session 10 (a reply of many arrays, a ``ray.get`` per actor, a TensorDict per actor and
+    ``torch.stack``) and now (one buffer, one ``ray.get``, one new batch), alternating; ms
+    median and p90 of ``reps`` each, from the requests to the stacked batch."""
+    import ray
+
+    from steersman.distributed._wire import unpack
+
+    def old(k: int) -> None:
+        replies = [ray.get(r) for r in [a.__ray_call__.remote(_replay_old, k) for a in remote._actors]]
+        torch.stack([unpack(b) for _, b in replies], 0)
+
+    def new(k: int) -> None:
+        got = ray.get([a.__ray_call__.remote(_replay_new, k, remote._known_layout[i])
+                       for i, a in enumerate(remote._actors)])
+        remote._stacked([p for _, p in got])
+
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for k in range(reps + 6):
+        for name, f in ((("old", old), ("new", new)) if k % 2 else (("new", new), ("old", old))):
+            t = time.perf_counter()
+            f(k)
+            if k >= 6:
+                times[name].append(time.perf_counter() - t)
+    out = {}
+    for m, xs in times.items():
+        out[m], out[m + "_p90"] = 1e3 * statistics.median(xs), 1e3 * _q(xs, 0.9)
+    return out
+
+
 def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any]:
     """Frames/s of the local MultiSyncDataCollector and of RayCollector (n workers / actors,
     sync), both built once and measured in alternating windows of ``frames`` frames
@@ -189,6 +241,18 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
             out[name + "_ratios"] = [r / b for r, b in zip(runs[name], runs[base])]
             out[name + "_ratio"] = statistics.median(out[name + "_ratios"])
         out["dropped"] = remote.dropped_batches
+        # the actors' idle time between two batches (waiting for the next request): sent ahead or not
+        for pipelining in (True, False, True, False):
+            remote.pipelining, remote._quiet_needed = pipelining, 1
+            it, idle = iter(remote), []
+            for k in range(22):
+                next(it)
+                if k >= 2:
+                    idle.extend(info["idle_s"] for info in remote._last_info.values())
+            out.setdefault(f"idle_{pipelining}", []).extend(idle)
+        for pipelining in (True, False):
+            out[f"idle_{pipelining}"] = 1e3 * statistics.median(out[f"idle_{pipelining}"])
+        remote.pipelining = True
         # one sync step by hand, before / now alternating (no request in flight at the start)
         remote._drop_outdated(keep_current=False)
         steps: dict[str, dict[str, list[float]]] = {m: {"wall": [], "busy": [], "unpack": []} for m in ("old", "new")}
@@ -216,6 +280,7 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
             out[f"{m}_busy_ms"] = 1e3 * statistics.median(d["busy"])
             out[f"{m}_overhead_ms"] = 1e3 * statistics.median([w - b for w, b in zip(d["wall"], d["busy"])])
             out[f"{m}_unpack_ms"] = 1e3 * statistics.median(d["unpack"])
+        out["protocol"] = bench_protocol(remote)
         it, t_local = iter(local), []
         for _ in range(20):
             t = time.perf_counter()
@@ -365,11 +430,17 @@ def main() -> None:
             print(f"  {label}: median {c[name + '_ratio']:.2f} "
                   f"(windows: {', '.join(f'{r:.2f}' for r in c[name + '_ratios'])})")
         print(f"  batches sent ahead and dropped (an update made them stale): {c['dropped']}")
+        print(f"  an actor's idle time between two batches, ms (median of 2 x 20 batches x {args.collectors} actors): "
+              f"requests sent ahead {c['idle_True']:.2f}, pipelining=False {c['idle_False']:.2f}")
         print(f"  per batch, ms (median of 20): local MultiSync {c['local_batch_ms']:.1f}")
         for m, label in (("old", "before session 10"), ("new", "now")):
             print(f"  one sync step by hand, {label}: round trip {c[m + '_round_trip_ms']:.2f} = actors busy "
                   f"{c[m + '_busy_ms']:.2f} + Ray {c[m + '_overhead_ms']:.2f}; then unpack+stack "
                   f"{c[m + '_unpack_ms']:.2f}")
+        pr = c["protocol"]
+        print(f"  Ray's share alone (the actors send their last batch again: no env work), ms median (p90) of 100 "
+              f"alternating steps, requests to stacked batch: before session 10 {pr['old']:.2f} ({pr['old_p90']:.2f}), "
+              f"now {pr['new']:.2f} ({pr['new_p90']:.2f})")
     if args.only in (None, "broadcast"):
         b = bench_broadcast()
         print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms median (p90) of 30 updates each, "

@@ -15,7 +15,7 @@ The protocol (why frames are counted once and weights are never stale):
   multi-process collector (``MultiaSyncDataCollector``): its workers start their next
   batch when one is handed out, so a worker's batch carries the version the actor held
   when that worker's previous batch left (never older), as with the collector locally.
-* Sync mode sends the next requests ahead (before the batch is yielded) only while the
+* Sync mode sends the next requests ahead (two per actor in flight) only while the
   caller does not update the policy between batches; an update then makes them stale:
   they are dropped (never delivered nor counted) and sent again with the new version, so
   every batch delivered after the k-th update still has version k.
@@ -144,6 +144,7 @@ class _CollectorActor:
         self.carry: torch.Tensor | None = None
         self.incarnation = uuid.uuid4().hex
         self._layout: FlatLayout | None = None  # of the batches (one buffer per reply)
+        self._last_end = time.perf_counter()
         self._weight_dst: tuple | None = None  # (layout, [(bytes of a policy tensor, offset, nbytes)])
         self.node = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -228,7 +229,7 @@ class _CollectorActor:
     def collect(self, seq: int, weights: list | None, layout_id: int | None = None) -> tuple[dict, Any]:
         """The next batch, with the newest weights (``weights``: ``[version, ref]``), and its
         info (``busy_s``: seconds spent in this call, so the driver's round trip minus it is
-        Ray's transport and scheduling). One object: the info (a few numbers) and the batch
+        Ray's transport and scheduling; ``idle_s``: seconds since the previous call ended). One object: the info (a few numbers) and the batch
         as one byte buffer (its layout only if ``layout_id``, the one the driver holds,
         is not that of the batch)."""
         t = time.perf_counter()
@@ -246,7 +247,9 @@ class _CollectorActor:
         else:
             out = None
             info["stored"], info["write_count"], info["buffer_incarnation"] = self._write(batch, seq)
-        info["busy_s"] = time.perf_counter() - t
+        info["idle_s"] = t - self._last_end  # since the previous call ended: waiting for this request
+        self._last_end = time.perf_counter()
+        info["busy_s"] = self._last_end - t
         return info, out
 
     def _write(self, batch: TensorDictBase, seq: int) -> tuple[bool, int, str | None]:
@@ -343,14 +346,14 @@ class RayCollector:
     batches delivered since the last call (computed in the actors, also with a remote buffer).
 
     Requests sent ahead (``sync=True``, no ``replay_buffer``): while the caller does not
-    update the policy between batches, the next request to every actor leaves as soon as
-    its reply is in, so the actors collect while the driver stacks the batch and the loop
-    body runs. An update after such a yield makes those requests stale: they are dropped
-    (their batches are not delivered nor counted; :attr:`dropped_batches` counts them) and
-    sent again with the new weights, and the number of quiet yields needed before sending
-    ahead again doubles (a loop updating after every batch never sends ahead). Set the
-    attribute ``pipelining = False`` to ask for each batch only when the previous one was
-    handed over.
+    update the policy between batches, two requests per actor are kept in flight (the next
+    one queued at the actor), so an actor starts its next batch without waiting for Ray's
+    round trip, the driver's stacking or the loop body. An update after such a yield makes
+    those requests stale: they are dropped (their batches are not delivered nor counted;
+    :attr:`dropped_batches` counts them; a queued one is cancelled) and sent again with the
+    new weights, and the number of quiet yields needed before sending ahead again doubles
+    (a loop updating after every batch never sends ahead). Set the attribute
+    ``pipelining = False`` to ask for each batch only when the previous one was handed over.
 
     Example (not run by the doctests: it starts Ray)::
 
@@ -412,6 +415,7 @@ class RayCollector:
         self._layouts: dict[int, FlatLayout] = {}  # the batches' layouts by id (sent once by the actors)
         self._known_layout: list[int | None] = [None] * n  # the layout id of each actor's last batch
         self.pipelining = True
+        self._ahead = 2  # requests in flight per actor when sending ahead
         self._quiet = 0  # yields in a row after which the policy was not updated
         self._quiet_needed = 1  # ... needed to send requests ahead (doubles when one is dropped)
         self.dropped_batches = 0  # batches sent ahead, then dropped: the policy was updated meanwhile
@@ -450,6 +454,7 @@ class RayCollector:
         self.restart_timeout = 120.0  # seconds an actor may stay unavailable while Ray restarts it
         self._last_error: list[str | None] = [None] * n
         self._returns: list[float] = []
+        self._last_info: dict[int, dict] = {}  # each actor's last delivered info (busy_s, idle_s...)
 
     # ------------------------------------------------------------------ errors
     def _describe(self, i: int) -> str:
@@ -481,13 +486,23 @@ class RayCollector:
     def _drop_outdated(self, keep_current: bool = True) -> None:
         """Forgets the requests sent ahead of a yield that carry an older weight version than
         the newest (their batches are collected with the old weights, so they are never
-        delivered nor counted); with ``keep_current=False``, all requests sent ahead."""
-        for ref, (_, _, version, ahead) in list(self._pending.items()):
-            if ahead and (version < self._version or not keep_current):
-                del self._pending[ref]
-                self.dropped_batches += 1
-                if keep_current:  # the policy is updated at this rhythm: wait for longer quiet spells
-                    self._quiet_needed = min(2 * self._quiet_needed, 1 << 20)
+        delivered nor counted); with ``keep_current=False``, all requests sent ahead. The
+        ones still queued at their actor are cancelled (Ray does not interrupt a running
+        one: that batch is collected and thrown away)."""
+        import ray
+
+        dropped = [ref for ref, (_, _, version, ahead) in self._pending.items()
+                   if ahead and (version < self._version or not keep_current)]
+        for ref in dropped:
+            del self._pending[ref]
+            try:
+                ray.cancel(ref, recursive=False)
+            except Exception:  # noqa: BLE001 - best effort: the result is dropped anyway
+                pass
+        if dropped:
+            self.dropped_batches += len(dropped)
+            if keep_current:  # the policy is updated at this rhythm: wait for longer quiet spells
+                self._quiet_needed = min(2 * self._quiet_needed, 1 << 20)
 
     def _may_send_ahead(self) -> bool:
         """Whether the next requests may leave before the batch is yielded: only while the
@@ -495,6 +510,27 @@ class RayCollector:
         yield would make them stale: they are then dropped, see :meth:`_drop_outdated`)."""
         return (self.pipelining and self.replay_buffer is None and not self.update_after_each_batch
                 and self._quiet >= self._quiet_needed and self._frames < self.total_frames and not self._closed)
+
+    def _send_ahead(self) -> None:
+        """Keeps ``_ahead`` (2) requests in flight per actor (one collecting, the next queued at the
+        actor: it starts the next batch without waiting for a round trip), never more than
+        the batches left to deliver."""
+        left = (self.total_frames - self._frames) / self.frames_per_batch
+        count = [0] * self.num_collectors
+        for i, *_ in self._pending.values():
+            count[i] += 1
+        for i in range(self.num_collectors):
+            while count[i] < min(self._ahead, left):
+                self._submit(i, ahead=True)
+                count[i] += 1
+
+    def _oldest(self, i: int) -> Any:
+        """Actor ``i``'s pending request with the lowest number (None if none)."""
+        best = None
+        for ref, (j, seq, *_) in self._pending.items():
+            if j == i and (best is None or seq < best[1]):
+                best = (ref, seq)
+        return None if best is None else best[0]
 
     def _batch_of(self, i: int, payload: Any) -> TensorDictBase:
         """Actor ``i``'s batch from its reply."""
@@ -546,6 +582,7 @@ class RayCollector:
             known.update(incarnation=info["incarnation"], pid=info["pid"], node=info["node"])
 
     def _accept(self, info: dict) -> None:
+        self._last_info[info["index"]] = info
         self._note_incarnation(info)
         self._frames += info["frames"]
         self._returns.extend(info["episode_returns"])
@@ -588,7 +625,7 @@ class RayCollector:
             for i in [i for i in want if i not in replies]:
                 got_i = self._receive(want[i])
                 if got_i is None:
-                    want[i] = next(r for r, (j, *_) in self._pending.items() if j == i)
+                    want[i] = self._oldest(i)
                 else:
                     replies[i] = got_i
         return replies
@@ -609,16 +646,15 @@ class RayCollector:
         n = self.num_collectors
         while self._frames < self.total_frames:
             self._drop_outdated()
-            want = {i: ref for ref, (i, *_) in self._pending.items()}
+            want = {i: self._oldest(i) for i in range(n)}
             for i in range(n):
-                if i not in want:
+                if want[i] is None:
                     want[i] = self._submit(i)
-            replies = self._gather_replies({i: want[i] for i in range(n)})
+            replies = self._gather_replies(want)
             for i in range(n):
                 self._accept(replies[i][0])
             if self._may_send_ahead():
-                for i in range(n):
-                    self._submit(i, ahead=True)
+                self._send_ahead()
             version = self._version
             if self.replay_buffer is not None:
                 yield None
