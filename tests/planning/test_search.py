@@ -429,3 +429,48 @@ def test_search_pauses_the_garbage_collector_and_restores_it():
     finally:
         gc.enable()
 
+
+
+def test_compiled_whole_search_writes_the_tree_in_place(monkeypatch):
+    """The whole-search graph carries only the simulation counter and writes the tree
+    arrays that ``instantiate_tree`` allocated in place (same storage, no per-simulation
+    copies), through AOTAutograd's functionalization (``aot_eager``), also when the
+    model's parameters require grad and grad mode is on: the same tree, action and
+    weights as the eager search (Gumbel MuZero, two players, invalid root actions;
+    PUCT's in-place loop is checked by the TensorDict-embedding test above)."""
+    policy = "gumbel"
+    import importlib
+
+    from steersman.planning.search import _WRITTEN
+
+    search_mod = importlib.import_module("steersman.planning.search")
+    made = []
+
+    def spy(*args):
+        tree = instantiate_tree(*args)
+        made.append({f: getattr(tree, f).data_ptr() for f in _WRITTEN})
+        return tree
+
+    monkeypatch.setattr(search_mod, "instantiate_tree", spy)
+    t = tables(13, two_player=True)
+    w = torch.ones((), requires_grad=True)  # a parameter of the model: grad mode stays on around the search
+    base = model(t)
+
+    def fn(params, rng, action, embedding):
+        out, emb = base(params, rng, action, embedding)
+        return out._replace(value=out.value * params), emb
+
+    root = root_for(t, torch.tensor([0, 5, 7]))
+    inv = torch.zeros(3, A, dtype=torch.bool)
+    inv[2, :2] = True
+    eager = POLICIES[policy](w, torch.Generator().manual_seed(4), root, fn, 12, invalid_actions=inv)
+    comp = POLICIES[policy](w, torch.Generator().manual_seed(4), root, fn, 12, invalid_actions=inv,
+                            compile="aot_eager")
+    assert all(getattr(comp.search_tree, f).data_ptr() == made[-1][f] for f in _WRITTEN)
+    for f in ("children_visits", "children_index", "parents", "depth", "node_visits"):
+        assert torch.equal(getattr(eager.search_tree, f), getattr(comp.search_tree, f)), f
+    torch.testing.assert_close(eager.search_tree.node_values.detach(), comp.search_tree.node_values)
+    torch.testing.assert_close(eager.search_tree.children_values.detach(), comp.search_tree.children_values)
+    torch.testing.assert_close(eager.action_weights.detach(), comp.action_weights)
+    assert torch.equal(eager.action, comp.action)
+    assert eager.search_tree.depth.amax().item() >= 2

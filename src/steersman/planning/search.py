@@ -227,33 +227,9 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     parent = path_nodes.gather(1, last).squeeze(-1)
     action = path_actions.gather(1, last).squeeze(-1)
 
-    # expansion
-    nn = children_index[ar, parent, action]
-    nn = torch.where(nn == Tree.UNVISITED, sim + 1, nn)
-    emb_store = tree.embeddings
-    keys = _leaf_keys(emb_store)
-    if tensor_embedding:
-        emb = emb_store.get(_EMB_KEY)[ar, parent]
-    else:
-        emb = TensorDict({k: emb_store.get(k)[ar, parent] for k in keys}, batch_size=ar.shape)
-    step, next_emb = recurrent_fn(params, rng, action, emb)
-    leaf_value = step.value.to(tree.node_values.dtype).clone(memory_format=torch.contiguous_format)
-    arrays = {f: getattr(tree, f) for f in _WRITTEN}
+    nn, leaf_value, arrays, embeddings = _expand(params, rng, tree, sim, parent, action, depth, recurrent_fn,
+                                                 tensor_embedding, functional)
     put = functools.partial(_put, arrays, functional)
-    put("children_prior_logits", (ar, nn), step.prior_logits)
-    put("raw_values", (ar, nn), leaf_value)
-    put("node_values", (ar, nn), leaf_value)
-    put("node_visits", (ar, nn), arrays["node_visits"][ar, nn] + 1)
-    put("depth", (ar, nn), depth)
-    new_emb = {_EMB_KEY: next_emb} if tensor_embedding else {k: next_emb.get(k) for k in keys}
-    embeddings = {k: emb_store.get(k) for k in new_emb}
-    for k, x in new_emb.items():
-        _put(embeddings, functional, k, (ar, nn), x)
-    put("children_index", (ar, parent, action), nn)
-    put("children_rewards", (ar, parent, action), step.reward)
-    put("children_discounts", (ar, parent, action), step.discount)
-    put("parents", (ar, nn), parent)
-    put("action_from_parent", (ar, nn), action)
 
     # backup: returns along the path from the leaf up (mctx's order of operations),
     # then one masked write per array. Unused path columns repeat column 0's write.
@@ -301,6 +277,42 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     if functional:
         return nn, arrays, embeddings
     return nn
+
+
+def _expand(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Tensor, parent: Tensor, action: Tensor,
+            depth: Tensor, recurrent_fn: RecurrentFn, tensor_embedding: bool, functional: bool) -> tuple:
+    """The expansion of one simulation: one call of ``recurrent_fn`` on the parents'
+    embeddings and the writes of the new nodes (node ``sim + 1``, or the existing child
+    where ``max_depth`` stopped the descent). Returns ``(nodes [B], leaf values [B],
+    arrays, embeddings)`` (the dicts of written arrays: new tensors if ``functional``)."""
+    ar = tree.batch_range
+    nn = tree.children_index[ar, parent, action]
+    nn = torch.where(nn == Tree.UNVISITED, sim + 1, nn)
+    emb_store = tree.embeddings
+    keys = _leaf_keys(emb_store)
+    if tensor_embedding:
+        emb = emb_store.get(_EMB_KEY)[ar, parent]
+    else:
+        emb = TensorDict({k: emb_store.get(k)[ar, parent] for k in keys}, batch_size=ar.shape)
+    step, next_emb = recurrent_fn(params, rng, action, emb)
+    leaf_value = step.value.to(tree.node_values.dtype).clone(memory_format=torch.contiguous_format)
+    arrays = {f: getattr(tree, f) for f in _WRITTEN}
+    put = functools.partial(_put, arrays, functional)
+    put("children_prior_logits", (ar, nn), step.prior_logits)
+    put("raw_values", (ar, nn), leaf_value)
+    put("node_values", (ar, nn), leaf_value)
+    put("node_visits", (ar, nn), arrays["node_visits"][ar, nn] + 1)
+    put("depth", (ar, nn), depth)
+    new_emb = {_EMB_KEY: next_emb} if tensor_embedding else {k: next_emb.get(k) for k in keys}
+    embeddings = {k: emb_store.get(k) for k in new_emb}
+    for k, x in new_emb.items():
+        _put(embeddings, functional, k, (ar, nn), x)
+    put("children_index", (ar, parent, action), nn)
+    put("children_rewards", (ar, parent, action), step.reward)
+    put("children_discounts", (ar, parent, action), step.discount)
+    put("parents", (ar, nn), parent)
+    put("action_from_parent", (ar, nn), action)
+    return nn, leaf_value, arrays, embeddings
 
 
 def _put(arrays: dict, functional: bool, name: str, index: tuple, value: Tensor) -> None:
@@ -371,9 +383,16 @@ _WRITTEN = ("node_visits", "raw_values", "node_values", "parents", "action_from_
             "children_prior_logits", "children_visits", "children_rewards", "children_discounts", "children_values")
 
 
-# the compiled search runs as one graph while the carried tree arrays are smaller than
-# this; larger trees run one in-place graph per simulation (see :func:`search`)
-WHOLE_GRAPH_MAX_BYTES = 8 << 20
+# the compiled search runs as one graph while the written tree arrays are smaller than
+# this; larger trees run one in-place graph per simulation (see :func:`search`). The
+# whole-search loop writes the tree in place (``IN_PLACE_LOOP``), so it costs the same as
+# the per-simulation graphs at B=1024 and less below: no limit by default (session 9,
+# with a loop that copied the arrays every simulation, switched at 8 MiB)
+WHOLE_GRAPH_MAX_BYTES = 1 << 62
+
+# the whole-search loop writes the tree in place (True) or carries it functionally, copying
+# the written arrays every simulation (False: the session-9 loop, kept for comparisons)
+IN_PLACE_LOOP = True
 
 
 # levels per iteration of the compiled descent and backup loops: each iteration is a call
@@ -395,11 +414,20 @@ def _carried_bytes(tree: Tree) -> int:
 
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
                     root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
-                    levels: int, tensor_embedding: bool, unroll: int = 1) -> tuple[Tensor, ...]:
+                    levels: int, tensor_embedding: bool, unroll: int = 1, in_place: bool = True) -> Any:
     """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
-    whole search in one graph under ``torch.compile(fullgraph=True)``): the written
-    tree arrays and the embeddings are the loop's carried state, updated functionally.
-    Returns the new arrays (in the order of ``_WRITTEN``, then the embedding leaves)."""
+    whole search in one graph under ``torch.compile(fullgraph=True)``).
+
+    ``in_place`` (the default): the loop carries only the simulation counter; the tree
+    arrays are tensors the loop body captures and writes in place (``while_loop`` allows
+    mutating captured, non-carried tensors in inference graphs: call it under
+    ``torch.no_grad()``), so no simulation copies the ``[B, N, A]`` arrays. Returns the
+    final counter (it must be used: a ``while_loop`` whose outputs are unused is dropped
+    from the graph together with its writes).
+
+    Otherwise the written tree arrays and the embeddings are the loop's carried state,
+    updated functionally; returns the new arrays (in the order of ``_WRITTEN``, then the
+    embedding leaves)."""
     from torch._higher_order_ops.while_loop import while_loop
 
     keys = _leaf_keys(tree.embeddings)
@@ -408,6 +436,16 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
 
     def cond(sim: Tensor, *state: Tensor) -> Tensor:
         return sim < num_simulations
+
+    if in_place:
+        def body_in_place(sim: Tensor) -> tuple:
+            uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
+            simulate_once(params, None, tree, sim, uniform, recurrent_fn, root_action_selection_fn,
+                          interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
+                          use_while_loop=True, unroll=unroll)
+            return (sim + 1,)
+
+        return while_loop(cond, body_in_place, (first,))[0]
 
     def body(sim: Tensor, *state: Tensor) -> tuple:
         emb = TensorDict(dict(zip(keys, state[n:])), batch_size=tree.embeddings.batch_size)
@@ -456,16 +494,16 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     ``compile``: run every simulation after the first (which runs eagerly and checks
     the recurrent function's outputs) compiled with ``torch.compile(fullgraph=True,
     dynamic=False)`` (True: inductor; or a backend name, or a dict of ``torch.compile``
-    keywords, see :func:`compile_options`). Small trees (the written tree arrays under
-    ``WHOLE_GRAPH_MAX_BYTES``, 8 MiB: B=256 with 64 simulations, 8 actions and a 16-float
-    latent is about 5 MiB) run as one graph: an outer ``while_loop`` over the simulations
-    carries the tree arrays, with the ``while_loop`` descent and backup inside, so the
-    depth follows the tree without recompiling; ``while_loop`` cannot write its carry in
-    place, so every simulation copies the arrays it writes. Larger trees run one graph
-    per simulation that writes the tree in place (the copies would cost more than the
-    per-call overhead), as does a custom ``loop_fn``. One graph serves every search with
-    the same shapes (the first search of a shape pays the compile). Results equal the
-    eager search's. Under compile the recurrent function gets ``rng=None`` (a
+    keywords, see :func:`compile_options`). The simulations run as one graph: an outer
+    ``while_loop`` over the simulations, with the ``while_loop`` descent and backup
+    inside, so the depth follows the tree without recompiling. The outer loop carries
+    only the simulation counter and writes the tree arrays in place (an inference graph:
+    the compiled simulations run under ``torch.no_grad()``, so the tree carries no
+    autograd history), so no simulation copies the ``[B, N, A]`` arrays. A custom
+    ``loop_fn`` (or trees above ``WHOLE_GRAPH_MAX_BYTES``, no limit by default) runs one
+    in-place graph per simulation instead. One graph serves every search with the same
+    shapes (the first search of a shape pays the compile). Results equal the eager
+    search's. Under compile the recurrent function gets ``rng=None`` (a
     ``torch.Generator`` cannot enter a graph) and must itself be traceable. Python's
     garbage collector is paused during the search (:func:`gc_paused`).
     Not recommended: inductor's ``cpp_wrapper`` option (``compile={"options":
@@ -522,13 +560,17 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         # the whole search as one graph (small trees: no per-simulation call overhead)
         simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
                       interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
-        run = compiled_search(options, key)
-        out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
-                  interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll)
-        for name, x in zip(_WRITTEN, out):
-            setattr(tree, name, x)
-        for k, x in zip(_leaf_keys(tree.embeddings), out[len(_WRITTEN):]):
-            tree.embeddings.set(k, x)
+        run = compiled_search(options, (*key, IN_PLACE_LOOP))
+        with torch.no_grad():  # the in-place loop is an inference graph
+            out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
+                      interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, IN_PLACE_LOOP)
+        if isinstance(out, tuple):  # the functional loop: the new arrays
+            for name, x in zip(_WRITTEN, out):
+                setattr(tree, name, x)
+            for k, x in zip(_leaf_keys(tree.embeddings), out[len(_WRITTEN):]):
+                tree.embeddings.set(k, x)
+        elif int(out) != num_simulations:  # the loop's output must be used (see run_simulations)
+            raise RuntimeError(f"search: the compiled loop ran to simulation {int(out)} of {num_simulations}")
         return tree
 
     def body(sim: int, tree: Tree) -> Tree:
