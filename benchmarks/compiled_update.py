@@ -14,6 +14,11 @@ clipping at 0.5, Adam(lr 1e-3, eps 1e-5).
                  ``fullgraph=True``, TensorDicts in and out of the graph;
   functional     the same step through ``CompiledUpdate``: flat tensors at the graph's
                  boundary, guards skipped after the first call: the recipes' ``compile=true``;
+  fused          what PPO's ``compile=true`` runs since session 10
+                 (:class:`steersman.recipes.fused_ppo.FusedPPOUpdate`): all of an
+                 iteration's 20 updates (a 256-frame batch, 20 epochs at B=256, 5 at B=64)
+                 in ONE compiled call, a ``scan`` over the shuffled minibatch indices;
+                 reported per update (the call's time / 20);
   floor          plain PyTorch: the two bare MLPs as a dict of tensors, the same clipped
                  loss written by hand, ``torch.func.grad``, clipping and Adam in one
                  ``fullgraph`` function. No TensorDict, no module.
@@ -48,7 +53,8 @@ import time
 import torch
 from torch import nn
 
-MODES = ("eager", "compile-loss", "functional-td", "functional", "floor")
+MODES = ("eager", "compile-loss", "functional-td", "functional", "fused", "floor")
+FRAMES, UPDATES = 256, 20  # the recipe's batch and updates per iteration (fused mode)
 OBS, N_ACT, HIDDEN = 4, 2, 64
 LR, EPS, MAX_NORM, CLIP = 1e-3, 1e-5, 0.5, 0.2
 
@@ -129,6 +135,25 @@ def _functional_td_step():
     return step
 
 
+def _fused_step(batch: int):
+    """FusedPPOUpdate: one compiled call per UPDATES updates (``step.updates_per_call``)."""
+    from steersman.objectives.functional_update import FunctionalUpdate, OptimizerState
+    from steersman.recipes.fused_ppo import FusedPPOUpdate
+    from steersman.tensordict.nn.optim import Adam
+
+    loss_fn = _loss_module()
+    update = FunctionalUpdate(loss_fn, Adam(lr=torch.tensor(LR), eps=EPS), max_grad_norm=MAX_NORM)
+    fused = FusedPPOUpdate(loss_fn, update, OptimizerState(update.init()[1]))
+    full = _batches(FRAMES, 1)[0]
+    epochs = UPDATES * batch // FRAMES
+    g = torch.Generator().manual_seed(2)
+
+    def step(mb):  # (the minibatches come from `full`, as in the recipe)
+        fused(full, torch.stack([torch.randperm(FRAMES, generator=g) for _ in range(epochs)]).reshape(-1, batch))
+    step.updates_per_call = UPDATES
+    return step
+
+
 def _floor_step():
     """Bare tensors: the same math as ClipPPOLoss + clip_grad_norm + Adam, by hand."""
     nets = {"pi": _mlp(N_ACT), "v": _mlp(1)}
@@ -176,6 +201,12 @@ def _floor_step():
     return step
 
 
+def _makers(batch: int) -> dict:
+    return {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
+            "functional": _functional_step, "functional-td": _functional_td_step,
+            "fused": lambda: _fused_step(batch), "floor": _floor_step}
+
+
 def _cpu_s() -> float:
     """CPU seconds of this process and of its finished children (g++): the compile's cost
     without the waiting a loaded machine adds to the wall clock."""
@@ -186,8 +217,8 @@ def _cpu_s() -> float:
 def worker(mode: str, batch: int, updates: int, repeats: int) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    step = {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
-            "functional": _functional_step, "functional-td": _functional_td_step, "floor": _floor_step}[mode]()
+    step = _makers(batch)[mode]()
+    per_call = getattr(step, "updates_per_call", 1)
     batches = _batches(batch)
     t0, c0 = time.perf_counter(), _cpu_s()
     step(batches[0])
@@ -195,11 +226,12 @@ def worker(mode: str, batch: int, updates: int, repeats: int) -> dict:
     for mb in batches:  # warm-up
         step(mb)
     blocks = []
+    calls = max(1, updates // per_call)
     for _ in range(repeats):
         t0 = time.perf_counter()
-        for i in range(updates):
+        for i in range(calls):
             step(batches[i % len(batches)])
-        blocks.append((time.perf_counter() - t0) / updates)
+        blocks.append((time.perf_counter() - t0) / (calls * per_call))
     return {"first_call_s": first, "first_call_cpu_s": first_cpu, "update_ms": 1e3 * statistics.median(blocks),
             "update_ms_blocks": [1e3 * b for b in blocks]}
 
@@ -209,8 +241,7 @@ def interleaved(modes: list[str], batch: int, updates: int, repeats: int) -> dic
     loaded machine each mode sees the same load, so the ratios hold even when the times drift."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    makers = {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
-              "functional": _functional_step, "functional-td": _functional_td_step, "floor": _floor_step}
+    makers = _makers(batch)
     batches = _batches(batch)
     steps = {}
     for mode in modes:
@@ -220,10 +251,12 @@ def interleaved(modes: list[str], batch: int, updates: int, repeats: int) -> dic
     blocks: dict = {mode: [] for mode in modes}
     for _ in range(repeats):
         for mode, step in steps.items():
+            per_call = getattr(step, "updates_per_call", 1)
+            calls = max(1, updates // per_call)
             t0 = time.perf_counter()
-            for i in range(updates):
+            for i in range(calls):
                 step(batches[i % len(batches)])
-            blocks[mode].append(1e3 * (time.perf_counter() - t0) / updates)
+            blocks[mode].append(1e3 * (time.perf_counter() - t0) / (calls * per_call))
     return {mode: {"update_ms": statistics.median(b), "update_ms_blocks": b} for mode, b in blocks.items()}
 
 
