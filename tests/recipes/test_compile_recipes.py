@@ -9,7 +9,8 @@ proves all of that without generating code (inductor's numbers are tested in
 tests/objectives/test_functional_update.py). SACLoss's update through CompiledUpdate (the
 temperature, the stacked critics and their soft-updated targets) is the ``sac`` case: its
 parameters, targets and ``log_alpha`` are compared with the eager run's. PPO on a native
-env compiles its whole iteration (recipes/fused.py; tests/recipes/test_fused.py)."""
+env compiles its whole iteration (recipes/fused.py; tests/recipes/test_fused.py), its
+epochs and minibatches as one graph (recipes/fused_ppo.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from steersman.recipes.checkpoint import load_checkpoint
 from tests.recipes._tiny import tiny_config
 
 #: graphs one compiled run makes: one per update function (TD3: critic, actor + targets); PPO on a
-#: native env also the rollout (policy + env, a scan over the steps) and GAE (recipes/fused.py)
+#: native env also the rollout (policy + env, a scan over the steps) and GAE (recipes/fused.py); its update
+#: graph holds all epochs x minibatches (a scan, recipes/fused_ppo.py)
 GRAPHS = {"ppo": 3, "a2c": 1, "dqn": 1, "ddpg": 1, "td3": 2, "sac": 1}
 #: the optimizer entries of each recipe's checkpoint
 OPTIMS = {"ppo": ["optim"], "a2c": ["optim"], "dqn": ["optim"], "ddpg": ["optim"], "td3": ["optim_actor", "optim_critic"],

@@ -12,8 +12,11 @@ in a tight loop, with no TensorDict or module machinery per env step or per mini
 * **the advantages** (:class:`FusedGAE`): the critic on the batch's observations and
   next observations and GAE as a log-depth scan over time (not a loop unrolled over the
   steps) -- one graph per batch;
-* **the update** (:class:`~steersman.objectives.functional_update.CompiledUpdate`): the
-  loss, its gradients, clipping and Adam -- one graph per minibatch.
+* **the update** (:class:`~steersman.recipes.fused_ppo.FusedPPOUpdate`): every epoch and
+  minibatch of the iteration -- the clipped loss written out on the MLPs' flat
+  parameters, its gradients, clipping and Adam -- as one graph (a ``scan`` over the
+  shuffled minibatch indices), one call per batch. Losses it does not cover keep
+  :class:`~steersman.objectives.functional_update.CompiledUpdate`, one call per minibatch.
 
 The three do what the eager path does, op for op: the action is drawn with
 ``torch.multinomial`` from the same probabilities (the draw runs from torch's global
