@@ -55,7 +55,8 @@ def _check_reachable(address: str, timeout: float) -> None:
 def init_ray(ray_init_config: dict | None = None, *, address: str | None = None, connect_timeout: float = 5.0) -> bool:
     """Starts or joins Ray unless it already runs in this process; returns True if it started it.
 
-    Without an address: a local instance with the dashboard off, workers at the driver's
+    Without an address: a new local instance (never one already running on the machine:
+    that is ``address="auto"``) with the dashboard off, workers at the driver's
     priority (Ray's default niceness 15 starves collector actors on a busy machine),
     ``num_cpus`` = the machine's CPUs and an object store of 30% of RAM capped by the free ``/dev/shm``
     (a warning with the numbers when ``/dev/shm`` is under 1 GiB, as in many containers).
@@ -93,7 +94,9 @@ def init_ray(ray_init_config: dict | None = None, *, address: str | None = None,
     cfg.setdefault("include_dashboard", False)
     cfg.setdefault("log_to_driver", True)
     try:
-        ray.init(address=address, **cfg)
+        # "local": a new instance; with None, Ray would join whatever `ray start` cluster
+        # runs on this machine (someone else's, on a shared machine); that is address="auto"
+        ray.init(address="local" if address is None else address, **cfg)
     except ConnectionError as err:
         raise ConnectionError(f"could not join the Ray cluster at {address!r}: {err}") from None
     _started_here = True
