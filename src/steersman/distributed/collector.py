@@ -229,9 +229,9 @@ class _CollectorActor:
     def collect(self, seq: int, weights: list | None, layout_id: int | None = None) -> tuple[dict, Any]:
         """The next batch, with the newest weights (``weights``: ``[version, ref]``), and its
         info (``busy_s``: seconds spent in this call, so the driver's round trip minus it is
-        Ray's transport and scheduling; ``idle_s``: seconds since the previous call ended). One object: the info (a few numbers) and the batch
-        as one byte buffer (its layout only if ``layout_id``, the one the driver holds,
-        is not that of the batch)."""
+        Ray's transport and scheduling; ``idle_s``: seconds since the previous call ended).
+        One object: the info (a few numbers) and the batch as one byte buffer (its layout
+        only if ``layout_id``, the one the driver holds, is not that of the batch)."""
         t = time.perf_counter()
         weights_s = self._apply_weights(weights)
         batch = next(self._it)
@@ -789,7 +789,7 @@ class RayCollector:
     def state_dict(self) -> dict:
         """Frame count, weight version and every actor's collector state (after the
         requests in flight are answered: their frames are counted here, their data is
-        dropped — call it between iterations). The actors first take the newest weights,
+        dropped — call it between iterations; requests sent ahead are dropped uncounted). The actors first take the newest weights,
         so a restored collector collects with the version it was saved at (not the one
         before), and their RNG state is saved too."""
         self._drop_outdated(keep_current=False)  # the actors' saved state comes after those batches
