@@ -15,7 +15,8 @@ Run it: ``steersman train mappo`` (or ``python -m steersman.recipes.mappo``); fr
     summary = train(MAPPOConfig(total_frames=200_000), "runs/mappo")
 
 The loop, top to bottom: collect ``num_envs x n_steps`` frames with the current policy
-(under inference mode: :func:`~steersman.recipes.marl_common.inference_batches`);
+(under inference mode: :func:`~steersman.recipes.marl_common.inference_batches`; the
+tanh-normal actor's collecting call in plain tensors: :class:`TanhNormalRollout`);
 compute advantages once; run ``epochs`` passes of minibatch updates; evaluate,
 checkpoint, log (``train/return/agents`` is the team's mean episode return).
 """
