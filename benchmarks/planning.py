@@ -11,19 +11,21 @@ Rows:
   steersman fn      the policy with a plain recurrent function on a tensor embedding.
   steersman tdm     the policy with ``recurrent_fn_from_model`` over two
                     ``TensorDictModule``\\ s (TensorDict embeddings).
-  steersman compiled  the plain-fn policy with ``compile=True``: small trees (B <= 256
-                    here) run the whole search (every simulation after the first) as one
-                    inductor graph, an outer ``while_loop`` over simulations with the
-                    ``while_loop`` descent and backup inside; larger trees run one
-                    in-place graph per simulation. The first call per batch (the compile)
-                    is reported separately as ``compile_s``.
+  steersman compiled  the plain-fn policy with ``compile=True``: the whole search (every
+                    simulation after the first) as one inductor graph, an outer
+                    ``while_loop`` over simulations that writes the tree in place, with
+                    the ``while_loop`` descent and backup inside (above B=256 the
+                    descent's last levels run on the trees still descending only). The
+                    first call per batch (the compile) is reported separately as
+                    ``compile_s``.
   steersman compiled cpp  the same with inductor's C++ wrapper
                     (``compile={"options": {"cpp_wrapper": True}}``): the loops run in
                     C++ instead of the generated Python wrapper.
 
-Compiled rows at batches that also have an eager row are checked against it: same seed,
-same root visit counts and tree (``equals eager``), or ``WRONG`` (torch 2.13's
-``cpp_wrapper`` computes different Gumbel trees).
+Compiled rows are checked against the eager search (the eager row of the same batch, or
+else one untimed eager search; ``--no-check`` skips those): same seed, same root visit
+counts and tree (``equals eager``), or ``WRONG`` (torch 2.13's ``cpp_wrapper`` computes
+different Gumbel trees).
   mctx jit          mctx's policy under ``jax.jit`` (compile time excluded), run in a
                     separate interpreter: ``MCTX_PYTHON=<venv with jax, mctx>/bin/python``
                     (a venv with ``jax mctx numpy``; the row is skipped without it).
@@ -77,7 +79,7 @@ CPP = {"backend": "inductor", "options": {"cpp_wrapper": True}}
 
 
 def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True,
-                   eager_max_batch: int = 1 << 30, cpp: bool = True) -> list[dict]:
+                   eager_max_batch: int = 1 << 30, cpp: bool = True, check_all: bool = True) -> list[dict]:
     import torch
     from torch import nn
 
@@ -165,6 +167,10 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
                 # the compiled rows must compute the eager search's tree (same seed, same draws)
                 ref = first_out.setdefault((pol_name, b), first_tree) if name == "steersman fn" \
                     else first_out.get((pol_name, b))
+                if comp and ref is None and check_all:  # no eager row at this batch: one untimed eager search
+                    with torch.no_grad():
+                        ref = pol(None, torch.Generator().manual_seed(0), root, fn, NUM_SIMULATIONS).search_tree
+                    first_out[(pol_name, b)] = ref
                 if comp and ref is not None:
                     row["equals_eager"] = bool(torch.equal(ref.children_visits, first_tree.children_visits)
                                                and torch.equal(ref.parents, first_tree.parents))
@@ -243,6 +249,8 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
     ap.add_argument("--no-cpp", action="store_true", help="skip the cpp_wrapper rows")
     ap.add_argument("--eager-max-batch", type=int, default=1 << 30, help="skip the eager rows above this batch")
+    ap.add_argument("--no-check", action="store_true",
+                    help="skip the untimed eager search that checks compiled rows without an eager row")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--wall", action="store_true")
     ap.add_argument("--json")
@@ -255,7 +263,7 @@ def main() -> None:
     w = make_weights()
     rows, note = mctx_rows(w, batches, args.repeats, args.wall)
     rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile, args.eager_max_batch,
-                          not args.no_cpp) + rows
+                          not args.no_cpp, not args.no_check) + rows
     print(f"{'impl':<23} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
     for r in sorted(rows, key=lambda r: (r["policy"], r["batch"], r["impl"])):
         if "error" in r:

@@ -371,8 +371,9 @@ def test_functional_simulation_equals_in_place(td_embedding):
 
 def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
     """Trees above ``WHOLE_GRAPH_MAX_BYTES`` run one in-place graph per simulation with
-    one level per descent/backup loop iteration (the large-batch configuration, forced
-    here with limits of 0): the same tree and action as the eager search, one graph for
+    one level per descent/backup loop iteration and the descent's last levels on the
+    trees still descending (the large-batch configuration, forced here with limits of 0
+    and 1): the same tree and action as the eager search, one graph for
     every simulation. (The whole-search graph with 4 levels per iteration, the small-batch
     configuration, is checked against eager by the tests above and by the mctx parity
     test.)"""
@@ -381,6 +382,9 @@ def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
     search_mod = importlib.import_module("steersman.planning.search")
     monkeypatch.setattr(search_mod, "WHOLE_GRAPH_MAX_BYTES", 0)
     monkeypatch.setattr(search_mod, "UNROLL_MAX_BATCH", 0)
+    # compacted descents (batches above COMPACT_MIN_BATCH): here once one of 3 trees descends
+    monkeypatch.setattr(search_mod, "COMPACT_MIN_BATCH", 1)
+    monkeypatch.setattr(search_mod, "COMPACT_FRACTION", 3)
     t = tables(11, two_player=True)
     root = root_for(t, torch.tensor([0, 5, 7]))
     policy = "muzero"
@@ -436,8 +440,9 @@ def test_compiled_whole_search_writes_the_tree_in_place(monkeypatch):
     arrays that ``instantiate_tree`` allocated in place (same storage, no per-simulation
     copies), through AOTAutograd's functionalization (``aot_eager``), also when the
     model's parameters require grad and grad mode is on: the same tree, action and
-    weights as the eager search (Gumbel MuZero, two players, invalid root actions;
-    PUCT's in-place loop is checked by the TensorDict-embedding test above)."""
+    weights as the eager search (Gumbel MuZero, two players, invalid root actions, the
+    descent compacted to the trees still descending as at large batches; PUCT's
+    in-place loop is checked by the TensorDict-embedding test above)."""
     policy = "gumbel"
     import importlib
 
@@ -452,6 +457,9 @@ def test_compiled_whole_search_writes_the_tree_in_place(monkeypatch):
         return tree
 
     monkeypatch.setattr(search_mod, "instantiate_tree", spy)
+    # and the compacted descent, here from the first level on (capacity B: every tree)
+    monkeypatch.setattr(search_mod, "COMPACT_MIN_BATCH", 1)
+    monkeypatch.setattr(search_mod, "COMPACT_FRACTION", 1)
     t = tables(13, two_player=True)
     w = torch.ones((), requires_grad=True)  # a parameter of the model: grad mode stays on around the search
     base = model(t)

@@ -161,7 +161,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
                   early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False,
-                  functional: bool = False, unroll: int = 1) -> Tensor:
+                  functional: bool = False, unroll: int = 1, compact: int = 0) -> Tensor:
     """One simulation on every tree, updating ``tree`` in place: a descent of at most
     ``depth_steps`` levels (``<= max_depth``), one expansion (node ``sim + 1`` unless
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
@@ -197,26 +197,41 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
         def cond(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> Tensor:
             return active.any() & (d < levels)
 
-        def body(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
-            a = interior_action_selection_fn(uniform, tree, node, d)
-            nxt = children_index[ar, node, a]
-            at = (cols == d) & active.unsqueeze(-1)
-            pn = torch.where(at, node.unsqueeze(-1), pn)
-            pa = torch.where(at, a.unsqueeze(-1), pa)
-            depth = depth + active.long()
-            active = active & (nxt != Tree.UNVISITED)
-            return d + 1, torch.where(active, nxt, node), active, depth, pn, pa
+        def level_fn(t: Tree, rows: Tensor, u: Tensor | None) -> Callable:
+            """One level of the descent of the trees ``rows`` (``t.batch_range``)."""
+            def body(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
+                a = interior_action_selection_fn(u, t, node, d)
+                nxt = children_index[rows, node, a]
+                at = (cols == d) & active.unsqueeze(-1)
+                pn = torch.where(at, node.unsqueeze(-1), pn)
+                pa = torch.where(at, a.unsqueeze(-1), pa)
+                depth = depth + active.long()
+                active = active & (nxt != Tree.UNVISITED)
+                return d + 1, torch.where(active, nxt, node), active, depth, pn, pa
+            return body
 
-        def unrolled(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
-            carry = body(d, node, active, depth, pn, pa)
-            for _ in range(unroll - 1):  # levels past the end are no-ops for every tree
-                d = carry[0]
-                carry = body(d, carry[1], carry[2] & (d < levels), *carry[3:])
-            return carry
+        def unrolled_fn(body: Callable, k: int = unroll) -> Callable:
+            def unrolled(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
+                carry = body(d, node, active, depth, pn, pa)
+                for _ in range(k - 1):  # levels past the end are no-ops for every tree
+                    d = carry[0]
+                    carry = body(d, carry[1], carry[2] & (d < levels), *carry[3:])
+                return carry
+            return unrolled
 
+        body = level_fn(tree, ar, uniform)
         carry = (torch.ones((), dtype=torch.int64, device=ar.device), node, active, depth, path_nodes, path_actions)
-        if use_while_loop:
-            carry = _while(cond, unrolled, carry, True)
+        if use_while_loop and compact:
+            # full width while more than ``compact`` trees are still descending, then only
+            # those trees (deep trees are few: the deepest of B trees is several times the
+            # mean depth, and every full-width level computes the selection for all B)
+            def cond_full(d: Tensor, node: Tensor, active: Tensor, *rest: Tensor) -> Tensor:
+                return active.any() & (d < levels) & (active.sum() > compact)
+
+            carry = _while(cond_full, unrolled_fn(body), carry, True)
+            carry = _descend_compacted(tree, uniform, carry, compact, cond, level_fn, unrolled_fn)
+        elif use_while_loop:
+            carry = _while(cond, unrolled_fn(body), carry, True)
         else:
             for d in range(1, levels):
                 if early_exit and not bool(carry[2].any()):
@@ -315,6 +330,27 @@ def _expand(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Ten
     return nn, leaf_value, arrays, embeddings
 
 
+def _descend_compacted(tree: Tree, uniform: Tensor | None, carry: tuple, compact: int, cond: Callable,
+                       level_fn: Callable, unrolled_fn: Callable) -> tuple:
+    """The rest of a compiled descent on the (at most ``compact``) trees still descending:
+    their rows are gathered into ``[compact]`` tensors (``nonzero_static``; padding rows
+    are inactive), descend as deep as they go, and are scattered back."""
+    d, node, active, depth, pn, pa = carry
+    batch = node.shape[0]
+    idx = torch.nonzero_static(active, size=compact, fill_value=batch).squeeze(-1)
+    valid = idx < batch
+    rows = torch.where(valid, idx, 0)
+    sub = dataclasses.replace(tree, batch_range=rows, root_invalid_actions=tree.root_invalid_actions[rows])
+    part = (d, node[rows], active[rows] & valid, depth[rows], pn[rows], pa[rows])
+    body = level_fn(sub, rows, None if uniform is None else uniform[rows])
+    part = _while(cond, unrolled_fn(body, UNROLL_SMALL_BATCH), part, True)  # few trees: several levels a call
+
+    def back(full: Tensor, x: Tensor) -> Tensor:  # padding rows write to an extra row, dropped
+        return torch.cat([full, full[:1]]).index_put((idx,), x)[:batch]
+
+    return (part[0], *(back(f, x) for f, x in zip(carry[1:], part[1:])))
+
+
 def _put(arrays: dict, functional: bool, name: str, index: tuple, value: Tensor) -> None:
     """``arrays[name][index] = value``, in place or (``functional``) as a new tensor."""
     if functional:
@@ -407,6 +443,25 @@ def descent_unroll(batch: int) -> int:
     return UNROLL_SMALL_BATCH if batch <= UNROLL_MAX_BATCH else 1
 
 
+# compiled descents of more than COMPACT_MIN_BATCH trees continue on the trees still
+# descending once at most batch // COMPACT_FRACTION of them are (0: never)
+COMPACT_MIN_BATCH, COMPACT_FRACTION = 257, 8
+
+
+def descent_compact(batch: int, interior_action_selection_fn: Callable) -> int:
+    """Capacity of the compacted part of a compiled descent (0: full width to the end).
+    Only for the built-in interior selection functions, which index the tree through
+    ``tree.batch_range`` (the compacted levels pass a tree whose ``batch_range`` is the
+    rows still descending)."""
+    from .action_selection import gumbel_muzero_interior_action_selection, muzero_action_selection
+
+    fn = getattr(interior_action_selection_fn, "func", interior_action_selection_fn)
+    if batch < COMPACT_MIN_BATCH or COMPACT_FRACTION < 1 or \
+            fn not in (gumbel_muzero_interior_action_selection, muzero_action_selection):
+        return 0
+    return max(1, batch // COMPACT_FRACTION)
+
+
 def _carried_bytes(tree: Tree) -> int:
     """Bytes of the tree arrays a simulation writes (the whole-search loop's carry)."""
     return sum(getattr(tree, f).nbytes for f in _WRITTEN) + sum(x.nbytes for x in tree.embeddings.values(True, True))
@@ -414,7 +469,8 @@ def _carried_bytes(tree: Tree) -> int:
 
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
                     root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
-                    levels: int, tensor_embedding: bool, unroll: int = 1, in_place: bool = True) -> Any:
+                    levels: int, tensor_embedding: bool, unroll: int = 1, in_place: bool = True,
+                    compact: int = 0) -> Any:
     """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
     whole search in one graph under ``torch.compile(fullgraph=True)``).
 
@@ -442,7 +498,7 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
             uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
             simulate_once(params, None, tree, sim, uniform, recurrent_fn, root_action_selection_fn,
                           interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
-                          use_while_loop=True, unroll=unroll)
+                          use_while_loop=True, unroll=unroll, compact=compact)
             return (sim + 1,)
 
         return while_loop(cond, body_in_place, (first,))[0]
@@ -454,7 +510,7 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
         _, arrays, embeddings = simulate_once(
             params, None, t, sim, uniform, recurrent_fn, root_action_selection_fn, interior_action_selection_fn,
             max_depth, levels, tensor_embedding=tensor_embedding, use_while_loop=True, functional=True,
-            unroll=unroll)
+            unroll=unroll, compact=compact)
         return (sim + 1, *(arrays[f] for f in _WRITTEN), *(embeddings[k] for k in keys))
 
     state = (*(getattr(tree, f) for f in _WRITTEN), *(tree.embeddings.get(k) for k in keys))
@@ -550,7 +606,9 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
     if options is not None and not compiling and num_simulations > 1:
         levels = min(max_depth, num_simulations)
         unroll = descent_unroll(batch)
+        compact = descent_compact(batch, interior_action_selection_fn)
         key = (tuple(sorted((k, repr(v)) for k, v in options.items())), levels, max_depth, tensor_embedding, unroll,
+               compact,
                batch, num_actions, num_simulations, logits.dtype, value.dtype, str(logits.device),
                tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
         step = compiled_simulation(options, key)
@@ -563,7 +621,8 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         run = compiled_search(options, (*key, IN_PLACE_LOOP))
         with torch.no_grad():  # the in-place loop is an inference graph
             out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
-                      interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, IN_PLACE_LOOP)
+                      interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, IN_PLACE_LOOP,
+                      compact)
         if isinstance(out, tuple):  # the functional loop: the new arrays
             for name, x in zip(_WRITTEN, out):
                 setattr(tree, name, x)
@@ -581,7 +640,7 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         else:
             step(params, None, tree, sims[sim], uniforms[sim], recurrent_fn, root_action_selection_fn,
                  interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
-                 use_while_loop=True, unroll=unroll)
+                 use_while_loop=True, unroll=unroll, compact=compact)
         return tree
 
     return loop_fn(0, num_simulations, body, tree)
