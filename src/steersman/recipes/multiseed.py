@@ -17,8 +17,14 @@
   counter)``, as the native envs draw their resets): member ``k``'s numbers do not depend
   on how many members run beside it;
 * one ``torch.vmap`` of the pure minibatch update (``torch.func`` gradients of
-  :class:`~steersman.objectives.ClipPPOLoss`, global-norm clipping, Adam) over the members,
-  compiled with ``compile=true``.
+  :class:`~steersman.objectives.ClipPPOLoss`, global-norm clipping, Adam) over the members.
+
+With ``compile=true`` a PPO population runs as three ``fullgraph`` graphs, each traced
+once: the vmapped update with the loss on plain tensors (:func:`_pure_ppo_loss`, the
+module's terms and gradients bit for bit), the collection step (policies, draws, the
+native env's step kernel) and the advantages (critics, GAE). With dynamo's ``eager``
+backend a compiled run equals the eager one bit for bit; with inductor within float
+rounding (fused kernels), so long runs drift apart like runs on two CPUs.
 
 So member ``k`` of a population run equals the run of that member alone (``seeds=1`` with
 its seed and swept values): the same data, shuffles and initial weights bit for bit, and
