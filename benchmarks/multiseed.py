@@ -26,6 +26,13 @@ with the same settings in the same invocation, one run (``sb3``) and two at once
 (``sb3-pair``, one per core), each SB3 process on one thread, in the anchor venv:
 
     nice -n 10 python benchmarks/multiseed.py --learn --seeds 32 --frames 16384
+    nice -n 10 python benchmarks/multiseed.py --learn --compile --seeds 32 --frames 65536
+
+(``--compile``: the population with ``compile=true``, its compile time included.)
+``--update-ms`` times the vmapped PPO update alone, eager against compiled (inductor),
+alternated in one process (median CPU ms per update for each ``--seeds`` N):
+
+    python benchmarks/multiseed.py --update-ms --seeds 4,32
 
 On a shared machine the times drift; compare the rows of one run.
 """
