@@ -14,7 +14,7 @@ Rows:
   steersman compiled  the plain-fn policy with ``compile=True``: the whole search (every
                     simulation after the first) as one inductor graph, an outer
                     ``while_loop`` over simulations that writes the tree in place, with
-                    the ``while_loop`` descent and backup inside (above B=256 the
+                    the ``while_loop`` descent and backup inside (from B=256 the
                     descent's last levels run on the trees still descending only). The
                     first call per batch (the compile) is reported separately as
                     ``compile_s``.

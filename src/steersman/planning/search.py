@@ -443,9 +443,9 @@ def descent_unroll(batch: int) -> int:
     return UNROLL_SMALL_BATCH if batch <= UNROLL_MAX_BATCH else 1
 
 
-# compiled descents of more than COMPACT_MIN_BATCH trees continue on the trees still
+# compiled descents of COMPACT_MIN_BATCH or more trees continue on the trees still
 # descending once at most batch // COMPACT_FRACTION of them are (0: never)
-COMPACT_MIN_BATCH, COMPACT_FRACTION = 257, 8
+COMPACT_MIN_BATCH, COMPACT_FRACTION = 256, 8
 
 
 def descent_compact(batch: int, interior_action_selection_fn: Callable) -> int:
@@ -557,7 +557,10 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     the compiled simulations run under ``torch.no_grad()``, so the tree carries no
     autograd history), so no simulation copies the ``[B, N, A]`` arrays. A custom
     ``loop_fn`` (or trees above ``WHOLE_GRAPH_MAX_BYTES``, no limit by default) runs one
-    in-place graph per simulation instead. One graph serves every search with the same
+    in-place graph per simulation instead. From ``COMPACT_MIN_BATCH`` (256) trees on, with
+    the built-in selection functions, a descent continues on only the trees still
+    descending once at most ``B // COMPACT_FRACTION`` (8) of them are (the deepest of many
+    trees is several times their mean depth). One graph serves every search with the same
     shapes (the first search of a shape pays the compile). Results equal the eager
     search's. Under compile the recurrent function gets ``rng=None`` (a
     ``torch.Generator`` cannot enter a graph) and must itself be traceable. Python's
