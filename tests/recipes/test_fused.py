@@ -237,6 +237,11 @@ def test_fused_ppo_iteration_equals_per_minibatch_update():
             last = ref(batch, idx)["grad_norm"]
         assert norms.shape == (12,)
         torch.testing.assert_close(norms[-1], last)
+        fused.sync()  # what the recipe logs: the last minibatch after the updates, from the same graph
+        expected = loss_b.diagnose(batch[indices[-1]])
+        assert set(fused.diagnostics) == {"loss_objective", "loss_critic", "entropy", "kl_approx", "clip_fraction"}
+        for key, value in fused.diagnostics.items():
+            torch.testing.assert_close(value, expected[key], msg=key)
     ref.sync()
     fused.sync()
     for (name, a), (_, b), before in zip(loss_a.named_parameters(), loss_b.named_parameters(), start, strict=True):
@@ -271,6 +276,7 @@ def test_fused_ppo_update_is_one_graph_with_a_scan():
         lr_b.fill_(1e-3 / (it + 1))
         batch, indices = _ppo_batch(seed=it), torch.stack([torch.randperm(128) for _ in range(2)]).reshape(-1, 64)
         torch.testing.assert_close(compiled(batch, indices), eager(batch, indices))
+        torch.testing.assert_close(compiled.diagnostics, eager.diagnostics)
     assert compiled.compiled and len(graphs) == 1
     assert sum(n.target is scan_op for n in graphs[0].graph.nodes) == 1
     for a, b in zip(eager.params, compiled.params, strict=True):

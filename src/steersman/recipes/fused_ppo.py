@@ -169,12 +169,19 @@ class FusedPPOUpdate:
         self._fn = torch.compile(self._iteration, fullgraph=True, dynamic=False, backend=backend) \
             if compile else self._iteration
         self._warm = False
+        self.diagnostics: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------ the pure function
     def loss(self, params: tuple, observation: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor,
              value_target: Tensor, clip_epsilon: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
         """``ClipPPOLoss``'s total and its ``(loss_objective, loss_entropy, loss_critic)`` on a
         minibatch, from the flat ``params`` (actor's, then critic's)."""
+        total, terms, _ = self._terms(params, observation, action, old_log_prob, advantage, value_target,
+                                      clip_epsilon)
+        return total, terms
+
+    def _terms(self, params: tuple, observation: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor,
+               value_target: Tensor, clip_epsilon: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], dict]:
         logits = _run_net(self._actor, self._actor_names, self._actor_program, params[:self._n_actor], observation)
         log_prob, entropy = categorical_log_prob_entropy(logits, action)
         adv = advantage
@@ -186,10 +193,20 @@ class FusedPPOUpdate:
         objective = (-torch.minimum(log_ratio.exp() * adv, clipped.exp() * adv)).mean()
         value = _run_net(self._critic, self._critic_names, self._critic_program, params[self._n_actor:], observation)
         critic = (self._critic_coeff * distance_loss(value_target, value, self._critic_type))[..., 0].mean()
+        parts = {"entropy": entropy, "log_ratio": log_ratio, "clipped": clipped}
         if self._entropy_coeff is None:
-            return objective + critic, (objective, torch.zeros_like(objective), critic)
+            return objective + critic, (objective, torch.zeros_like(objective), critic), parts
         bonus = (-self._entropy_coeff * entropy).mean()
-        return objective + bonus + critic, (objective, bonus, critic)  # ClipPPOLoss's order of terms
+        return objective + bonus + critic, (objective, bonus, critic), parts  # ClipPPOLoss's order of terms
+
+    def _diagnostics(self, params: tuple, data: tuple, index: Tensor, clip_epsilon: Tensor) -> dict[str, Tensor]:
+        """What ``ClipPPOLoss.diagnose(batch[index])`` logs, with ``params``: the loss terms,
+        the mean entropy, ``kl_approx`` and ``clip_fraction``."""
+        _, (objective, _, critic), parts = self._terms(params, *[v[index] for v in data], clip_epsilon)
+        log_ratio = parts["log_ratio"]
+        return {"loss_objective": objective, "loss_critic": critic, "entropy": parts["entropy"].mean(),
+                "kl_approx": (-log_ratio).mean(),
+                "clip_fraction": (parts["clipped"] != log_ratio).to(log_ratio.dtype).mean()}
 
     def step(self, carry: tuple, index: Tensor, data: tuple, lr: Tensor, clip_epsilon: Tensor
              ) -> tuple[tuple, Tensor]:
@@ -218,20 +235,24 @@ class FusedPPOUpdate:
         return (params, exp_avg, exp_avg_sq, step), norm
 
     def _iteration(self, params: tuple, exp_avg: tuple, exp_avg_sq: tuple, step: Tensor, data: tuple,
-                   indices: Tensor, lr: Tensor, clip_epsilon: Tensor) -> tuple[tuple, Tensor]:
+                   indices: Tensor, lr: Tensor, clip_epsilon: Tensor) -> tuple[tuple, Tensor, dict]:
         """:meth:`step` for each row of ``indices``: compiled, one ``scan`` (a loop in the
-        graph); eager, a Python loop over the same body."""
+        graph); eager, a Python loop over the same body. Also returns the diagnostics of the
+        last minibatch with the new parameters (see :attr:`diagnostics`)."""
         def body(carry: tuple, index: Tensor) -> tuple[tuple, Tensor]:
             return self.step(carry, index, data, lr, clip_epsilon)
 
         carry = (params, exp_avg, exp_avg_sq, step)
         if torch.compiler.is_compiling():
-            return scan(body, carry, indices)
-        norms = []
-        for index in indices:
-            carry, norm = body(carry, index)
-            norms.append(norm)
-        return carry, torch.stack(norms)
+            carry, norms = scan(body, carry, indices)
+        else:
+            steps = []
+            for index in indices:
+                carry, norm = body(carry, index)
+                steps.append(norm)
+            norms = torch.stack(steps)
+        # the recipe's per-batch log: the last minibatch after the updates, in the same graph
+        return carry, norms, self._diagnostics(carry[0], data, indices[-1], clip_epsilon)
 
     # ------------------------------------------------------------ state
     def _read_state(self) -> None:
@@ -243,13 +264,16 @@ class FusedPPOUpdate:
     def __call__(self, batch: TensorDictBase, indices: Tensor) -> Tensor:
         """``len(indices)`` updates on ``batch[indices[i]]`` (the whole batch flat ``[N]``,
         ``indices`` ``[updates, minibatch]``); returns each update's gradient norm (before
-        clipping) ``[updates]``."""
+        clipping) ``[updates]``. Afterwards :attr:`diagnostics` holds what
+        ``loss_fn.diagnose(batch[indices[-1]])`` would log after the updates
+        (``loss_objective``, ``loss_critic``, ``entropy``, ``kl_approx``,
+        ``clip_fraction``), computed in the same graph."""
         data = tuple(batch.get(k) for k in self._data_keys)
         args = (self.params, self._exp_avg, self._exp_avg_sq, self._step, data, indices, self._lr,
                 self.loss_fn.clip_epsilon)
         try:
             with _stance(self._warm), contextlib.nullcontext() if self._warm else cacheable_scan():
-                carry, norms = self._fn(*args)
+                carry, norms, diagnostics = self._fn(*args)
         except torch._dynamo.exc.TorchDynamoException as err:  # pure: the failed attempt changed nothing
             if not self.compiled:
                 raise
@@ -257,9 +281,10 @@ class FusedPPOUpdate:
             warnings.warn(f"compile=true: the fused PPO update cannot be compiled ({reason}); running it eagerly",
                           stacklevel=2)
             self._fn, self.compiled = self._iteration, False
-            carry, norms = self._fn(*args)
+            carry, norms, diagnostics = self._fn(*args)
         self._warm = self.compiled
         self.params, self._exp_avg, self._exp_avg_sq, self._step = carry
+        self.diagnostics = diagnostics
         return norms
 
     def sync(self) -> None:

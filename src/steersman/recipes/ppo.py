@@ -287,7 +287,8 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
             compiled.sync()  # the modules (collection, eval, checkpoints, export) get the new parameters
         if remote:  # one object-store put; every actor collects the next batch with these weights
             collector.update_policy_weights_(policy)
-        losses = loss_fn.diagnose(flat[idx])  # the last minibatch, after the epochs
+        # the last minibatch, after the epochs (the fused update computes it in its graph)
+        losses = compiled.diagnostics if fused else loss_fn.diagnose(flat[idx])
 
         run.log(frames, {"train/return": episodes.last_mean, "train/loss_objective": losses["loss_objective"],
                          "train/loss_critic": losses["loss_critic"], "train/entropy": losses["entropy"],
