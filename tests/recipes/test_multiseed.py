@@ -138,8 +138,8 @@ def test_pure_ppo_loss_equals_clip_ppo_loss():
     names = ["actor_network." + n for n, _ in actor.named_parameters()] + \
         ["critic_network." + n for n, _ in critic.named_parameters()]
     leaves = tuple(p for p in list(actor.parameters()) + list(critic.parameters()))
-    a_prog = multiseed._mlp_program(actor.module[0].module, names, "actor_network.module.0.module.")
-    c_prog = multiseed._mlp_program(critic.module, names, "critic_network.module.")
+    a_prog = multiseed._program(actor.module[0].module, names, "actor_network.module.0.module.")
+    c_prog = multiseed._program(critic.module, names, "critic_network.module.")
     total, l_obj, l_crit = multiseed._pure_ppo_loss(
         a_prog, c_prog, leaves, batch["observation"], batch["action"], batch["action_log_prob"], batch["advantage"],
         batch["value_target"], loss_fn.clip_epsilon, 0.01, 0.5, True)
@@ -152,7 +152,7 @@ def test_pure_ppo_loss_equals_clip_ppo_loss():
 def test_compile_falls_back_to_the_module_update_for_other_networks(monkeypatch, tmp_path):
     """Networks the plain-tensor path cannot run: a one-line warning saying why, and the
     module-swapping update is the one compiled (never a silent wrong result)."""
-    monkeypatch.setattr(multiseed, "_mlp_program", lambda *a: None)
+    monkeypatch.setattr(multiseed, "_program", lambda *a: None)
     cfg = tiny(seeds=2, compile=True, compile_backend="eager")
     pop = multiseed.Population("ppo", cfg, tmp_path / "run", resume=False, batch_frames=16)
     with pytest.warns(UserWarning, match="not plain MLPs .* compiling the module-swapping update instead"):

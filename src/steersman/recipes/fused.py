@@ -103,17 +103,18 @@ def fusable(env: Any, actor: nn.Module, critic: nn.Module | None = None) -> str 
     return None
 
 
-def _program(net: nn.Module, names: list[str]) -> list[tuple] | None:
-    """``net`` as a list of steps, if it is a plain stack of ``nn.Linear`` and parameter-free
-    layers (``make_policy``'s and ``make_critic``'s MLPs): ``("linear", weight index, bias
-    index or None)`` or ``("call", layer)``. None: something else (``functional_call`` then)."""
+def _program(net: nn.Module, names: list[str], prefix: str = "") -> list[tuple] | None:
+    """``net`` as a list of steps over the flat leaves ``names`` (its parameters named
+    ``prefix + ...``), if it is a plain stack of ``nn.Linear`` and parameter-free layers
+    (``make_policy``'s and ``make_critic``'s MLPs): ``("linear", weight index, bias index or
+    None)`` or ``("call", layer)``. None: something else (``functional_call`` then)."""
     if not isinstance(net, nn.Sequential) or getattr(net, "_out_shape", None) is not None:
         return None
     index = {name: i for i, name in enumerate(names)}
     steps: list[tuple] = []
     for key, layer in net.named_children():
-        if type(layer) is nn.Linear:
-            steps.append(("linear", index[f"{key}.weight"], index.get(f"{key}.bias")))
+        if type(layer) is nn.Linear and f"{prefix}{key}.weight" in index:
+            steps.append(("linear", index[f"{prefix}{key}.weight"], index.get(f"{prefix}{key}.bias")))
         elif next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
             steps.append(("call", layer))
         else:
@@ -128,6 +129,11 @@ def _run_net(net: nn.Module, names: list[str], program: list[tuple] | None, para
     ``functional_call``."""
     if program is None:
         return torch.func.functional_call(net, dict(zip(names, params)), (x,))
+    return _run_program(program, params, x)
+
+
+def _run_program(program: list[tuple], params: tuple, x: Tensor) -> Tensor:
+    """The network of :func:`_program` on ``x`` with the leaves ``params``: the modules' own ops."""
     for step in program:
         if step[0] == "linear":
             x = torch.nn.functional.linear(x, params[step[1]], None if step[2] is None else params[step[2]])

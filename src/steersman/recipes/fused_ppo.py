@@ -80,8 +80,7 @@ def categorical_log_prob_entropy(logits: Tensor, action: Tensor) -> tuple[Tensor
     """
     log_pmf = logits - logits.logsumexp(-1, keepdim=True)
     log_prob = log_pmf.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-    probs = torch.softmax(log_pmf, -1)
-    entropy = -(log_pmf.clamp(min=torch.finfo(log_pmf.dtype).min) * probs).sum(-1)
+    entropy = -(log_pmf.clamp(min=torch.finfo(log_pmf.dtype).min) * torch.softmax(log_pmf, -1)).sum(-1)
     return log_prob, entropy
 
 

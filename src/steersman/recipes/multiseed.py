@@ -91,6 +91,8 @@ from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
+from .fused import _program, _run_program
+from .fused_ppo import categorical_log_prob_entropy
 from .run import (
     EVAL_SEED_OFFSET,
     RUN_FILE,
@@ -491,35 +493,6 @@ def train_a2c(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
     return _train_on_policy("a2c", cfg, run_dir, resume)
 
 
-def _mlp_program(net: nn.Module, names: list[str], prefix: str) -> list[tuple] | None:
-    """``net`` as steps over the flat leaves ``names`` (its parameters named ``prefix + ...``):
-    ``("linear", weight index, bias index or None)`` or ``("call", layer)``, if it is a plain
-    stack of ``nn.Linear`` and parameter-free layers (``make_policy``'s and ``make_critic``'s
-    MLPs); None otherwise."""
-    if not isinstance(net, nn.Sequential) or getattr(net, "_out_shape", None) is not None:
-        return None
-    index = {name: i for i, name in enumerate(names)}
-    steps: list[tuple] = []
-    for key, layer in net.named_children():
-        if type(layer) is nn.Linear and f"{prefix}{key}.weight" in index:
-            steps.append(("linear", index[f"{prefix}{key}.weight"], index.get(f"{prefix}{key}.bias")))
-        elif next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
-            steps.append(("call", layer))
-        else:
-            return None
-    return steps
-
-
-def _run_program(program: list[tuple], params: tuple, x: Tensor) -> Tensor:
-    """The network of :func:`_mlp_program` on ``x`` with the leaves ``params``: the modules' own ops."""
-    for step in program:
-        if step[0] == "linear":
-            x = torch.nn.functional.linear(x, params[step[1]], None if step[2] is None else params[step[2]])
-        else:
-            x = step[1](x)
-    return x
-
-
 def _pure_ppo_loss(actor: list[tuple], critic: list[tuple], p: tuple, obs: Tensor, action: Tensor, logp_old: Tensor,
                    advantage: Tensor, target: Tensor, clip_eps: Tensor, entropy_coef: float, critic_coef: float,
                    normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -531,14 +504,11 @@ def _pure_ppo_loss(actor: list[tuple], critic: list[tuple], p: tuple, obs: Tenso
     if normalize and advantage.numel() > 1:
         advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
     advantage = advantage[..., 0]
-    logits = _run_program(actor, p, obs)
-    log_pmf = logits - logits.logsumexp(-1, keepdim=True)  # torch.distributions.Categorical's logits
-    log_ratio = log_pmf.gather(-1, action.unsqueeze(-1)).squeeze(-1) - logp_old
+    log_prob, entropy = categorical_log_prob_entropy(_run_program(actor, p, obs), action)
+    log_ratio = log_prob - logp_old
     clipped = log_ratio.clamp(torch.log1p(-clip_eps), torch.log1p(clip_eps))
     gain = torch.minimum(log_ratio.exp() * advantage, clipped.exp() * advantage)
     loss_objective = (-gain).mean()
-    min_real = torch.finfo(log_pmf.dtype).min
-    entropy = -(log_pmf.clamp(min=min_real) * torch.softmax(log_pmf, -1)).sum(-1)
     loss_entropy = (-entropy_coef * entropy).mean()
     value = _run_program(critic, p, obs)
     loss_critic = (critic_coef * (target - value).pow(2))[..., 0].mean()
@@ -623,9 +593,9 @@ class _OnPolicyModel:
             pure = self._pure_update(pop, loss_fn, logits_net, value_net, keys, state_keys, opt_of)
             if pure is not None:
                 update = pure
-                self.step_fn = self._compiled_step(pop, _mlp_program(logits_net, self.names,
+                self.step_fn = self._compiled_step(pop, _program(logits_net, self.names,
                                                                      "actor_network.module.0.module."))
-                self.gae_fn = self._compiled_gae(pop, _mlp_program(value_net, self.names, "critic_network.module."))
+                self.gae_fn = self._compiled_gae(pop, _program(value_net, self.names, "critic_network.module."))
         self.v_update = pop.vmapped(update, f"vmapped {algo.upper()} update")
         self.v_act, self.v_greedy, self.v_values = torch.vmap(act), torch.vmap(greedy), torch.vmap(values)
 
@@ -705,8 +675,8 @@ class _OnPolicyModel:
         fuse and reorder), a trace a fraction of the size. None, with a one-line warning,
         when the networks are not plain MLPs (the module-swapping update is compiled then)."""
         names = [".".join(k) for k in keys]
-        actor = _mlp_program(logits_net, names, "actor_network.module.0.module.")
-        critic = _mlp_program(value_net, names, "critic_network.module.")
+        actor = _program(logits_net, names, "actor_network.module.0.module.")
+        critic = _program(value_net, names, "critic_network.module.")
         used = {i for prog in (actor or []) + (critic or []) if prog[0] == "linear" for i in prog[1:] if i is not None}
         if actor is None or critic is None or used != set(range(len(names))) or loss_fn.clip_value is not None:
             warnings.warn("compile=true: the population's networks are not plain MLPs (or the loss clips values); "
