@@ -157,7 +157,7 @@ class FusedPPOUpdate:
         self._entropy_coeff = loss_fn.entropy_coeff if loss_fn.entropy_bonus else None
         self._critic_coeff, self._critic_type = loss_fn.critic_coeff, loss_fn.loss_critic_type
         opt = update.optimizer
-        self._betas, self._eps, self._max_norm = opt.betas, opt.eps, update.max_grad_norm
+        self._max_norm = update.max_grad_norm
         self._lr = opt.lr if isinstance(opt.lr, Tensor) else torch.tensor(float(opt.lr), dtype=torch.float64)
         self._state_keys = list(opt_state.state.keys(include_nested=True, leaves_only=True))
         self.params = tuple(p.detach().clone() for p in actor_params + critic_params)
@@ -215,22 +215,13 @@ class FusedPPOUpdate:
         params, exp_avg, exp_avg_sq, step = carry
         minibatch = [v[index] for v in data]
         grads, _ = torch.func.grad_and_value(self.loss, has_aux=True)(params, *minibatch, clip_epsilon)
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         if self._max_norm is not None:  # optim.clip_grad_norm
-            coef = torch.clamp(self._max_norm / (norm + 1e-6), max=1.0)
-            grads = [g * coef for g in grads]
-        # optim.Adam.step: float64 bias corrections, then the same ops in the same order
-        beta1, beta2 = self._betas
-        step = step + 1
-        step64 = step.to(torch.float64)
-        bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64))
-        neg_step_size = -(lr.to(torch.float64) / (1 - torch.pow(beta1, step64)))
-        exp_avg = tuple(torch.lerp(m, g, 1 - beta1) for m, g in zip(exp_avg, grads))
-        exp_avg_sq = tuple(v.mul(beta2).addcmul(g, g, value=1 - beta2) for v, g in zip(exp_avg_sq, grads))
-        params = tuple(p + (neg_step_size if p.dim() else neg_step_size.to(p.dtype)) * m
-                       / (v.sqrt() / (bias_correction2_sqrt if p.dim() else bias_correction2_sqrt.to(p.dtype))
-                          + self._eps)
-                       for p, m, v in zip(params, exp_avg, exp_avg_sq))
+            grads, norm = optim.clip_grad_norm_leaves(grads, self._max_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        params, exp_avg, exp_avg_sq, _, step = self.update.optimizer.step_leaves(params, grads, exp_avg, exp_avg_sq,
+                                                                                 step, lr=lr)
+        params, exp_avg, exp_avg_sq = tuple(params), tuple(exp_avg), tuple(exp_avg_sq)
         return (params, exp_avg, exp_avg_sq, step), norm
 
     def _iteration(self, params: tuple, exp_avg: tuple, exp_avg_sq: tuple, step: Tensor, data: tuple,

@@ -69,10 +69,18 @@ def clip_grad_norm(grads: TensorDictBase, max_norm: float, norm_type: float = 2.
     and that norm (before clipping): ``torch.nn.utils.clip_grad_norm_`` (``foreach=False``)
     without modifying ``grads``."""
     keys, values = _leaves(grads)
-    norms = [torch.linalg.vector_norm(g, norm_type) for g in values]
+    clipped, total = clip_grad_norm_leaves(values, max_norm, norm_type)
+    return tree_from_leaves(keys, clipped, grads.batch_size, trusted=True), total
+
+
+def clip_grad_norm_leaves(grads: Sequence[Tensor], max_norm: float | Tensor, norm_type: float = 2.0
+                          ) -> tuple[list[Tensor], Tensor]:
+    """:func:`clip_grad_norm` on a flat sequence of gradients: the scaled gradients and the
+    global norm before clipping (for pure functions over flat tensors, e.g. a compiled update)."""
+    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]
     total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    return tree_from_leaves(keys, [g * coef for g in values], grads.batch_size, trusted=True), total
+    return [g * coef for g in grads], total
 
 
 def _check(name: str, value: Any, ok: bool, expected: str) -> None:
@@ -120,10 +128,29 @@ class Adam:
 
     def step(self, params: TensorDictBase, grads: TensorDictBase, state: TensorDictBase) -> tuple[TensorDict, TensorDict]:
         """One update: the new parameters and the new state (inputs untouched)."""
-        beta1, beta2 = self.betas
         keys, ps = _leaves(params)
-        step = state["step"] + 1
-        lr = _as_f64(self.lr)
+        moments = [[state.get((name, *_tup(key))) for key in keys]
+                   for name in ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if self.amsgrad else ()))]
+        new_p, new_m, new_v, new_vmax, step = self.step_leaves(
+            ps, [grads.get(key) for key in keys], *moments[:2], state["step"], moments[2] if self.amsgrad else None)
+        bs = params.batch_size
+        out = {"step": step, "exp_avg": tree_from_leaves(keys, new_m, bs, trusted=True),
+               "exp_avg_sq": tree_from_leaves(keys, new_v, bs, trusted=True)}
+        if self.amsgrad:
+            out["max_exp_avg_sq"] = tree_from_leaves(keys, new_vmax, bs, trusted=True)
+        return tree_from_leaves(keys, new_p, bs, trusted=True), TensorDict(out, batch_size=[])
+
+    def step_leaves(self, params: Sequence[Tensor], grads: Sequence[Tensor], exp_avg: Sequence[Tensor],
+                    exp_avg_sq: Sequence[Tensor], step: Tensor, max_exp_avg_sq: Sequence[Tensor] | None = None,
+                    *, lr: float | Tensor | None = None
+                    ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], Tensor]:
+        """:meth:`step` on flat sequences (the same order in each): returns the new
+        ``(params, exp_avg, exp_avg_sq, max_exp_avg_sq, step)`` (``max_exp_avg_sq`` empty
+        without amsgrad). For pure functions over flat tensors, e.g. a compiled update that
+        takes the learning rate as an input (``lr``; default ``self.lr``)."""
+        beta1, beta2 = self.betas
+        step = step + 1
+        lr = _as_f64(self.lr if lr is None else lr)
         # torch.optim computes these in Python doubles; float64 0-dim tensors keep that
         # precision and, like Python scalars, are cast to the parameters' dtype per op.
         step64 = step.to(torch.float64)
@@ -132,8 +159,7 @@ class Adam:
         neg_step_size = -(lr / bias_correction1)
         decay = 1 - lr * self.weight_decay
         new_p, new_m, new_v, new_vmax = [], [], [], []
-        for key, p in zip(keys, ps):
-            g = grads.get(key)
+        for i, (p, g) in enumerate(zip(params, grads)):
             if self.maximize:
                 g = -g
             if self.weight_decay != 0:
@@ -141,14 +167,14 @@ class Adam:
                     p = p * (decay if p.dim() else decay.to(p.dtype))  # see below (0-dim)
                 else:
                     g = g.add(p, alpha=self.weight_decay)
-            m = torch.lerp(state.get(("exp_avg", *_tup(key))), g, 1 - beta1)
-            v = state.get(("exp_avg_sq", *_tup(key))).mul(beta2).addcmul(g, g, value=1 - beta2)
+            m = torch.lerp(exp_avg[i], g, 1 - beta1)
+            v = exp_avg_sq[i].mul(beta2).addcmul(g, g, value=1 - beta2)
             # a 0-dim parameter (SAC's log_alpha) would be promoted by the float64 scalars:
             # cast them to its dtype, as torch.optim's Python scalars are
             bc2, nss = (bias_correction2_sqrt, neg_step_size) if p.dim() else \
                 (bias_correction2_sqrt.to(p.dtype), neg_step_size.to(p.dtype))
             if self.amsgrad:
-                vmax = torch.maximum(state.get(("max_exp_avg_sq", *_tup(key))), v)
+                vmax = torch.maximum(max_exp_avg_sq[i], v)
                 new_vmax.append(vmax)
                 denom = vmax.sqrt() / bc2 + self.eps
             else:
@@ -157,12 +183,7 @@ class Adam:
             new_p.append(p + nss * m / denom)
             new_m.append(m)
             new_v.append(v)
-        bs = params.batch_size
-        out = {"step": step, "exp_avg": tree_from_leaves(keys, new_m, bs, trusted=True),
-               "exp_avg_sq": tree_from_leaves(keys, new_v, bs, trusted=True)}
-        if self.amsgrad:
-            out["max_exp_avg_sq"] = tree_from_leaves(keys, new_vmax, bs, trusted=True)
-        return tree_from_leaves(keys, new_p, bs, trusted=True), TensorDict(out, batch_size=[])
+        return new_p, new_m, new_v, new_vmax, step
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(lr={self.lr}, betas={self.betas}, eps={self.eps}, "
