@@ -64,7 +64,7 @@ from steersman.tensordict.nn.optim import tree_from_leaves
 
 from .fused import _flat, _logits_net, _plain_net, _program, _run_net, _stance, cacheable_scan
 
-__all__ = ["FusedPPOUpdate", "categorical_log_prob_entropy", "fusable_update"]
+__all__ = ["FusedPPOUpdate", "categorical_log_prob_entropy", "clip_ppo_terms", "fusable_update"]
 
 
 def categorical_log_prob_entropy(logits: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,6 +82,25 @@ def categorical_log_prob_entropy(logits: Tensor, action: Tensor) -> tuple[Tensor
     log_prob = log_pmf.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
     entropy = -(log_pmf.clamp(min=torch.finfo(log_pmf.dtype).min) * torch.softmax(log_pmf, -1)).sum(-1)
     return log_prob, entropy
+
+
+def clip_ppo_terms(logits: Tensor, value: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor,
+                   value_target: Tensor, clip_epsilon: Tensor, *, normalize: bool, critic_coeff: float,
+                   critic_type: str = "l2") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:class:`~steersman.objectives.ClipPPOLoss`'s terms from the networks' outputs on a
+    minibatch (categorical actor ``logits`` ``[*B, A]``, ``value`` ``[*B, 1]``, no value
+    clipping, mean reduction): ``(loss_objective, entropy [*B], loss_critic, log_ratio
+    [*B], clipped log_ratio [*B])``; the entropy bonus is the caller's
+    (``-coeff * entropy.mean()``), as is the order the terms are summed in."""
+    log_prob, entropy = categorical_log_prob_entropy(logits, action)
+    if normalize and advantage.numel() > 1:  # normalize_advantage over the whole minibatch
+        advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+    advantage = advantage[..., 0]
+    log_ratio = log_prob - old_log_prob
+    clipped = log_ratio.clamp(torch.log1p(-clip_epsilon), torch.log1p(clip_epsilon))
+    objective = (-torch.minimum(log_ratio.exp() * advantage, clipped.exp() * advantage)).mean()
+    critic = (critic_coeff * distance_loss(value_target, value, critic_type))[..., 0].mean()
+    return objective, entropy, critic, log_ratio, clipped
 
 
 def fusable_update(loss_fn: nn.Module, update: FunctionalUpdate) -> str | None:
@@ -182,16 +201,10 @@ class FusedPPOUpdate:
     def _terms(self, params: tuple, observation: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor,
                value_target: Tensor, clip_epsilon: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], dict]:
         logits = _run_net(self._actor, self._actor_names, self._actor_program, params[:self._n_actor], observation)
-        log_prob, entropy = categorical_log_prob_entropy(logits, action)
-        adv = advantage
-        if self._normalize and adv.numel() > 1:  # normalize_advantage over the whole minibatch
-            adv = (adv - adv.mean()) / adv.std().clamp_min(1e-6)
-        adv = adv[..., 0]
-        log_ratio = log_prob - old_log_prob
-        clipped = log_ratio.clamp(torch.log1p(-clip_epsilon), torch.log1p(clip_epsilon))
-        objective = (-torch.minimum(log_ratio.exp() * adv, clipped.exp() * adv)).mean()
         value = _run_net(self._critic, self._critic_names, self._critic_program, params[self._n_actor:], observation)
-        critic = (self._critic_coeff * distance_loss(value_target, value, self._critic_type))[..., 0].mean()
+        objective, entropy, critic, log_ratio, clipped = clip_ppo_terms(
+            logits, value, action, old_log_prob, advantage, value_target, clip_epsilon, normalize=self._normalize,
+            critic_coeff=self._critic_coeff, critic_type=self._critic_type)
         parts = {"entropy": entropy, "log_ratio": log_ratio, "clipped": clipped}
         if self._entropy_coeff is None:
             return objective + critic, (objective, torch.zeros_like(objective), critic), parts

@@ -92,7 +92,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, see
 from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
 from .fused import _program, _run_program
-from .fused_ppo import categorical_log_prob_entropy
+from .fused_ppo import clip_ppo_terms
 from .run import (
     EVAL_SEED_OFFSET,
     RUN_FILE,
@@ -501,17 +501,10 @@ def _pure_ppo_loss(actor: list[tuple], critic: list[tuple], p: tuple, obs: Tenso
     ``(total, loss_objective, loss_critic)``. The same terms, in the same order, as the
     module's; what it skips is the TensorDict and module machinery, which is what makes a
     compiled trace of the population's update small."""
-    if normalize and advantage.numel() > 1:
-        advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
-    advantage = advantage[..., 0]
-    log_prob, entropy = categorical_log_prob_entropy(_run_program(actor, p, obs), action)
-    log_ratio = log_prob - logp_old
-    clipped = log_ratio.clamp(torch.log1p(-clip_eps), torch.log1p(clip_eps))
-    gain = torch.minimum(log_ratio.exp() * advantage, clipped.exp() * advantage)
-    loss_objective = (-gain).mean()
+    loss_objective, entropy, loss_critic, _, _ = clip_ppo_terms(
+        _run_program(actor, p, obs), _run_program(critic, p, obs), action, logp_old, advantage, target, clip_eps,
+        normalize=normalize, critic_coeff=critic_coef)
     loss_entropy = (-entropy_coef * entropy).mean()
-    value = _run_program(critic, p, obs)
-    loss_critic = (critic_coef * (target - value).pow(2))[..., 0].mean()
     return loss_objective + loss_critic + loss_entropy, loss_objective, loss_critic
 
 
