@@ -23,7 +23,6 @@ checkpoint, log (``train/return/agents`` is the team's mean episode return).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from steersman.tensordict.nn import (
     interaction_type,
     shared_copy,
 )
+from steersman.tensordict.nn.distributions import tanh_normal_log_prob
 
 from .config import CheckpointConfig, ConfigError, EvalConfig, LoggerConfig
 from .marl_common import (
@@ -147,9 +147,6 @@ def make_policy(cfg: MAPPOConfig, env: EnvBase) -> ProbabilisticActor:
                               distribution_class=TanhNormal, return_log_prob=True, log_prob_key=(G, "action_log_prob"))
 
 
-_LOG_SQRT_2PI, _LN2 = 0.5 * math.log(2 * math.pi), math.log(2.0)
-
-
 class TanhNormalRollout(nn.Module):
     """The collecting call of :func:`make_policy`'s tanh-normal actor, in plain tensors.
 
@@ -220,11 +217,8 @@ class TanhNormalRollout(nn.Module):
         lim = 1 - torch.finfo(loc.dtype).eps
         action = torch.tanh(loc + scale * eps).clamp(-lim, lim)
         # TanhNormal.log_prob on the drawn action (already inside the clamp TanhNormal applies)
-        x = torch.atanh(action)
-        z = (x - loc) / scale
-        normal = -0.5 * z * z - scale.log() - _LOG_SQRT_2PI
-        log_det = 2 * (_LN2 - x - F.softplus(-2 * x))
-        group.update({"loc": loc, "scale": scale, "action": action, "action_log_prob": (normal - log_det).sum(-1)})
+        log_prob = tanh_normal_log_prob(torch.atanh(action), loc, scale).sum(-1)
+        group.update({"loc": loc, "scale": scale, "action": action, "action_log_prob": log_prob})
         return td
 
 

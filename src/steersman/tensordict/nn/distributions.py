@@ -74,6 +74,15 @@ def _sum_event(x: Tensor, event_dims: int) -> Tensor:
     return x.sum(tuple(range(-event_dims, 0))) if event_dims else x
 
 
+def tanh_normal_log_prob(x: Tensor, loc: Tensor, scale: Tensor, log_half: Tensor | float = 0.0) -> Tensor:
+    """:meth:`TanhNormal.log_prob` before the event sum, at the pre-tanh value ``x``
+    (``atanh`` of the value mapped to ``[-1, 1]``): the Normal's log-density minus the
+    log-Jacobian ``log r + 2 * (log 2 - x - softplus(-2x))`` (``log_half`` = ``log r``)."""
+    z = (x - loc) / scale
+    normal = -0.5 * z * z - scale.log() - _LOG_SQRT_2PI
+    return normal - (log_half + 2 * (_LN2 - x - F.softplus(-2 * x)))
+
+
 class TanhNormal(D.Distribution):
     """A Normal squashed by ``tanh`` and mapped to ``[low, high]``: ``y = m + r * tanh(x)``,
     ``x ~ Normal(loc, scale)``, ``m = (high + low) / 2``, ``r = (high - low) / 2``.
@@ -172,10 +181,7 @@ class TanhNormal(D.Distribution):
         u = (value - self._mid) / self._half
         lim = 1 - torch.finfo(u.dtype).eps
         x = torch.atanh(u.clamp(-lim, lim))
-        z = (x - self.loc) / self.scale
-        normal = -0.5 * z * z - self.scale.log() - _LOG_SQRT_2PI
-        log_det = self._half.log() + 2 * (_LN2 - x - F.softplus(-2 * x))
-        return _sum_event(normal - log_det, self.event_dims)
+        return _sum_event(tanh_normal_log_prob(x, self.loc, self.scale, self._half.log()), self.event_dims)
 
     @property
     def mode(self) -> Tensor:
