@@ -6,8 +6,8 @@ Profiles a recipe (``steersman doctor ppo env.num_envs=16``), a run folder's con
 each with its fix::
 
     phase                       time   share     calls
-    env step                  1.92 s   38.4%     2,048
-    policy forward            0.81 s   16.2%     2,048
+    env step                 1.920 s   38.4%     2,048
+    policy forward           0.810 s   16.2%     2,048
     ...
 
 How it measures, without editing the code it profiles: it wraps, from outside, the calls
@@ -132,7 +132,7 @@ class DoctorReport:
             if secs == 0.0 or name == "compiling":
                 continue
             calls = f"{self.calls[name]:,}" if name != "Python & other" else ""
-            lines.append(f"{name:<24}{secs:>8.2f} s{100 * secs / total:>7.1f}%{calls:>10}")
+            lines.append(f"{name:<24}{secs:>8.3f} s{100 * secs / total:>7.1f}%{calls:>10}")
         if self.phases["compiling"]:
             lines.append(f"(and {self.phases['compiling']:.2f} s compiling: torch.compile, "
                          f"{self.calls['compiling']} frame(s), not in the shares)")
