@@ -329,58 +329,16 @@ def test_bad_compile_option(compile, match):
         muzero_policy((), None, root_for(t, torch.tensor([0])), model(t), 4, compile=compile)
 
 
-@pytest.mark.parametrize("td_embedding", [False, True])
-def test_functional_simulation_equals_in_place(td_embedding):
-    """``simulate_once(functional=True)`` (the body of the compiled whole-search loop)
-    returns the same arrays that the in-place simulation writes into the tree, and
-    leaves the tree it was given untouched."""
-    from steersman.planning.search import _WRITTEN
-
-    t = tables(9, two_player=True)
-    b = 3
-    root = root_for(t, torch.tensor([0, 4, 9]), td_embedding)
-    emb = root.embedding if td_embedding else TensorDict({"embedding": root.embedding}, [b])
-    interior = functools.partial(muzero_action_selection, pb_c_init=1.25, pb_c_base=19652.0)
-    root_sel = functools.partial(interior, depth=0)
-
-    def fresh():
-        return instantiate_tree(root.prior_logits, root.value, emb, 12, torch.zeros(b, A, dtype=torch.bool),
-                                TensorDict({}, [b]))
-
-    in_place, functional = fresh(), fresh()
-    g = torch.Generator().manual_seed(0)
-    for sim in range(12):
-        u = torch.rand(b, A, generator=g)
-        before = {f: getattr(functional, f).clone() for f in _WRITTEN}
-        nn = simulate_once((), None, in_place, sim, u, model(t, td_embedding), root_sel, interior, 12, 12,
-                           tensor_embedding=not td_embedding)
-        nn2, arrays, embeddings = simulate_once((), None, functional, torch.tensor(sim), u, model(t, td_embedding),
-                                                root_sel, interior, 12, 12, tensor_embedding=not td_embedding,
-                                                functional=True)
-        assert all(torch.equal(getattr(functional, f), before[f]) for f in _WRITTEN)  # inputs untouched
-        assert torch.equal(nn, nn2)
-        for f in _WRITTEN:
-            setattr(functional, f, arrays[f])
-        for k, x in embeddings.items():
-            functional.embeddings.set(k, x)
-    assert in_place.depth.amax().item() >= 2
-    for f in _WRITTEN:
-        assert torch.equal(getattr(in_place, f), getattr(functional, f)), f
-    assert (in_place.embeddings == functional.embeddings).all()
-
-
 def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
-    """Trees above ``WHOLE_GRAPH_MAX_BYTES`` run one in-place graph per simulation with
-    one level per descent/backup loop iteration and the descent's last levels on the
-    trees still descending (the large-batch configuration, forced here with limits of 0
-    and 1): the same tree and action as the eager search, one graph for
-    every simulation. (The whole-search graph with 4 levels per iteration, the small-batch
+    """A custom ``loop_fn`` runs one in-place graph per simulation; here with one level
+    per descent/backup loop iteration and the descent's last levels on the trees still
+    descending (the large-batch configuration, forced here with limits of 0 and 1): the
+    same tree and action as the eager search, one graph for every simulation. (The whole-search graph with 4 levels per iteration, the small-batch
     configuration, is checked against eager by the tests above and by the mctx parity
     test.)"""
     import importlib
 
     search_mod = importlib.import_module("steersman.planning.search")
-    monkeypatch.setattr(search_mod, "WHOLE_GRAPH_MAX_BYTES", 0)
     monkeypatch.setattr(search_mod, "UNROLL_MAX_BATCH", 0)
     # compacted descents (batches above COMPACT_MIN_BATCH): here once one of 3 trees descends
     monkeypatch.setattr(search_mod, "COMPACT_MIN_BATCH", 1)
@@ -392,8 +350,17 @@ def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
     inv[1, 1:3] = True
     eager = POLICIES[policy]((), torch.Generator().manual_seed(2), root, model(t), 10, invalid_actions=inv)
     torch._dynamo.utils.counters.clear()
+    calls = []
+
+    def loop_fn(lower, upper, body, val):  # not fori_loop: one graph per simulation
+        calls.append((lower, upper))
+        for i in range(lower, upper):
+            val = body(i, val)
+        return val
+
     comp = POLICIES[policy]((), torch.Generator().manual_seed(2), root, model(t), 10, invalid_actions=inv,
-                            compile="eager")
+                            loop_fn=loop_fn, compile="eager")
+    assert calls == [(0, 10)]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     for f in ("children_visits", "children_index", "parents", "depth"):
         assert torch.equal(getattr(eager.search_tree, f), getattr(comp.search_tree, f)), f

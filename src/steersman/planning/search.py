@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import types
 from collections.abc import Callable
@@ -161,7 +160,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
                   early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False,
-                  functional: bool = False, unroll: int = 1, compact: int = 0) -> Tensor:
+                  unroll: int = 1, compact: int = 0) -> Tensor:
     """One simulation on every tree, updating ``tree`` in place: a descent of at most
     ``depth_steps`` levels (``<= max_depth``), one expansion (node ``sim + 1`` unless
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
@@ -242,15 +241,13 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     parent = path_nodes.gather(1, last).squeeze(-1)
     action = path_actions.gather(1, last).squeeze(-1)
 
-    nn, leaf_value, arrays, embeddings = _expand(params, rng, tree, sim, parent, action, depth, recurrent_fn,
-                                                 tensor_embedding, functional)
-    put = functools.partial(_put, arrays, functional)
+    nn, leaf_value = _expand(params, rng, tree, sim, parent, action, depth, recurrent_fn, tensor_embedding)
 
     # backup: returns along the path from the leaf up (mctx's order of operations),
     # then one masked write per array. Unused path columns repeat column 0's write.
     br = ar.unsqueeze(-1)
-    rewards = arrays["children_rewards"][br, path_nodes, path_actions]
-    discounts = arrays["children_discounts"][br, path_nodes, path_actions]
+    rewards = tree.children_rewards[br, path_nodes, path_actions]
+    discounts = tree.children_discounts[br, path_nodes, path_actions]
     cols = torch.arange(levels, device=ar.device)
     if use_while_loop:  # as deep as the deepest path, inside the graph
         def bcond(i: Tensor, ret: Tensor, returns: Tensor) -> Tensor:
@@ -276,30 +273,28 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
             ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
             rets.append(ret)
         returns = torch.stack(rets[::-1], -1)
-    count = arrays["node_visits"][br, path_nodes]
-    new_values = (arrays["node_values"][br, path_nodes] * count + returns) / (count + 1.0)
+    count = tree.node_visits[br, path_nodes]
+    new_values = (tree.node_values[br, path_nodes] * count + returns) / (count + 1.0)
     child_values = torch.cat([new_values[:, 1:], leaf_value.unsqueeze(-1)], -1) if levels > 1 \
         else leaf_value.unsqueeze(-1)
     child_values = torch.where(cols == last, leaf_value.unsqueeze(-1), child_values)
     used = cols < depth.unsqueeze(-1)
     pn = torch.where(used, path_nodes, 0)
     pa = torch.where(used, path_actions, path_actions[:, :1])
-    put("node_values", (br, pn), torch.where(used, new_values, new_values[:, :1]))
-    put("node_visits", (br, pn), torch.where(used, count, count[:, :1]) + 1)
-    put("children_values", (br, pn, pa), torch.where(used, child_values, child_values[:, :1]))
-    visits = arrays["children_visits"][br, pn, pa]
-    put("children_visits", (br, pn, pa), torch.where(used, visits, visits[:, :1]) + 1)
-    if functional:
-        return nn, arrays, embeddings
+    tree.node_values[br, pn] = torch.where(used, new_values, new_values[:, :1])
+    tree.node_visits[br, pn] = torch.where(used, count, count[:, :1]) + 1
+    tree.children_values[br, pn, pa] = torch.where(used, child_values, child_values[:, :1])
+    visits = tree.children_visits[br, pn, pa]
+    tree.children_visits[br, pn, pa] = torch.where(used, visits, visits[:, :1]) + 1
     return nn
 
 
 def _expand(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Tensor, parent: Tensor, action: Tensor,
-            depth: Tensor, recurrent_fn: RecurrentFn, tensor_embedding: bool, functional: bool) -> tuple:
+            depth: Tensor, recurrent_fn: RecurrentFn, tensor_embedding: bool) -> tuple[Tensor, Tensor]:
     """The expansion of one simulation: one call of ``recurrent_fn`` on the parents'
     embeddings and the writes of the new nodes (node ``sim + 1``, or the existing child
-    where ``max_depth`` stopped the descent). Returns ``(nodes [B], leaf values [B],
-    arrays, embeddings)`` (the dicts of written arrays: new tensors if ``functional``)."""
+    where ``max_depth`` stopped the descent), in place. Returns ``(nodes [B], leaf
+    values [B])``."""
     ar = tree.batch_range
     nn = tree.children_index[ar, parent, action]
     nn = torch.where(nn == Tree.UNVISITED, sim + 1, nn)
@@ -311,23 +306,20 @@ def _expand(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Ten
         emb = TensorDict({k: emb_store.get(k)[ar, parent] for k in keys}, batch_size=ar.shape)
     step, next_emb = recurrent_fn(params, rng, action, emb)
     leaf_value = step.value.to(tree.node_values.dtype).clone(memory_format=torch.contiguous_format)
-    arrays = {f: getattr(tree, f) for f in _WRITTEN}
-    put = functools.partial(_put, arrays, functional)
-    put("children_prior_logits", (ar, nn), step.prior_logits)
-    put("raw_values", (ar, nn), leaf_value)
-    put("node_values", (ar, nn), leaf_value)
-    put("node_visits", (ar, nn), arrays["node_visits"][ar, nn] + 1)
-    put("depth", (ar, nn), depth)
+    tree.children_prior_logits[ar, nn] = step.prior_logits
+    tree.raw_values[ar, nn] = leaf_value
+    tree.node_values[ar, nn] = leaf_value
+    tree.node_visits[ar, nn] = tree.node_visits[ar, nn] + 1
+    tree.depth[ar, nn] = depth
     new_emb = {_EMB_KEY: next_emb} if tensor_embedding else {k: next_emb.get(k) for k in keys}
-    embeddings = {k: emb_store.get(k) for k in new_emb}
     for k, x in new_emb.items():
-        _put(embeddings, functional, k, (ar, nn), x)
-    put("children_index", (ar, parent, action), nn)
-    put("children_rewards", (ar, parent, action), step.reward)
-    put("children_discounts", (ar, parent, action), step.discount)
-    put("parents", (ar, nn), parent)
-    put("action_from_parent", (ar, nn), action)
-    return nn, leaf_value, arrays, embeddings
+        emb_store.get(k)[ar, nn] = x
+    tree.children_index[ar, parent, action] = nn
+    tree.children_rewards[ar, parent, action] = step.reward
+    tree.children_discounts[ar, parent, action] = step.discount
+    tree.parents[ar, nn] = parent
+    tree.action_from_parent[ar, nn] = action
+    return nn, leaf_value
 
 
 def _descend_compacted(tree: Tree, uniform: Tensor | None, carry: tuple, compact: int, cond: Callable,
@@ -349,14 +341,6 @@ def _descend_compacted(tree: Tree, uniform: Tensor | None, carry: tuple, compact
         return torch.cat([full, full[:1]]).index_put((idx,), x)[:batch]
 
     return (part[0], *(back(f, x) for f, x in zip(carry[1:], part[1:])))
-
-
-def _put(arrays: dict, functional: bool, name: str, index: tuple, value: Tensor) -> None:
-    """``arrays[name][index] = value``, in place or (``functional``) as a new tensor."""
-    if functional:
-        arrays[name] = arrays[name].index_put(index, value)
-    else:
-        arrays[name][index] = value
 
 
 _COMPILED: dict = {}
@@ -414,21 +398,9 @@ def compiled_simulation(options: dict, key: tuple) -> Callable:
     return fn
 
 
-# the tree arrays a simulation writes (carried through the simulation loop)
+# the tree arrays a simulation writes (in place; the tests check their storage)
 _WRITTEN = ("node_visits", "raw_values", "node_values", "parents", "action_from_parent", "depth", "children_index",
             "children_prior_logits", "children_visits", "children_rewards", "children_discounts", "children_values")
-
-
-# the compiled search runs as one graph while the written tree arrays are smaller than
-# this; larger trees run one in-place graph per simulation (see :func:`search`). The
-# whole-search loop writes the tree in place (``IN_PLACE_LOOP``), so it costs the same as
-# the per-simulation graphs at B=1024 and less below: no limit by default (session 9,
-# with a loop that copied the arrays every simulation, switched at 8 MiB)
-WHOLE_GRAPH_MAX_BYTES = 1 << 62
-
-# the whole-search loop writes the tree in place (True) or carries it functionally, copying
-# the written arrays every simulation (False: the session-9 loop, kept for comparisons)
-IN_PLACE_LOOP = True
 
 
 # levels per iteration of the compiled descent and backup loops: each iteration is a call
@@ -462,59 +434,33 @@ def descent_compact(batch: int, interior_action_selection_fn: Callable) -> int:
     return max(1, batch // COMPACT_FRACTION)
 
 
-def _carried_bytes(tree: Tree) -> int:
-    """Bytes of the tree arrays a simulation writes (the whole-search loop's carry)."""
-    return sum(getattr(tree, f).nbytes for f in _WRITTEN) + sum(x.nbytes for x in tree.embeddings.values(True, True))
-
-
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
                     root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
-                    levels: int, tensor_embedding: bool, unroll: int = 1, in_place: bool = True,
-                    compact: int = 0) -> Any:
+                    levels: int, tensor_embedding: bool, unroll: int = 1, compact: int = 0) -> Tensor:
     """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
     whole search in one graph under ``torch.compile(fullgraph=True)``).
 
-    ``in_place`` (the default): the loop carries only the simulation counter; the tree
+    The loop carries only the simulation counter; the tree
     arrays are tensors the loop body captures and writes in place (``while_loop`` allows
     mutating captured, non-carried tensors in inference graphs: call it under
     ``torch.no_grad()``), so no simulation copies the ``[B, N, A]`` arrays. Returns the
     final counter (it must be used: a ``while_loop`` whose outputs are unused is dropped
-    from the graph together with its writes).
-
-    Otherwise the written tree arrays and the embeddings are the loop's carried state,
-    updated functionally; returns the new arrays (in the order of ``_WRITTEN``, then the
-    embedding leaves)."""
+    from the graph together with its writes)."""
     from torch._higher_order_ops.while_loop import while_loop
 
-    keys = _leaf_keys(tree.embeddings)
     num_simulations = uniforms.shape[0]
-    n = len(_WRITTEN)
 
-    def cond(sim: Tensor, *state: Tensor) -> Tensor:
+    def cond(sim: Tensor) -> Tensor:
         return sim < num_simulations
 
-    if in_place:
-        def body_in_place(sim: Tensor) -> tuple:
-            uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
-            simulate_once(params, None, tree, sim, uniform, recurrent_fn, root_action_selection_fn,
-                          interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
-                          use_while_loop=True, unroll=unroll, compact=compact)
-            return (sim + 1,)
-
-        return while_loop(cond, body_in_place, (first,))[0]
-
-    def body(sim: Tensor, *state: Tensor) -> tuple:
-        emb = TensorDict(dict(zip(keys, state[n:])), batch_size=tree.embeddings.batch_size)
-        t = dataclasses.replace(tree, embeddings=emb, **dict(zip(_WRITTEN, state[:n])))
+    def body(sim: Tensor) -> tuple:
         uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
-        _, arrays, embeddings = simulate_once(
-            params, None, t, sim, uniform, recurrent_fn, root_action_selection_fn, interior_action_selection_fn,
-            max_depth, levels, tensor_embedding=tensor_embedding, use_while_loop=True, functional=True,
-            unroll=unroll, compact=compact)
-        return (sim + 1, *(arrays[f] for f in _WRITTEN), *(embeddings[k] for k in keys))
+        simulate_once(params, None, tree, sim, uniform, recurrent_fn, root_action_selection_fn,
+                      interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
+                      use_while_loop=True, unroll=unroll, compact=compact)
+        return (sim + 1,)
 
-    state = (*(getattr(tree, f) for f in _WRITTEN), *(tree.embeddings.get(k) for k in keys))
-    return tuple(while_loop(cond, body, (first, *state))[1:])
+    return while_loop(cond, body, (first,))[0]
 
 
 def compiled_search(options: dict, key: tuple) -> Callable:
@@ -556,8 +502,7 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     only the simulation counter and writes the tree arrays in place (an inference graph:
     the compiled simulations run under ``torch.no_grad()``, so the tree carries no
     autograd history), so no simulation copies the ``[B, N, A]`` arrays. A custom
-    ``loop_fn`` (or trees above ``WHOLE_GRAPH_MAX_BYTES``, no limit by default) runs one
-    in-place graph per simulation instead. From ``COMPACT_MIN_BATCH`` (256) trees on, with
+    ``loop_fn`` runs one in-place graph per simulation instead. From ``COMPACT_MIN_BATCH`` (256) trees on, with
     the built-in selection functions, a descent continues on only the trees still
     descending once at most ``B // COMPACT_FRACTION`` (8) of them are (the deepest of many
     trees is several times their mean depth). One graph serves every search with the same
@@ -619,21 +564,15 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         step = compiled_simulation(options, key)
         sims = torch.arange(num_simulations, device=logits.device)
 
-    if step is not None and loop_fn is fori_loop and _carried_bytes(tree) < WHOLE_GRAPH_MAX_BYTES:
-        # the whole search as one graph (small trees: no per-simulation call overhead)
+    if step is not None and loop_fn is fori_loop:
+        # the whole search as one graph (no per-simulation call overhead)
         simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
                       interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
-        run = compiled_search(options, (*key, IN_PLACE_LOOP))
+        run = compiled_search(options, key)
         with torch.no_grad():  # the in-place loop is an inference graph
             out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
-                      interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, IN_PLACE_LOOP,
-                      compact)
-        if isinstance(out, tuple):  # the functional loop: the new arrays
-            for name, x in zip(_WRITTEN, out):
-                setattr(tree, name, x)
-            for k, x in zip(_leaf_keys(tree.embeddings), out[len(_WRITTEN):]):
-                tree.embeddings.set(k, x)
-        elif int(out) != num_simulations:  # the loop's output must be used (see run_simulations)
+                      interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, compact)
+        if int(out) != num_simulations:  # the loop's output must be used (see run_simulations)
             raise RuntimeError(f"search: the compiled loop ran to simulation {int(out)} of {num_simulations}")
         return tree
 
