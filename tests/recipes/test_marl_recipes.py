@@ -252,3 +252,71 @@ def test_tanh_normal_rollout_equals_the_actor(share_params):
     discrete = make_policy(MAPPOConfig(categorical_actions=True), make_marl_env("navigation", 2, categorical_actions=True))
     with pytest.raises(TypeError, match="not make_policy's tanh-normal actor"):
         TanhNormalRollout(discrete)
+
+
+def _loss_and_batch(algo, normalize, entropy_coef, value_norm="none", share_params=True, n=3, batch=64):
+    from steersman.objectives import IPPOLoss, MAPPOLoss
+    from steersman.recipes.mappo import MAPPOConfig, make_critic, make_policy, make_value_norm
+
+    env = make_marl_env("navigation", 4, seed=0, n_agents=n)
+    cfg = MAPPOConfig(share_params=share_params, centralized_critic=algo == "mappo")
+    torch.manual_seed(0)
+    cls = IPPOLoss if algo == "ippo" else MAPPOLoss
+    loss = cls(make_policy(cfg, env), make_critic(cfg, env), entropy_coeff=entropy_coef, critic_coeff=0.5,
+               loss_critic_type="l2", normalize_advantage=normalize, diagnostics=False,
+               value_norm=make_value_norm(value_norm))
+    loss.set_keys(action=("agents", "action"), sample_log_prob=("agents", "action_log_prob"),
+                  value=("agents", "state_value"), advantage=("agents", "advantage"),
+                  value_target=("agents", "value_target"))
+    obs = torch.randn(batch, n, env.observation_spec["agents", "observation"].shape[-1]) * 3
+    action = (torch.rand(batch, n, 2) * 2 - 1) * 1.05  # some beyond [-1, 1]: clamped as TanhNormal.log_prob does
+    cols = (obs, action.clamp(-1, 1), torch.randn(batch, n), torch.randn(batch, n, 1) * 2 + 1, torch.randn(batch, n, 1))
+    td = TensorDict({"agents": TensorDict(dict(zip(("observation", "action", "action_log_prob", "advantage",
+                                                    "value_target"), cols)), [batch, n])}, [batch])
+    return loss, td, cols
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo"])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_plain_ppo_terms_equal_the_loss(algo, normalize, entropy_coef):
+    """The recipe's plain-tensor minibatch loss gives MAPPOLoss/IPPOLoss's total and every
+    gradient bit for bit, and moves the random stream as the loss does (the entropy draw)."""
+    from steersman.recipes.mappo import TanhNormalPPOTerms
+
+    loss, td, cols = _loss_and_batch(algo, normalize, entropy_coef)
+    terms = TanhNormalPPOTerms.of(loss)
+    assert terms is not None
+    params = [p for p in loss.parameters() if p.requires_grad]
+
+    def run(fn):
+        for p in params:
+            p.grad = None
+        torch.manual_seed(5)
+        total = fn()
+        total.backward()
+        return total.detach(), [p.grad.clone() for p in params], torch.rand(4)
+
+    def with_loss():
+        out = loss(td)
+        return out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+
+    want, got = run(with_loss), run(lambda: terms(*cols))
+    assert torch.equal(want[0], got[0]), (want[0], got[0])
+    assert len(want[1]) == len(got[1]) == 12
+    for a, b in zip(want[1], got[1]):
+        assert torch.equal(a, b)
+    assert torch.equal(want[2], got[2]), "the random stream moved differently"
+    with pytest.raises(ValueError, match="value targets"):
+        terms(cols[0], cols[1], cols[2], cols[3], cols[4][:, :1])
+
+
+def test_plain_ppo_terms_only_where_they_equal_the_loss():
+    """Losses the plain terms do not reproduce get None (the recipe then calls the loss)."""
+    from steersman.recipes.mappo import TanhNormalPPOTerms
+
+    assert TanhNormalPPOTerms.of(_loss_and_batch("mappo", False, 0.0, value_norm="popart")[0]) is None
+    assert TanhNormalPPOTerms.of(_loss_and_batch("mappo", False, 0.0, share_params=False)[0]) is None
+    loss = _loss_and_batch("ippo", False, 0.0)[0]
+    loss.clip_value = 0.2
+    assert TanhNormalPPOTerms.of(loss) is None
