@@ -249,7 +249,7 @@ class TanhNormalPPOTerms:
         >>> loss = MAPPOLoss(make_policy(cfg, env), make_critic(cfg, env), entropy_coeff=0.0)
         >>> _ = loss.set_keys(value=("agents", "state_value"))  # the critic's output
         >>> terms = TanhNormalPPOTerms.of(loss)
-        >>> obs, act = torch.randn(8, 3, 18), torch.rand(8, 3, 2) * 2 - 1
+        >>> obs, act = torch.randn(8, 3, 10), torch.rand(8, 3, 2) * 2 - 1  # native navigation: 10 features
         >>> total = terms(obs, act, torch.zeros(8, 3), torch.randn(8, 3, 1), torch.randn(8, 3, 1))
         >>> total.shape, total.requires_grad
         (torch.Size([]), True)
