@@ -9,7 +9,13 @@ import torch
 from steersman.collectors import SyncDataCollector
 from steersman.envs.native import AcrobotEnv, CartPoleEnv, GridWorldEnv, MountainCarEnv
 from steersman.objectives.value import GAE
-from steersman.recipes.fused import FusedCollector, FusedGAE, cacheable_scan, fusable
+from steersman.recipes.fused import (
+    FusedCollector,
+    FusedGAE,
+    cacheable_scan,
+    fusable,
+    remember_vec_isa,
+)
 from steersman.recipes.ppo import PPOConfig, make_critic, make_policy
 
 ENVS = [CartPoleEnv, AcrobotEnv, MountainCarEnv]
@@ -323,3 +329,50 @@ def test_fusable_update_names_what_it_does_not_cover(kw, reason):
         FusedPPOUpdate(loss, update, state, compile=False)
     plain, plain_update, _, _ = _ppo_loss()
     assert fusable_update(plain, plain_update) is None
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="the ISA probe it skips is x86-64's")
+def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp_path, monkeypatch):
+    """First process: inductor's probe runs once and is recorded; later: the record turns
+    the probe off (``cpp.vec_isa_ok``) only if the probe found every ISA the flags list;
+    a record with a failed ISA, or a user's setting, leaves inductor's probe on."""
+    import functools
+    import json
+    import os
+
+    from torch._inductor import config, cpu_vec_isa
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+    probes = []
+
+    def fake_list(ok: bool):  # the probe finds only avx2 usable of the two the flags list
+        @functools.cache
+        def listed():
+            if config.cpp.vec_isa_ok:
+                return ["avx512", "avx2"]
+            probes.append(1)
+            return ["avx512", "avx2"] if ok else ["avx2"]
+        return listed
+
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=False))
+    assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 1
+    (record,) = (tmp_path / "steersman-vec-isa").iterdir()
+    assert json.loads(record.read_text()) == {"probed": ["avx2"], "listed": ["avx512", "avx2"]}
+    assert remember_vec_isa() is False and len(probes) == 1  # recorded: not probed again, still on
+
+    os.remove(record)
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=True))
+    assert remember_vec_isa() is True and config.cpp.vec_isa_ok is True and len(probes) == 2
+    config.cpp.vec_isa_ok = None  # a new process
+    assert remember_vec_isa() is True and config.cpp.vec_isa_ok is True and len(probes) == 2
+    assert cpu_vec_isa.valid_vec_isa_list() == ["avx512", "avx2"]
+
+    config.cpp.vec_isa_ok = None
+    record.write_text("not json")  # unreadable: probed and recorded again
+    assert remember_vec_isa() is True and len(probes) == 3
+
+    config.cpp.vec_isa_ok = None
+    monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")  # the user's word wins
+    assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 3

@@ -37,6 +37,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
+import platform
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -53,7 +58,7 @@ from steersman.objectives.functional_update import use_compile_cache
 from steersman.objectives.value.functional import vec_generalized_advantage_estimate
 from steersman.tensordict import TensorDict
 
-__all__ = ["FusedCollector", "FusedGAE", "fusable"]
+__all__ = ["FusedCollector", "FusedGAE", "fusable", "remember_vec_isa"]
 
 
 def _plain_net(module: nn.Module, in_key: str, out_key: str) -> nn.Module | None:
@@ -183,8 +188,67 @@ def cacheable_scan() -> Iterator[None]:
         scan_op._cacheable = before
 
 
+def remember_vec_isa() -> bool:
+    """Skips inductor's per-process probe of the CPU's vector ISAs when an earlier
+    process on this machine found every ISA the CPU flags list usable; returns whether
+    the probe is skipped.
+
+    In every new process inductor's first CPU compile dry-compiles a small program for
+    each ISA that ``/proc/cpuinfo`` lists (AVX512-VNNI, AVX512, AVX2 here) and checks each
+    ``.so`` by loading it in a child Python (6 children: 1.8-2.5 s of a ~8 s warm start at
+    load ~3). The answer depends only on the CPU, the compiler and torch, so it is kept
+    in :func:`~steersman.objectives.functional_update.use_compile_cache`'s directory
+    under a key of those three (the compiler's version string, torch's version and
+    location, the machine, the CPU's flags). When the stored probe found every listed
+    ISA usable, this sets inductor's documented ``cpp.vec_isa_ok = True`` ("force usage
+    without testing"), which yields that same list without the children. Otherwise (no
+    record yet: the probe runs here once and is recorded; some ISA failed; not x86-64
+    Linux; ``TORCHINDUCTOR_VEC_ISA_OK`` or ``cpp.vec_isa_ok`` already set) inductor
+    probes as usual."""
+    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is not None or sys.platform != "linux" \
+            or platform.machine() != "x86_64":
+        return False
+    try:
+        from torch._inductor import config, cpu_vec_isa
+        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint("")
+        flags = sorted(cpu_vec_isa.x86_isa_checker())
+        listed = cpu_vec_isa.valid_vec_isa_list
+    except (ImportError, AttributeError):  # pragma: no cover - another torch layout: leave the probe on
+        return False
+    if config.cpp.vec_isa_ok is not None:
+        return config.cpp.vec_isa_ok is True
+    key = hashlib.sha256(json.dumps([fingerprint, torch.__file__, platform.machine(), flags]).encode()).hexdigest()
+    path = os.path.join(use_compile_cache(), "steersman-vec-isa", f"{key}.json")
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not {"probed", "listed"} <= record.keys():
+        listed.cache_clear()
+        probed = [str(isa) for isa in listed()]  # inductor's own probe, once per machine
+        with config.patch({"cpp.vec_isa_ok": True}):
+            listed.cache_clear()
+            unprobed = [str(isa) for isa in listed()]
+        listed.cache_clear()
+        record = {"probed": probed, "listed": unprobed}
+        with contextlib.suppress(OSError):  # a read-only cache: probe again next time
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+    if not record["probed"] or record["probed"] != record["listed"]:
+        return False
+    config.cpp.vec_isa_ok = True
+    listed.cache_clear()
+    return True
+
+
 def _compile(fn: Any, backend: Any) -> Any:
     use_compile_cache()
+    if backend == "inductor":
+        remember_vec_isa()
     return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
 
 

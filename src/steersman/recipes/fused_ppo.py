@@ -62,7 +62,16 @@ from steersman.tensordict import TensorDictBase
 from steersman.tensordict.nn import optim
 from steersman.tensordict.nn.optim import tree_from_leaves
 
-from .fused import _flat, _logits_net, _plain_net, _program, _run_net, _stance, cacheable_scan
+from .fused import (
+    _flat,
+    _logits_net,
+    _plain_net,
+    _program,
+    _run_net,
+    _stance,
+    cacheable_scan,
+    remember_vec_isa,
+)
 
 __all__ = ["FusedPPOUpdate", "categorical_log_prob_entropy", "clip_ppo_terms", "fusable_update"]
 
@@ -184,6 +193,8 @@ class FusedPPOUpdate:
         self.compiled = compile
         if compile:
             use_compile_cache()
+            if backend == "inductor":
+                remember_vec_isa()
         self._fn = torch.compile(self._iteration, fullgraph=True, dynamic=False, backend=backend) \
             if compile else self._iteration
         self._warm = False
