@@ -36,7 +36,7 @@ call, then the median of ``--repeats`` calls in process CPU time (``--wall``: wa
 clock).
 
     python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--no-cpp]
-                                  [--eager-max-batch 64] [--json out.json]
+                                  [--eager-max-batch 64] [--policies muzero,gumbel_muzero] [--json out.json]
     MCTX_PYTHON=<venv with jax, mctx>/bin/python python benchmarks/planning.py
 """
 
@@ -79,7 +79,8 @@ CPP = {"backend": "inductor", "options": {"cpp_wrapper": True}}
 
 
 def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True,
-                   eager_max_batch: int = 1 << 30, cpp: bool = True, check_all: bool = True) -> list[dict]:
+                   eager_max_batch: int = 1 << 30, cpp: bool = True, check_all: bool = True,
+                   policies: tuple[str, ...] = ("muzero", "gumbel_muzero")) -> list[dict]:
     import torch
     from torch import nn
 
@@ -142,6 +143,8 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
                 variants["steersman compiled cpp"] = (plain_fn, RootFnOutput(logits, value, latent), CPP)
         for name, (fn, root, comp) in variants.items():
             for pol_name, pol in (("muzero", muzero_policy), ("gumbel_muzero", gumbel_muzero_policy)):
+                if pol_name not in policies:
+                    continue
                 gen = torch.Generator().manual_seed(0)
                 times = []
                 try:
@@ -179,7 +182,8 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
 
 
 # ---------------------------------------------------------------------- mctx (worker)
-def mctx_worker(weights_path: str, batches: list[int], repeats: int, wall: bool) -> list[dict]:
+def mctx_worker(weights_path: str, batches: list[int], repeats: int, wall: bool,
+                policies: tuple[str, ...] = ("muzero", "gumbel_muzero")) -> list[dict]:
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     import jax
     import jax.numpy as jnp
@@ -206,6 +210,9 @@ def mctx_worker(weights_path: str, batches: list[int], repeats: int, wall: bool)
     clock = _timer(wall)
     for b in batches:
         for pol_name, pol in (("muzero", mctx.muzero_policy), ("gumbel_muzero", mctx.gumbel_muzero_policy)):
+            if pol_name not in policies:
+                continue
+
             def run(key, latent, pol=pol):
                 logits, value = pred(latent)
                 root = mctx.RootFnOutput(prior_logits=logits, value=value, embedding=latent)
@@ -228,7 +235,8 @@ def mctx_worker(weights_path: str, batches: list[int], repeats: int, wall: bool)
     return rows
 
 
-def mctx_rows(w: dict, batches: list[int], repeats: int, wall: bool) -> tuple[list[dict], str | None]:
+def mctx_rows(w: dict, batches: list[int], repeats: int, wall: bool,
+              policies: tuple[str, ...] = ("muzero", "gumbel_muzero")) -> tuple[list[dict], str | None]:
     py = os.environ.get("MCTX_PYTHON")
     if not py:
         return [], "mctx jit: skipped (set MCTX_PYTHON to a python with jax and mctx)"
@@ -236,7 +244,7 @@ def mctx_rows(w: dict, batches: list[int], repeats: int, wall: bool) -> tuple[li
         path = os.path.join(d, "w.npz")
         np.savez(path, **w)
         cmd = [py, os.path.abspath(__file__), "--mctx-worker", path, "--batches", ",".join(map(str, batches)),
-               "--repeats", str(repeats)] + (["--wall"] if wall else [])
+               "--repeats", str(repeats), "--policies", ",".join(policies)] + (["--wall"] if wall else [])
         res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return [], f"mctx jit: failed ({res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode})"
@@ -252,18 +260,23 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true",
                     help="skip the untimed eager search that checks compiled rows without an eager row")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--policies", default="muzero,gumbel_muzero", help="comma-separated subset of the default")
     ap.add_argument("--wall", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--mctx-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
+    policies = tuple(args.policies.split(","))
+    bad = set(policies) - {"muzero", "gumbel_muzero"}
+    if bad:
+        ap.error(f"--policies: unknown {sorted(bad)} (muzero, gumbel_muzero)")
     if args.mctx_worker:
-        print(json.dumps(mctx_worker(args.mctx_worker, batches, args.repeats, args.wall)))
+        print(json.dumps(mctx_worker(args.mctx_worker, batches, args.repeats, args.wall, policies)))
         return
     w = make_weights()
-    rows, note = mctx_rows(w, batches, args.repeats, args.wall)
+    rows, note = mctx_rows(w, batches, args.repeats, args.wall, policies)
     rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile, args.eager_max_batch,
-                          not args.no_cpp, not args.no_check) + rows
+                          not args.no_cpp, not args.no_check, policies) + rows
     print(f"{'impl':<23} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
     for r in sorted(rows, key=lambda r: (r["policy"], r["batch"], r["impl"])):
         if "error" in r:

@@ -449,3 +449,76 @@ def test_compiled_whole_search_writes_the_tree_in_place(monkeypatch):
     torch.testing.assert_close(eager.action_weights.detach(), comp.action_weights)
     assert torch.equal(eager.action, comp.action)
     assert eager.search_tree.depth.amax().item() >= 2
+
+
+@pytest.mark.parametrize("keywords", [{}, {"rescale_values": False, "value_scale": 0.3},
+                                      {"use_mixed_value": False, "maxvisit_init": 10.0}])
+def test_compiled_gumbel_interior_selection_by_columns_equals_the_rows(keywords):
+    """Under compile, Gumbel MuZero's interior selection with the mixed-value transform is
+    computed per action column (``_gumbel_interior_columns``): the same action as the
+    row formulas at every node of searched trees (two players, visited and unvisited
+    children), with the transform's keywords bound by ``functools.partial``; another
+    transform keeps the row formulas."""
+    from steersman.planning.action_selection import _gumbel_interior_columns, _keywords_of
+    from steersman.planning.qtransforms import (
+        qtransform_by_parent_and_siblings,
+        qtransform_completed_by_mix_value,
+    )
+
+    t = tables(17, two_player=True)
+    qt = functools.partial(qtransform_completed_by_mix_value, **keywords)
+    tree = POLICIES["gumbel"]((), torch.Generator().manual_seed(5), root_for(t, torch.arange(12)), model(t), 20,
+                              qtransform=qt).search_tree
+    assert tree.depth.amax().item() >= 2 and (tree.children_visits > 0).any()
+    assert _keywords_of(qt, qtransform_completed_by_mix_value) == keywords
+    assert _keywords_of(qtransform_by_parent_and_siblings, qtransform_completed_by_mix_value) is None
+    select = torch.compile(functools.partial(gumbel_muzero_interior_action_selection, qtransform=qt),
+                           backend="eager", fullgraph=True)
+    chosen = set()
+    for n in range(tree.num_simulations + 1):
+        index = torch.full((12,), n)
+        want = gumbel_muzero_interior_action_selection(None, tree, index, 1, qtransform=qt)
+        assert torch.equal(_gumbel_interior_columns(tree, index, **keywords), want), n
+        assert torch.equal(select(None, tree, index, 1), want), n
+        chosen.update(want.tolist())
+    assert len(chosen) > 1  # not a constant answer
+
+
+def test_compiled_root_and_puct_selections_by_columns_equal_the_rows():
+    """The column forms of Gumbel MuZero's root selection (sequential halving, Gumbel
+    noise, invalid root actions) and of PUCT (parent-and-siblings transform, tie-break
+    uniforms, the root mask at depth 0 given as an int or a 0-dim tensor) choose the same
+    actions as the row formulas, on trees stopped at several simulation counts."""
+    from steersman.planning.action_selection import (
+        _gumbel_root_columns,
+        _muzero_columns,
+        gumbel_muzero_root_action_selection,
+        table_of_considered_visits,
+    )
+
+    t = tables(19, two_player=True)
+    b = 12
+    g = torch.Generator().manual_seed(7)
+    inv = torch.rand(b, A, generator=g) < 0.4
+    inv[:, 2] = False
+    table = table_of_considered_visits(4, 24)
+    root_index = torch.zeros(b, dtype=torch.int64)
+    chosen = set()
+    for sims in (3, 11, 23):
+        for pol in ("gumbel", "muzero"):
+            tree = POLICIES[pol]((), torch.Generator().manual_seed(sims), root_for(t, torch.arange(b)), model(t), sims,
+                                 invalid_actions=inv).search_tree
+            if pol == "gumbel":  # (the root Gumbel noise is in the tree's extra data)
+                want = gumbel_muzero_root_action_selection(None, tree, root_index, table=table,
+                                                           max_num_considered_actions=4)
+                assert torch.equal(_gumbel_root_columns(tree, root_index, table, 4), want)
+                chosen.update(want.tolist())
+            u = torch.rand(b, A, generator=g)
+            for n in range(sims + 1):
+                index = torch.full((b,), n)
+                for depth, mask in ((0, inv), (2, None), (torch.tensor(0), inv), (torch.tensor(1), inv & False)):
+                    for uniform in (None, u):
+                        want = muzero_action_selection(uniform, tree, index, depth)
+                        assert torch.equal(_muzero_columns(uniform, tree, index, mask, 1.25, 19652.0), want)
+                        chosen.update(want.tolist())
+    assert len(chosen) > 1
