@@ -26,9 +26,18 @@ with the same settings in the same invocation, one run (``sb3``) and two at once
 (``sb3-pair``, one per core), each SB3 process on one thread, in the anchor venv:
 
     nice -n 10 python benchmarks/multiseed.py --learn --seeds 32 --frames 16384
-    nice -n 10 python benchmarks/multiseed.py --learn --compile --seeds 32 --frames 65536
+    nice -n 10 python benchmarks/multiseed.py --learn --compile --warm-cache --seeds 32 --frames 65536
 
-(``--compile``: the population with ``compile=true``, its compile time included.)
+(``--compile``: the population with ``compile=true``, its compile time included;
+``--warm-cache``: a short untimed run first fills inductor's on-disk cache, so the timed
+run's compile is tracing and loading, not code generation.)
+``--algo dqn`` / ``--algo sac``: the same comparison for DQN on CartPole and SAC on
+Pendulum, both sides with the recipes' defaults (rl-zoo's settings, as in
+``benchmarks/learning.py``):
+
+    nice -n 10 python benchmarks/multiseed.py --learn --compile --warm-cache --algo dqn --seeds 16 --frames 10240
+    nice -n 10 python benchmarks/multiseed.py --learn --compile --warm-cache --algo sac --seeds 16 --frames 1000
+
 ``--update-ms`` times the vmapped PPO update alone, eager against compiled (inductor),
 alternated in one process (median CPU ms per update for each ``--seeds`` N):
 
@@ -87,16 +96,18 @@ LEARN_CHILD = r"""
 import json, sys, tempfile, time
 import torch
 torch.set_num_threads(1)
-from steersman.recipes import multiseed
+from steersman.recipes import dqn, multiseed, ppo, sac
 from steersman.recipes.config import CheckpointConfig, EvalConfig, LoggerConfig
-from steersman.recipes.ppo import PPOConfig
 
 n, frames, lr, ent, compile_ = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
-cfg = PPOConfig(seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]), compile=compile_,
-                export_format="none", eval=EvalConfig(interval=0, episodes=10), checkpoint=CheckpointConfig(interval=0))
-cfg.optim.lr, cfg.loss.entropy_coef = lr, ent
+algo = sys.argv[6]
+Config = {"ppo": ppo.PPOConfig, "dqn": dqn.DQNConfig, "sac": sac.SACConfig}[algo]
+cfg = Config(seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]), compile=compile_,
+             export_format="none", eval=EvalConfig(interval=0, episodes=10), checkpoint=CheckpointConfig(interval=0))
+if algo == "ppo":  # the 4-seed test's settings; DQN and SAC keep their recipes' (rl-zoo's) defaults
+    cfg.optim.lr, cfg.loss.entropy_coef = lr, ent
 c0, t0 = time.process_time(), time.perf_counter()
-summary = multiseed.train_ppo(cfg, tempfile.mkdtemp() + "/run")
+summary = getattr(multiseed, f"train_{algo}")(cfg, tempfile.mkdtemp() + "/run")
 print(json.dumps({"mode": f"steersman seeds={n}" + (" compiled" if compile_ else ""), "n": n, "frames": frames * n, "fps": summary["frames_per_s"],
                   "call_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                   "finals": list(summary["final_eval_return"].values())}))
@@ -106,18 +117,28 @@ SB3_CHILD = r"""
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from stable_baselines3 import PPO
+from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
-seed, frames, lr, ent = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+seed, frames, lr, ent, algo = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+env_name = "Pendulum-v1" if algo == "sac" else "CartPole-v1"
 c0, t0 = time.process_time(), time.perf_counter()
-env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=ent,
-            learning_rate=lambda p: p * lr, clip_range=lambda p: p * 0.2, seed=seed, device="cpu", verbose=0)
+if algo == "ppo":
+    env = make_vec_env(env_name, n_envs=8, seed=seed)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=ent,
+                learning_rate=lambda p: p * lr, clip_range=lambda p: p * 0.2, seed=seed, device="cpu", verbose=0)
+elif algo == "dqn":  # rl-zoo's CartPole DQN = steersman's DQNConfig defaults (as benchmarks/learning.py)
+    env = make_vec_env(env_name, n_envs=1, seed=seed)
+    model = DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000,
+                gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu", verbose=0)
+else:  # SB3's SAC defaults = steersman's SACConfig defaults (as benchmarks/learning.py)
+    env = make_vec_env(env_name, n_envs=1, seed=seed)
+    model = SAC("MlpPolicy", env, learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
 model.learn(frames)
 train_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-ret, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=seed + 10_000), n_eval_episodes=10,
+ret, _ = evaluate_policy(model, make_vec_env(env_name, n_envs=1, seed=seed + 10_000), n_eval_episodes=10,
                          deterministic=True)
 print(json.dumps({"frames": int(model.num_timesteps), "train_s": train_s, "cpu_s": cpu_s, "final": float(ret)}))
 """
@@ -168,16 +189,23 @@ def update_ms(n: int, rounds: int, reps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def learn(n: int, frames: int, lr: float, ent: float, compile_: bool = False) -> list[dict]:
-    """The population to the end, then SB3 alone and two SB3 runs at once, same settings."""
+def learn(n: int, frames: int, lr: float, ent: float, compile_: bool = False, algo: str = "ppo",
+          warm: bool = False) -> list[dict]:
+    """The population to the end, then SB3 alone and two SB3 runs at once, same settings
+    (``warm``: a short untimed compiled run first, so that the timed one finds its graphs in
+    inductor's on-disk cache; the timed run still traces them)."""
     rows = []
+    if compile_ and warm:  # the same graphs traced and code-generated once into the on-disk cache, untimed
+        per_batch = {"ppo": 256, "dqn": 256 * 5, "sac": 101}[algo]  # (DQN, SAC: past learning_starts)
+        subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(per_batch), str(lr), str(ent), "1", algo],
+                       capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     out = subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(frames), str(lr), str(ent),
-                          "1" if compile_ else "0"], capture_output=True, text=True, check=True,
+                          "1" if compile_ else "0", algo], capture_output=True, text=True, check=True,
                          cwd=tempfile.gettempdir())
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     sb3 = str(ANCHORS_VENV / "bin" / "python")
     for label, seeds in (("sb3", [0]), ("sb3-pair", [0, 1])):
-        procs = [subprocess.Popen([sb3, "-c", SB3_CHILD, str(s), str(frames), str(lr), str(ent)],
+        procs = [subprocess.Popen([sb3, "-c", SB3_CHILD, str(s), str(frames), str(lr), str(ent), algo],
                                   stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir()) for s in seeds]
         runs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
         rows.append({"mode": label, "n": len(runs), "frames": sum(r["frames"] for r in runs),
@@ -202,6 +230,13 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--learn", action="store_true", help="train to the end, SB3 side by side (see above)")
     ap.add_argument("--frames", type=int, default=16_384, help="--learn: frames per member")
+    ap.add_argument("--algo", choices=("ppo", "dqn", "sac"), default="ppo",
+                    help="--learn: PPO on CartPole (the settings below), or DQN on CartPole / SAC on Pendulum with "
+                         "their recipes' (rl-zoo's) defaults on both sides")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="--learn --compile: fill inductor's on-disk cache with a short untimed run first (the timed "
+                         "run then traces its graphs and loads their code; without it a changed graph is generated "
+                         "inside the timed run)")
     ap.add_argument("--lr", type=float, default=2e-3, help="--learn: Adam lr (linear to 0)")
     ap.add_argument("--ent-coef", type=float, default=0.01, help="--learn: entropy bonus")
     ap.add_argument("--update-ms", action="store_true",
@@ -224,7 +259,7 @@ def main() -> None:
         return
     if args.learn:
         n = int(args.seeds.split(",")[-1])
-        rows = learn(n, args.frames, args.lr, args.ent_coef, args.compile)
+        rows = learn(n, args.frames, args.lr, args.ent_coef, args.compile, args.algo, args.warm_cache)
         sb3, sb3_cpu = rows[1]["fps"], rows[1]["frames"] / rows[1]["cpu_s"]
         print(f"{'contestant':<20}{'runs':>6}{'frames/s (all)':>16}{'x sb3':>8}{'frames/CPU-s':>14}{'x sb3':>8}"
               f"{'call s':>9}  final returns")
@@ -233,8 +268,8 @@ def main() -> None:
             per_cpu = r["frames"] / r["cpu_s"]
             print(f"{r['mode']:<20}{r['n']:>6}{r['fps']:>16.0f}{r['fps'] / sb3:>8.2f}{per_cpu:>14.0f}"
                   f"{per_cpu / sb3_cpu:>8.2f}{r['call_s']:>9.1f}  {finals}")
-        finals = rows[0]["finals"]
-        print(f"members >= 475: {sum(f >= 475 for f in finals)}/{len(finals)}; min {min(finals):.1f}")
+        finals, threshold = rows[0]["finals"], {"ppo": 475.0, "dqn": 475.0, "sac": -200.0}[args.algo]
+        print(f"members >= {threshold:g}: {sum(f >= threshold for f in finals)}/{len(finals)}; min {min(finals):.1f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)

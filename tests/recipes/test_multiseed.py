@@ -113,6 +113,34 @@ def test_compiled_population_is_three_graphs_and_equals_the_runs_alone(singles, 
             np.testing.assert_array_equal(csv[col], alone_csv[col])
 
 
+def test_compiled_calls_skip_guards_only_for_a_seen_signature(monkeypatch, tmp_path):
+    """``Population.vmapped`` with compile=true: the first call of a signature runs with
+    dynamo's guards, later calls of it without (``skip_guard_eval_unsafe``); new shapes,
+    strides or numbers recompile and give the right result, never a stale graph's."""
+    from torch._dynamo.utils import counters
+
+    real, fast = torch.compiler.set_stance, []
+
+    def spy(*args, **kwargs):
+        fast.append(kwargs.get("skip_guard_eval_unsafe", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.compiler, "set_stance", spy)
+    pop = multiseed.Population("ppo", tiny(seeds=2, compile=True, compile_backend="eager"), tmp_path / "run",
+                               resume=False, batch_frames=16)
+    f = pop.vmapped(lambda x, y, k: x * k + y, "test function", vmap=False)
+    counters.clear()
+    g = torch.Generator().manual_seed(0)
+    calls = [(torch.randn(2, 3, generator=g), torch.randn(2, 3, generator=g), 2.0) for _ in range(3)]
+    calls.append((torch.randn(2, 5, generator=g), torch.randn(2, 5, generator=g), 2.0))  # new shape
+    calls.append((torch.randn(3, 2, generator=g).T, torch.randn(2, 3, generator=g), 2.0))  # new strides
+    calls.append((calls[0][0], calls[0][1], 3.0))  # new number
+    for x, y, k in calls:
+        assert torch.equal(f(x, y, k), x * k + y)
+    assert fast == [True, True], fast  # calls 2 and 3; every other call was a signature's first
+    assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
+
+
 def test_pure_ppo_loss_equals_clip_ppo_loss():
     """The compiled path's loss on plain tensors: ClipPPOLoss's terms and gradients, bit for
     bit (normalized advantages, clipped ratios, entropy bonus, l2 critic)."""

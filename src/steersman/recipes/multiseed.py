@@ -361,7 +361,14 @@ class Population:
     def vmapped(self, update: Callable, what: str, vmap: bool = True) -> Callable:
         """``torch.vmap(update)`` over the rows (``vmap=False``: ``update`` as it is); with
         ``compile=true`` one compiled graph (eager with a one-line warning saying why, if
-        dynamo cannot trace it)."""
+        dynamo cannot trace it).
+
+        Compiled calls after the first of each signature (the inputs' shapes, strides, dtypes)
+        skip dynamo's guards (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``,
+        as :class:`~steersman.objectives.functional_update.CompiledUpdate` does): with the
+        update's ~40 inputs they cost ~0.3 ms a call. So the functions' Python-level
+        settings (floats in closures) are read at the first call; what changes between
+        calls is a tensor input or a tensor changed in place (``lr``, the clip buffer)."""
         eager = torch.vmap(update) if vmap else update
         if not self.cfg.compile:
             return eager
@@ -369,13 +376,26 @@ class Population:
 
         use_compile_cache()
         compiled: Any = torch.compile(eager, fullgraph=True, dynamic=False, backend=self.cfg.compile_backend)
+        seen: set[tuple] = set()
 
         def run(*args: Any) -> Any:
             nonlocal compiled
             if compiled is not None:
+                signature = _signature(args)
+                fast = signature in seen
                 try:
-                    return compiled(*args)
-                except torch._dynamo.exc.TorchDynamoException as err:
+                    if fast:
+                        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                            return compiled(*args)
+                    out = compiled(*args)
+                    seen.add(signature)
+                    return out
+                except RuntimeError as err:
+                    if fast and "skip_guard_eval_unsafe" in str(err):  # a guard would fail: run with the guards
+                        seen.discard(signature)
+                        return run(*args)
+                    if not isinstance(err, torch._dynamo.exc.TorchDynamoException):
+                        raise
                     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     warnings.warn(f"compile=true: the {what} cannot be compiled ({reason}); "
                                   "running it eagerly", stacklevel=2)
@@ -386,6 +406,24 @@ class Population:
     def close(self) -> None:
         for log in self.loggers:
             log.close()
+
+
+def _signature(args: Any) -> tuple:
+    """The shapes, strides and dtypes of the tensors in ``args`` (nested tuples and lists), in
+    order; numbers, strings and None by value (dynamo bakes them in), other objects by type."""
+    out: list = []
+    stack = [args]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, Tensor):
+            out.append((a.shape, a.stride(), a.dtype))
+        elif isinstance(a, (tuple, list)):
+            stack.extend(reversed(a))
+        elif a is None or isinstance(a, (bool, int, float, str)):
+            out.append((type(a), a))
+        else:
+            out.append(type(a))
+    return tuple(out)
 
 
 class Stacked:
