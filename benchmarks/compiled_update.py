@@ -18,7 +18,9 @@ clipping at 0.5, Adam(lr 1e-3, eps 1e-5).
                  (:class:`steersman.recipes.fused_ppo.FusedPPOUpdate`): all of an
                  iteration's 20 updates (a 256-frame batch, 20 epochs at B=256, 5 at B=64)
                  in ONE compiled call, a ``scan`` over the shuffled minibatch indices;
-                 reported per update (the call's time / 20);
+                 reported per update (the call's time / 20); its graph's wrapper in C++
+                 (``cpp_wrapper``, the recipe's default since session 11);
+  fused-py       the same with inductor's Python wrapper (the session-10 recipe);
   floor          plain PyTorch: the two bare MLPs as a dict of tensors, the same clipped
                  loss written by hand, ``torch.func.grad``, clipping and Adam in one
                  ``fullgraph`` function. No TensorDict, no module.
@@ -53,7 +55,7 @@ import time
 import torch
 from torch import nn
 
-MODES = ("eager", "compile-loss", "functional-td", "functional", "fused", "floor")
+MODES = ("eager", "compile-loss", "functional-td", "functional", "fused", "fused-py", "floor")
 FRAMES, UPDATES = 256, 20  # the recipe's batch and updates per iteration (fused mode)
 OBS, N_ACT, HIDDEN = 4, 2, 64
 LR, EPS, MAX_NORM, CLIP = 1e-3, 1e-5, 0.5, 0.2
@@ -135,15 +137,16 @@ def _functional_td_step():
     return step
 
 
-def _fused_step(batch: int):
-    """FusedPPOUpdate: one compiled call per UPDATES updates (``step.updates_per_call``)."""
+def _fused_step(batch: int, options: dict | None = None):
+    """FusedPPOUpdate: one compiled call per UPDATES updates (``step.updates_per_call``);
+    ``options``: inductor's (None: the recipe's default, the C++ wrapper; ``{}``: Python)."""
     from steersman.objectives.functional_update import FunctionalUpdate, OptimizerState
     from steersman.recipes.fused_ppo import FusedPPOUpdate
     from steersman.tensordict.nn.optim import Adam
 
     loss_fn = _loss_module()
     update = FunctionalUpdate(loss_fn, Adam(lr=torch.tensor(LR), eps=EPS), max_grad_norm=MAX_NORM)
-    fused = FusedPPOUpdate(loss_fn, update, OptimizerState(update.init()[1]))
+    fused = FusedPPOUpdate(loss_fn, update, OptimizerState(update.init()[1]), options=options)
     full = _batches(FRAMES, 1)[0]
     epochs = UPDATES * batch // FRAMES
     g = torch.Generator().manual_seed(2)
@@ -204,7 +207,7 @@ def _floor_step():
 def _makers(batch: int) -> dict:
     return {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
             "functional": _functional_step, "functional-td": _functional_td_step,
-            "fused": lambda: _fused_step(batch), "floor": _floor_step}
+            "fused": lambda: _fused_step(batch), "fused-py": lambda: _fused_step(batch, {}), "floor": _floor_step}
 
 
 def _cpu_s() -> float:

@@ -10,9 +10,11 @@ from steersman.collectors import SyncDataCollector
 from steersman.envs.native import AcrobotEnv, CartPoleEnv, GridWorldEnv, MountainCarEnv
 from steersman.objectives.value import GAE
 from steersman.recipes.fused import (
+    INDUCTOR_OPTIONS,
     FusedCollector,
     FusedGAE,
     cacheable_scan,
+    compile_options,
     fusable,
     remember_vec_isa,
 )
@@ -376,3 +378,21 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
     config.cpp.vec_isa_ok = None
     monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")  # the user's word wins
     assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 3
+
+
+def test_compile_options_are_inductors_and_default_to_the_cpp_wrapper():
+    """The fused graphs compile with a C++ wrapper under inductor (the scan bodies' loop and
+    allocations out of Python); given options reach torch.compile; other backends take none."""
+    assert INDUCTOR_OPTIONS == {"cpp_wrapper": True}
+    assert compile_options("inductor", None) == {"cpp_wrapper": True}
+    assert compile_options("inductor", {}) == {}
+    got = compile_options("inductor", None)
+    got["size_asserts"] = False  # a copy: the default is not changed through it
+    assert INDUCTOR_OPTIONS == {"cpp_wrapper": True}
+    assert compile_options("aot_eager", None) is None and compile_options(lambda gm, ex: gm, None) is None
+    with pytest.raises(ValueError, match="inductor's; the backend is 'aot_eager'"):
+        compile_options("aot_eager", {"cpp_wrapper": True})
+    env = CartPoleEnv(batch_size=[2], seed=0)
+    policy = make_policy(PPOConfig(), env)
+    with pytest.raises(ValueError, match="inductor's"):
+        FusedCollector(env, policy, frames_per_batch=8, total_frames=8, backend="eager", options={"cpp_wrapper": True})

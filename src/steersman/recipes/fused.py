@@ -58,7 +58,7 @@ from steersman.objectives.functional_update import use_compile_cache
 from steersman.objectives.value.functional import vec_generalized_advantage_estimate
 from steersman.tensordict import TensorDict
 
-__all__ = ["FusedCollector", "FusedGAE", "fusable", "remember_vec_isa"]
+__all__ = ["INDUCTOR_OPTIONS", "FusedCollector", "FusedGAE", "compile_options", "fusable", "remember_vec_isa"]
 
 
 def _plain_net(module: nn.Module, in_key: str, out_key: str) -> nn.Module | None:
@@ -245,11 +245,32 @@ def remember_vec_isa() -> bool:
     return True
 
 
-def _compile(fn: Any, backend: Any) -> Any:
+#: inductor's options for the fused graphs. ``cpp_wrapper``: the graph's wrapper -- the
+#: calls of its kernels and, inside a ``scan`` (lowered to a while loop), the loop itself
+#: and the per-iteration buffer allocations -- is generated as C++ instead of Python. The
+#: scan bodies run 20 times (the update) and ``n_steps`` times (the rollout) per call,
+#: so their Python wrapper was a large share of the graphs' time (see
+#: benchmarks/README.md, issue 17 session 11). It costs a longer cold compile (one more
+#: C++ file per graph); warm starts load the cached ``.so``.
+INDUCTOR_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
+
+
+def compile_options(backend: Any, options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``options`` for ``torch.compile``: None for a backend other than inductor
+    (they are inductor's), else ``options`` (None: :data:`INDUCTOR_OPTIONS`)."""
+    if backend != "inductor":
+        if options:
+            raise ValueError(f"compile options {sorted(options)} are inductor's; the backend is {backend!r}")
+        return None
+    return dict(INDUCTOR_OPTIONS if options is None else options)
+
+
+def _compile(fn: Any, backend: Any, options: dict[str, Any] | None = None) -> Any:
     use_compile_cache()
     if backend == "inductor":
         remember_vec_isa()
-    return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
+    return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
+                         options=compile_options(backend, options))
 
 
 class FusedCollector(SyncDataCollector):
@@ -271,6 +292,7 @@ class FusedCollector(SyncDataCollector):
         frames_per_batch, total_frames: as the parent's.
         compile: compile the step (False: the same step runs eagerly).
         backend: ``torch.compile``'s backend.
+        options: inductor's options (None: :data:`INDUCTOR_OPTIONS`).
 
     Raises:
         ValueError: if the env or policy cannot be fused (the reason from :func:`fusable`).
@@ -284,7 +306,7 @@ class FusedCollector(SyncDataCollector):
     """
 
     def __init__(self, env: NativeEnv, policy: nn.Module, *, frames_per_batch: int, total_frames: int,
-                 compile: bool = True, backend: Any = "inductor") -> None:
+                 compile: bool = True, backend: Any = "inductor", options: dict[str, Any] | None = None) -> None:
         why = fusable(env, policy)
         if why is not None:
             raise ValueError(f"FusedCollector: {why}")
@@ -295,7 +317,7 @@ class FusedCollector(SyncDataCollector):
         self._kernel = type(env)._kernel
         self._time = torch.zeros(self._steps_per_batch, 0)  # what the scan runs over
         self.compiled = compile
-        self._fn = _compile(self._rollout_fn, backend) if compile else self._rollout_fn
+        self._fn = _compile(self._rollout_fn, backend, options) if compile else self._rollout_fn
         self._warm = False  # the rollout has compiled: later calls skip dynamo's guards
 
     def _call(self, *args: Any) -> tuple:
@@ -394,7 +416,7 @@ class FusedGAE:
     Args:
         critic: ``observation -> state_value`` (``make_critic``'s).
         gamma, lmbda: discount and λ.
-        compile, backend: as :class:`FusedCollector`'s.
+        compile, backend, options: as :class:`FusedCollector`'s.
 
     Example::
 
@@ -403,14 +425,14 @@ class FusedGAE:
     """
 
     def __init__(self, critic: nn.Module, *, gamma: float, lmbda: float, compile: bool = True,
-                 backend: Any = "inductor") -> None:
+                 backend: Any = "inductor", options: dict[str, Any] | None = None) -> None:
         net = _plain_net(critic, "observation", "state_value")
         if net is None:
             raise ValueError("FusedGAE: the critic is not observation -> state_value")
         self._net, self.gamma, self.lmbda = net, float(gamma), float(lmbda)
         self._names, _ = _flat(net)
         self._program = _program(net, self._names)
-        self._fn = _compile(self._gae, backend) if compile else self._gae
+        self._fn = _compile(self._gae, backend, options) if compile else self._gae
         self._warm = False
 
     def _gae(self, params: tuple, obs: Tensor, next_obs: Tensor, reward: Tensor, done: Tensor,

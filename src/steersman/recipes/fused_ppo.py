@@ -70,6 +70,7 @@ from .fused import (
     _run_net,
     _stance,
     cacheable_scan,
+    compile_options,
     remember_vec_isa,
 )
 
@@ -158,13 +159,15 @@ class FusedPPOUpdate:
             layout of ``optim.Adam.init``); read here, written by :meth:`sync`.
         compile: compile the iteration (False: the same body in a Python loop).
         backend: ``torch.compile``'s backend.
+        options: inductor's options (None: :data:`~steersman.recipes.fused.INDUCTOR_OPTIONS`,
+            the wrapper in C++).
 
     Raises:
         ValueError: if the loss cannot be fused (the reason from :func:`fusable_update`).
     """
 
     def __init__(self, loss_fn: ClipPPOLoss, update: FunctionalUpdate, opt_state: OptimizerState, *,
-                 compile: bool = True, backend: Any = "inductor") -> None:
+                 compile: bool = True, backend: Any = "inductor", options: dict[str, Any] | None = None) -> None:
         why = fusable_update(loss_fn, update)
         if why is not None:
             raise ValueError(f"FusedPPOUpdate: {why}")
@@ -195,8 +198,8 @@ class FusedPPOUpdate:
             use_compile_cache()
             if backend == "inductor":
                 remember_vec_isa()
-        self._fn = torch.compile(self._iteration, fullgraph=True, dynamic=False, backend=backend) \
-            if compile else self._iteration
+        self._fn = torch.compile(self._iteration, fullgraph=True, dynamic=False, backend=backend,
+                                 options=compile_options(backend, options)) if compile else self._iteration
         self._warm = False
         self.diagnostics: dict[str, Tensor] = {}
 
