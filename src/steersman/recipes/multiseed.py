@@ -1055,8 +1055,13 @@ class _DQN(OffPolicy):
         self.anneal_steps = max(int(cfg.exploration_fraction * cfg.total_frames), 1)
         self.updates_per_batch = cfg.gradient_steps
         self.act_stream = Streams(pop.seeds, _SALT_ACTIONS)
+        # a plain MLP (the recipe's) runs layer by layer on the leaves: the module's own ops,
+        # without swapping the leaves into the module at every step (~4x cheaper a call)
+        q_program = _program(q_module, self.names["params"], "value_network.module.0.module.")
 
         def greedy(p: tuple, obs: Tensor) -> Tensor:
+            if q_program is not None:
+                return _run_program(q_program, p, obs).argmax(-1)
             with st.swapped(p, keys):
                 return q_module(obs).argmax(-1)
 
