@@ -113,3 +113,33 @@ def test_observation_norm_after_init_stats_on_unbounded_observations():
     spec = env.observation_spec["agents", "observation"]
     obs = env.rollout(3)["agents", "observation"]
     assert spec.shape == obs.shape[:1] + obs.shape[2:] and torch.isfinite(obs).all()
+
+
+@pytest.mark.parametrize("inference_mode", [False, True], ids=["grad", "inference"])
+def test_vmas_runs_in_the_wrappers_mode_whatever_the_callers(inference_mode, monkeypatch):
+    """VMAS's step and resets run in the mode the wrapper was built with, also when the caller
+    is in inference mode already (a collector): the wrapper enters it only when it differs;
+    the numbers are the same from either caller mode."""
+    from vmas.simulator.environment.environment import Environment
+
+    seen = []
+    for name in ("step", "reset"):
+        real = getattr(Environment, name)
+
+        def record(self, *args, _real=real, **kwargs):
+            seen.append(torch.is_inference_mode_enabled())
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Environment, name, record)
+
+    def rollout(caller_inference):
+        env = VmasEnv("navigation", num_envs=4, max_steps=3, seed=1, n_agents=2, inference_mode=inference_mode)
+        torch.manual_seed(0)
+        with torch.inference_mode(caller_inference):
+            return env.rollout(5, break_when_any_done=False)  # a time-limit reset on the way
+
+    outside, inside = rollout(False), rollout(True)
+    assert len(seen) == 2 * (1 + 5 + 1) and all(mode == inference_mode for mode in seen), seen
+    assert outside.keys(True, True) == inside.keys(True, True)
+    for key in outside.keys(True, True):
+        assert torch.equal(outside.get(key), inside.get(key)), key

@@ -19,6 +19,7 @@ navigation step on CPU); the wrapper's outputs are ordinary tensors either way.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -230,6 +231,14 @@ class VmasWrapper(EnvBase):
                 per_agent[i] = a[:, p]
         return per_agent
 
+    def _vmas_mode(self) -> contextlib.AbstractContextManager:
+        """``torch.inference_mode(self.inference_mode)``, or no context when the caller is in
+        that mode already (a collector under inference mode): the same mode for VMAS, without
+        entering and leaving it on every step (~25 us of a ~2-3 ms navigation step)."""
+        if torch.is_inference_mode_enabled() == self.inference_mode:
+            return contextlib.nullcontext()
+        return torch.inference_mode(self.inference_mode)
+
     # ------------------------------------------------------------------ EnvBase API
     def _set_seed(self, seed: int | None) -> None:
         if seed is not None:
@@ -238,7 +247,7 @@ class VmasWrapper(EnvBase):
     def _reset(self, tensordict: TensorDictBase | None, **kwargs: Any) -> TensorDictBase:
         mask = self._reset_mask(tensordict)
         env = self._env
-        with torch.inference_mode(self.inference_mode):
+        with self._vmas_mode():
             if mask is None or bool(mask.all()):
                 env.reset(return_observations=False)
             else:
@@ -253,7 +262,7 @@ class VmasWrapper(EnvBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         actions = self._actions(tensordict)
-        with torch.inference_mode(self.inference_mode):
+        with self._vmas_mode():
             out = self._env.step(actions)
             if not self._env.terminated_truncated:
                 flags = self._flags()
