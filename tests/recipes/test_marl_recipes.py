@@ -320,3 +320,29 @@ def test_plain_ppo_terms_only_where_they_equal_the_loss():
     loss = _loss_and_batch("ippo", False, 0.0)[0]
     loss.clip_value = 0.2
     assert TanhNormalPPOTerms.of(loss) is None
+
+
+@pytest.mark.parametrize("scale", [0.01, 100.0], ids=["unclipped", "clipped"])
+def test_clip_grads_equals_torch(scale):
+    """The recipe's gradient clipping gives nn.utils.clip_grad_norm_'s gradients and norm bit
+    for bit, clipped or not (parameters without a gradient are left alone)."""
+    from torch import nn
+
+    from steersman.recipes.mappo import clip_grads
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(18, 64), nn.Tanh(), nn.Linear(64, 4), nn.Linear(4, 4))
+    params = list(net.parameters())
+    grads = [torch.randn_like(p) * scale for p in params]
+    results = []
+    for clip in (nn.utils.clip_grad_norm_, clip_grads):
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        params[-1].grad = None
+        norm = clip(params, 1.0)
+        results.append((norm, [None if p.grad is None else p.grad.clone() for p in params]))
+    (want_norm, want), (got_norm, got) = results
+    assert torch.equal(want_norm, got_norm) and (want_norm > 1) == (scale > 1)
+    assert got[-1] is None
+    for a, b in zip(want[:-1], got[:-1]):
+        assert torch.equal(a, b)

@@ -45,6 +45,7 @@ from steersman.tensordict.nn import (
     TanhNormal,
     TensorDictModule,
     interaction_type,
+    optim,
     shared_copy,
 )
 from steersman.tensordict.nn.distributions import tanh_normal_log_prob
@@ -61,7 +62,8 @@ from .marl_common import (
 from .marl_envs import GROUP
 from .run import Run
 
-__all__ = ["MAPPOConfig", "TanhNormalPPOTerms", "TanhNormalRollout", "make_critic", "make_policy", "train"]
+__all__ = ["MAPPOConfig", "TanhNormalPPOTerms", "TanhNormalRollout", "clip_grads", "make_critic", "make_policy",
+           "train"]
 
 G = GROUP
 
@@ -345,6 +347,19 @@ def make_value_norm(name: str) -> ValueNorm | None:
     return None if norms[name] is None else norms[name]()
 
 
+def clip_grads(params: list[nn.Parameter], max_norm: float) -> Tensor:
+    """``nn.utils.clip_grad_norm_(params, max_norm)``: the same gradients and norm, bit for
+    bit (:func:`~steersman.tensordict.nn.optim.clip_grad_norm_leaves`' ops: the per-tensor
+    norms, their norm, ``min(max_norm / (norm + 1e-6), 1)``), without torch's per-call
+    grouping by device and dtype (~0.15 of ~0.2 ms per call in the MAPPO loop)."""
+    params = [p for p in params if p.grad is not None]
+    with torch.no_grad():
+        clipped, total = optim.clip_grad_norm_leaves([p.grad for p in params], max_norm)
+        for p, grad in zip(params, clipped):
+            p.grad = grad
+    return total
+
+
 # ---------------------------------------------------------------- training
 def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
           algo: str = "mappo") -> dict[str, Any]:
@@ -396,10 +411,11 @@ def train(cfg: MAPPOConfig | None = None, run_dir: str | Path | None = None, *, 
                 else:
                     losses = loss_fn(flat[idx])
                     total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
-                optimizer.zero_grad(set_to_none=True)
+                for p in params:  # optimizer.zero_grad(set_to_none=True), without its per-call profiler context
+                    p.grad = None
                 total.backward()
-                grad_norm = nn.utils.clip_grad_norm_(actor_params, cfg.max_grad_norm)
-                grad_norm_critic = nn.utils.clip_grad_norm_(critic_params, cfg.max_grad_norm)
+                grad_norm = clip_grads(actor_params, cfg.max_grad_norm)
+                grad_norm_critic = clip_grads(critic_params, cfg.max_grad_norm)
                 optimizer.step()
         diag = loss_fn.diagnose(flat[idx])  # the last minibatch, after the epochs
 
