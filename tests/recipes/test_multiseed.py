@@ -137,8 +137,10 @@ def test_compiled_calls_skip_guards_only_for_a_seen_signature(monkeypatch, tmp_p
     calls.append((calls[0][0], calls[0][1], 3.0))  # new number
     for x, y, k in calls:
         assert torch.equal(f(x, y, k), x * k + y)
+    with torch.no_grad():  # another grad mode: the guards run (and dynamo recompiles)
+        assert torch.equal(f(*calls[0]), calls[0][0] * 2.0 + calls[0][1])
     assert fast == [True, True], fast  # calls 2 and 3; every other call was a signature's first
-    assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
+    assert counters["stats"]["unique_graphs"] == 5, dict(counters["stats"])
 
 
 def test_pure_ppo_loss_equals_clip_ppo_loss():

@@ -363,7 +363,7 @@ class Population:
         ``compile=true`` one compiled graph (eager with a one-line warning saying why, if
         dynamo cannot trace it).
 
-        Compiled calls after the first of each signature (the inputs' shapes, strides, dtypes)
+        Compiled calls after the first of each signature (grad mode; the inputs' shapes, strides, dtypes)
         skip dynamo's guards (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``,
         as :class:`~steersman.objectives.functional_update.CompiledUpdate` does): with the
         update's ~40 inputs they cost ~0.3 ms a call. So the functions' Python-level
@@ -381,7 +381,7 @@ class Population:
         def run(*args: Any) -> Any:
             nonlocal compiled
             if compiled is not None:
-                signature = _signature(args)
+                signature = (torch.is_grad_enabled(), _signature(args))  # (dynamo guards the grad mode too)
                 fast = signature in seen
                 try:
                     if fast:
