@@ -22,6 +22,7 @@ __all__ = ["step_mdp", "next_seed", "DEFAULT_DONE_KEYS"]
 DEFAULT_DONE_KEYS: tuple[str, ...] = ("done", "terminated", "truncated")
 
 _MASK64 = (1 << 64) - 1
+_KEEP = object()
 
 
 def _splitmix64(x: int) -> int:
@@ -82,6 +83,76 @@ def _step_mdp_fast(td: TensorDict, excl_root: frozenset, excl_next: frozenset) -
         if cur is not None and isinstance(cur, TensorDictBase) and isinstance(v, TensorDictBase):
             v = cur.copy().update(v)
         out[k] = v
+    return TensorDict.from_trusted(out, td.batch_size, td.device)
+
+
+def exclusion_tree(keys: Iterable[NestedKey]) -> dict:
+    """``{"next": None, "agents": {"action": None}}``: ``None`` drops an entry, a dict drops
+    entries inside it (what :func:`_step_mdp_nested` reads)."""
+    tree: dict = {}
+    for key in keys:
+        key = (key,) if type(key) is str else tuple(key)
+        node = tree
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+            if node is None:  # a parent is dropped already
+                break
+        else:
+            node[key[-1]] = None
+    return tree
+
+
+def _dropped(td: TensorDict, tree: dict) -> dict | None:
+    out = {}
+    for k, v in td.entries.items():
+        sub = tree.get(k, _KEEP)
+        if sub is None:
+            continue
+        if sub is not _KEEP and isinstance(v, TensorDictBase):
+            if type(v) is not TensorDict:
+                return None
+            entries = _dropped(v, sub)
+            if entries is None:
+                return None
+            v = TensorDict.from_trusted(entries, v.batch_size, v.device)
+        out[k] = v
+    return out
+
+
+def _merged(out: dict, nxt: TensorDict, tree: dict) -> dict | None:
+    for k, v in nxt.entries.items():
+        sub = tree.get(k, _KEEP)
+        if sub is None:
+            continue
+        if isinstance(v, TensorDictBase):
+            if type(v) is not TensorDict:
+                return None
+            cur = out.get(k)
+            sub = {} if sub is _KEEP else sub
+            if isinstance(cur, TensorDictBase):
+                if type(cur) is not TensorDict or _merged(entries := dict(cur.entries), v, sub) is None:
+                    return None
+                v = TensorDict.from_trusted(entries, cur.batch_size, cur.device)
+            elif sub:
+                entries = _dropped(v, sub)
+                if entries is None:
+                    return None
+                v = TensorDict.from_trusted(entries, v.batch_size, v.device)
+        out[k] = v
+    return out
+
+
+def _step_mdp_nested(td: TensorDict, root_tree: dict, next_tree: dict) -> TensorDict | None:
+    """:func:`step_mdp` (``keep_other``) on a plain TensorDict whose excluded keys may be
+    nested (``("agents", "action")``): the same entries (tensors shared, nested
+    TensorDicts rebuilt), ~10x cheaper than the generic path. ``None`` when an entry on the
+    way is not a plain TensorDict (the caller then takes the generic path)."""
+    nxt = td.entries.get("next")
+    if type(nxt) is not TensorDict:
+        return None
+    out = _dropped(td, root_tree)
+    if out is None or _merged(out, nxt, next_tree) is None:
+        return None
     return TensorDict.from_trusted(out, td.batch_size, td.device)
 
 

@@ -55,7 +55,7 @@ from steersman.data.specs.base import first_index
 from steersman.tensordict import TensorDict, TensorDictBase, lazy_stack
 from steersman.tensordict._utils import NestedKey
 
-from ._mdp import _any_done, _step_mdp_fast, next_seed, step_mdp
+from ._mdp import _any_done, _step_mdp_fast, _step_mdp_nested, exclusion_tree, next_seed, step_mdp
 
 __all__ = ["EnvBase", "EnvClosedError", "InvalidActionError", "action_problem"]
 
@@ -571,6 +571,7 @@ class EnvBase:
             "fast_mdp": simple,
             "excl_root": frozenset(excl_root),
             "excl_next": frozenset(reward_like),
+            "mdp_trees": None if simple else (exclusion_tree(excl_root), exclusion_tree(reward_like)),
             "mdp_reward_keys": reward_like,
         }
         if self._spec_locked:
@@ -579,8 +580,12 @@ class EnvBase:
 
     def _step_mdp(self, td: TensorDictBase) -> TensorDictBase:
         plan = self._hot_plan()
-        if plan["fast_mdp"] and type(td) is TensorDict:
-            return _step_mdp_fast(td, plan["excl_root"], plan["excl_next"])
+        if type(td) is TensorDict:
+            if plan["fast_mdp"]:
+                return _step_mdp_fast(td, plan["excl_root"], plan["excl_next"])
+            out = _step_mdp_nested(td, *plan["mdp_trees"])
+            if out is not None:
+                return out
         return step_mdp(
             td, reward_keys=plan["mdp_reward_keys"], done_keys=plan["done_keys"],
             action_keys=plan["action_keys"],
