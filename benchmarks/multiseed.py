@@ -26,11 +26,12 @@ with the same settings in the same invocation, one run (``sb3``) and two at once
 (``sb3-pair``, one per core), each SB3 process on one thread, in the anchor venv:
 
     nice -n 10 python benchmarks/multiseed.py --learn --seeds 32 --frames 16384
-    nice -n 10 python benchmarks/multiseed.py --learn --compile --warm-cache --seeds 32 --frames 65536
+    nice -n 10 python benchmarks/multiseed.py --learn --compile --warm-cache --seeds 32 --frames 65536 --sb3-repeats 3
 
 (``--compile``: the population with ``compile=true``, its compile time included;
 ``--warm-cache``: a short untimed run first fills inductor's on-disk cache, so the timed
-run's compile is tracing and loading, not code generation.)
+run's compile is tracing and loading, not code generation; ``--sb3-repeats 3``: SB3 alone
+three times, the median run reported.)
 ``--algo dqn`` / ``--algo sac``: the same comparison for DQN on CartPole and SAC on
 Pendulum, both sides with the recipes' defaults (rl-zoo's settings, as in
 ``benchmarks/learning.py``):
@@ -190,10 +191,11 @@ def update_ms(n: int, rounds: int, reps: int) -> dict:
 
 
 def learn(n: int, frames: int, lr: float, ent: float, compile_: bool = False, algo: str = "ppo",
-          warm: bool = False) -> list[dict]:
-    """The population to the end, then SB3 alone and two SB3 runs at once, same settings
-    (``warm``: a short untimed compiled run first, so that the timed one finds its graphs in
-    inductor's on-disk cache; the timed run still traces them)."""
+          warm: bool = False, sb3_repeats: int = 1) -> list[dict]:
+    """The population to the end, then SB3 alone (``sb3_repeats`` times, the median run by
+    CPU seconds reported) and two SB3 runs at once, same settings (``warm``: a short untimed
+    compiled run first, so that the timed one finds its graphs in inductor's on-disk cache;
+    the timed run still traces them)."""
     rows = []
     if compile_ and warm:  # the same graphs traced and code-generated once into the on-disk cache, untimed
         per_batch = {"ppo": 256, "dqn": 256 * 5, "sac": 101}[algo]  # (DQN, SAC: past learning_starts)
@@ -204,14 +206,18 @@ def learn(n: int, frames: int, lr: float, ent: float, compile_: bool = False, al
                          cwd=tempfile.gettempdir())
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     sb3 = str(ANCHORS_VENV / "bin" / "python")
-    for label, seeds in (("sb3", [0]), ("sb3-pair", [0, 1])):
+
+    def sb3_row(label: str, seeds: list[int]) -> dict:
         procs = [subprocess.Popen([sb3, "-c", SB3_CHILD, str(s), str(frames), str(lr), str(ent), algo],
                                   stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir()) for s in seeds]
         runs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-        rows.append({"mode": label, "n": len(runs), "frames": sum(r["frames"] for r in runs),
-                     "fps": sum(r["frames"] / r["train_s"] for r in runs), "call_s": max(r["train_s"] for r in runs),
-                     "cpu_s": sum(r["cpu_s"] for r in runs),
-                     "finals": [r["final"] for r in runs]})
+        return {"mode": label, "n": len(runs), "frames": sum(r["frames"] for r in runs),
+                "fps": sum(r["frames"] / r["train_s"] for r in runs), "call_s": max(r["train_s"] for r in runs),
+                "cpu_s": sum(r["cpu_s"] for r in runs), "finals": [r["final"] for r in runs]}
+
+    singles = sorted((sb3_row("sb3", [0]) for _ in range(sb3_repeats)), key=lambda r: r["cpu_s"])
+    rows.append({**singles[len(singles) // 2], "cpu_s_runs": [r["cpu_s"] for r in singles]})  # the median run
+    rows.append(sb3_row("sb3-pair", [0, 1]))
     return rows
 
 
@@ -237,6 +243,9 @@ def main() -> None:
                     help="--learn --compile: fill inductor's on-disk cache with a short untimed run first (the timed "
                          "run then traces its graphs and loads their code; without it a changed graph is generated "
                          "inside the timed run)")
+    ap.add_argument("--sb3-repeats", type=int, default=1,
+                    help="--learn: run SB3 alone this many times and report the median run (its CPU rate moved "
+                         "1.7x between runs minutes apart on a shared machine)")
     ap.add_argument("--lr", type=float, default=2e-3, help="--learn: Adam lr (linear to 0)")
     ap.add_argument("--ent-coef", type=float, default=0.01, help="--learn: entropy bonus")
     ap.add_argument("--update-ms", action="store_true",
@@ -259,7 +268,10 @@ def main() -> None:
         return
     if args.learn:
         n = int(args.seeds.split(",")[-1])
-        rows = learn(n, args.frames, args.lr, args.ent_coef, args.compile, args.algo, args.warm_cache)
+        if args.sb3_repeats < 1:
+            ap.error("--sb3-repeats must be >= 1")
+        rows = learn(n, args.frames, args.lr, args.ent_coef, args.compile, args.algo, args.warm_cache,
+                     args.sb3_repeats)
         sb3, sb3_cpu = rows[1]["fps"], rows[1]["frames"] / rows[1]["cpu_s"]
         print(f"{'contestant':<20}{'runs':>6}{'frames/s (all)':>16}{'x sb3':>8}{'frames/CPU-s':>14}{'x sb3':>8}"
               f"{'call s':>9}  final returns")
@@ -268,6 +280,10 @@ def main() -> None:
             per_cpu = r["frames"] / r["cpu_s"]
             print(f"{r['mode']:<20}{r['n']:>6}{r['fps']:>16.0f}{r['fps'] / sb3:>8.2f}{per_cpu:>14.0f}"
                   f"{per_cpu / sb3_cpu:>8.2f}{r['call_s']:>9.1f}  {finals}")
+        runs = rows[1]["cpu_s_runs"]
+        if len(runs) > 1:
+            print(f"sb3 alone, {len(runs)} runs: frames per CPU-second "
+                  + ", ".join(f"{rows[1]['frames'] / c:.0f}" for c in runs) + " (the median run above)")
         finals, threshold = rows[0]["finals"], {"ppo": 475.0, "dqn": 475.0, "sac": -200.0}[args.algo]
         print(f"members >= {threshold:g}: {sum(f >= threshold for f in finals)}/{len(finals)}; min {min(finals):.1f}")
         if args.json:
