@@ -512,9 +512,9 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     garbage collector is paused during the search (:func:`gc_paused`).
     Not recommended: inductor's ``cpp_wrapper`` option (``compile={"options":
     {"cpp_wrapper": True}}``): with torch 2.13 its graph of the in-place search loop
-    fails (an index out of bounds: the descent loop's depth reads 0 in the C++ wrapper),
-    and the earlier copying loop computed wrong Gumbel MuZero trees (see
-    benchmarks/README.md).
+    failed (an index out of bounds: the descent loop's depth reads 0 in the C++ wrapper)
+    or, in session 11's check (Gumbel MuZero, B=64), ran but computed a different tree
+    than the eager search (see benchmarks/README.md).
 
     The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
     ``rng`` up front. Bad inputs raise before any simulation; the recurrent
