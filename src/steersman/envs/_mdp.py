@@ -88,7 +88,7 @@ def _step_mdp_fast(td: TensorDict, excl_root: frozenset, excl_next: frozenset) -
 
 def exclusion_tree(keys: Iterable[NestedKey]) -> dict:
     """``{"next": None, "agents": {"action": None}}``: ``None`` drops an entry, a dict drops
-    entries inside it (what :func:`_step_mdp_nested` reads)."""
+    entries inside it (what :func:`_merged` reads)."""
     tree: dict = {}
     for key in keys:
         key = (key,) if type(key) is str else tuple(key)
@@ -102,42 +102,27 @@ def exclusion_tree(keys: Iterable[NestedKey]) -> dict:
     return tree
 
 
-def _dropped(td: TensorDict, tree: dict) -> dict | None:
-    out = {}
-    for k, v in td.entries.items():
-        sub = tree.get(k, _KEEP)
-        if sub is None:
-            continue
-        if sub is not _KEEP and isinstance(v, TensorDictBase):
-            if type(v) is not TensorDict:
-                return None
-            entries = _dropped(v, sub)
-            if entries is None:
-                return None
-            v = TensorDict.from_trusted(entries, v.batch_size, v.device)
-        out[k] = v
-    return out
-
-
 def _merged(out: dict, nxt: TensorDict, tree: dict) -> dict | None:
+    """Writes ``nxt``'s entries into ``out`` but those ``tree`` excludes; sub-TensorDicts
+    that are in both, or that lose entries, are rebuilt. ``None`` when one of those is not
+    a plain TensorDict. ``_merged({}, td, tree)`` is ``td``'s entries without the tree's."""
     for k, v in nxt.entries.items():
         sub = tree.get(k, _KEEP)
         if sub is None:
             continue
         if isinstance(v, TensorDictBase):
-            if type(v) is not TensorDict:
-                return None
             cur = out.get(k)
-            sub = {} if sub is _KEEP else sub
             if isinstance(cur, TensorDictBase):
-                if type(cur) is not TensorDict or _merged(entries := dict(cur.entries), v, sub) is None:
-                    return None
-                v = TensorDict.from_trusted(entries, cur.batch_size, cur.device)
-            elif sub:
-                entries = _dropped(v, sub)
-                if entries is None:
-                    return None
-                v = TensorDict.from_trusted(entries, v.batch_size, v.device)
+                entries, like = dict(cur.entries), cur
+            elif sub is not _KEEP:
+                entries, like = {}, v
+            else:  # nothing to merge or drop inside: shared as it is
+                out[k] = v
+                continue
+            if type(v) is not TensorDict or type(like) is not TensorDict \
+                    or _merged(entries, v, {} if sub is _KEEP else sub) is None:
+                return None
+            v = TensorDict.from_trusted(entries, like.batch_size, like.device)
         out[k] = v
     return out
 
@@ -150,7 +135,7 @@ def _step_mdp_nested(td: TensorDict, root_tree: dict, next_tree: dict) -> Tensor
     nxt = td.entries.get("next")
     if type(nxt) is not TensorDict:
         return None
-    out = _dropped(td, root_tree)
+    out = _merged({}, td, root_tree)
     if out is None or _merged(out, nxt, next_tree) is None:
         return None
     return TensorDict.from_trusted(out, td.batch_size, td.device)
