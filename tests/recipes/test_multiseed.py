@@ -422,9 +422,12 @@ def tiny_dqn(**kw):
 
 
 def tiny_continuous(cls, **kw):
-    """SAC/TD3 on native Pendulum (20-step episodes), tiny_dqn's budget (2 updates per 8 frames)."""
+    """SAC/TD3 on native Pendulum (20-step episodes), tiny_dqn's budget (2 updates per 8 frames).
+    Minibatches of 32: a member's ``[32, 1]`` tensors fill whole vector steps of CPU kernels,
+    whatever the row count (with 8, ``softplus`` ran its scalar tail for 2 rows and its
+    vector body for 4, and the last bits differed)."""
     base = dict(env=EnvConfig(name="Pendulum-v1", num_envs=2, max_episode_steps=20), frames_per_batch=8,
-                utd_ratio=0.25, batch_size=8, buffer_size=32, learning_starts=16, hidden_sizes=[16, 16], total_frames=48, quiet=True,
+                utd_ratio=0.25, batch_size=32, buffer_size=32, learning_starts=16, hidden_sizes=[16, 16], total_frames=48, quiet=True,
                 logger=LoggerConfig(backends=["csv"]), export_format="none",
                 eval=EvalConfig(interval=32, episodes=2), checkpoint=CheckpointConfig(interval=16, keep=5))
     base.update(kw)

@@ -254,7 +254,11 @@ class Population:
     (batched matmuls with one output column, a value head) and for the last row of an odd
     count (seen on SAC's update with 3 rows), which would change the last bits; with an
     even row count every row's numbers are those of the member alone (tested for 1 to 4
-    members; checked by hand for 5 and 6 with SAC).
+    members; checked by hand for 5 and 6 with SAC). The same holds only where elementwise
+    kernels take one path for every row count: some run a vector body and a scalar tail
+    (``softplus`` on ``[rows, 8, 1]``: 2 rows all tail, 4 rows all body, last bits
+    differ), and ``log1p`` differs between 256 and 4,096 elements; so at other sizes than
+    the tests' a member can drift from its run alone in the last bits.
     """
 
     def __init__(self, algo: str, cfg: Any, run_dir: str | Path | None, *, resume: bool, batch_frames: int,
