@@ -357,27 +357,29 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
             return ["avx512", "avx2"] if ok else ["avx2"]
         return listed
 
-    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
-    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=False))
-    assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 1
-    (record,) = (tmp_path / "steersman-vec-isa").iterdir()
-    assert json.loads(record.read_text()) == {"probed": ["avx2"], "listed": ["avx512", "avx2"]}
-    assert remember_vec_isa() is False and len(probes) == 1  # recorded: not probed again, still on
+    # inductor's config is restored by its own patch (pytest's monkeypatch on the config proxy
+    # deleted the option on undo and broke every later compile in the worker)
+    with config.patch({"cpp.vec_isa_ok": None}):
+        monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=False))
+        assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 1
+        (record,) = (tmp_path / "steersman-vec-isa").iterdir()
+        assert json.loads(record.read_text()) == {"probed": ["avx2"], "listed": ["avx512", "avx2"]}
+        assert remember_vec_isa() is False and len(probes) == 1  # recorded: not probed again, still on
 
-    os.remove(record)
-    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=True))
-    assert remember_vec_isa() is True and config.cpp.vec_isa_ok is True and len(probes) == 2
-    config.cpp.vec_isa_ok = None  # a new process
-    assert remember_vec_isa() is True and config.cpp.vec_isa_ok is True and len(probes) == 2
-    assert cpu_vec_isa.valid_vec_isa_list() == ["avx512", "avx2"]
+        os.remove(record)
+        monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=True))
+        assert remember_vec_isa() is True and config.cpp.vec_isa_ok is True and len(probes) == 2
+        config.cpp.vec_isa_ok = None  # a new process
+        assert remember_vec_isa() is True and config.cpp.vec_isa_ok is True and len(probes) == 2
+        assert cpu_vec_isa.valid_vec_isa_list() == ["avx512", "avx2"]
 
-    config.cpp.vec_isa_ok = None
-    record.write_text("not json")  # unreadable: probed and recorded again
-    assert remember_vec_isa() is True and len(probes) == 3
+        config.cpp.vec_isa_ok = None
+        record.write_text("not json")  # unreadable: probed and recorded again
+        assert remember_vec_isa() is True and len(probes) == 3
 
-    config.cpp.vec_isa_ok = None
-    monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")  # the user's word wins
-    assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 3
+        config.cpp.vec_isa_ok = None
+        monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")  # the user's word wins
+        assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 3
 
 
 def test_compile_options_are_inductors_and_default_to_the_cpp_wrapper():
