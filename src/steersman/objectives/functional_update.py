@@ -42,6 +42,7 @@ from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 
 __all__ = [
     "CompiledUpdate",
+    "call_skipping_guards",
     "FunctionalOptimizer",
     "FunctionalUpdate",
     "OptimizerState",
@@ -271,6 +272,26 @@ def use_compile_cache() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def call_skipping_guards(fn: Callable[[], Any], signature: Any, seen: set) -> Any:
+    """``fn()`` (a call of a compiled function), with dynamo's guards skipped once a call of
+    this ``signature`` has run (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``;
+    at RL sizes the guards cost about as much as the graph). The signature must hold what the
+    guards would check (shapes, strides, dtypes, grad mode...); if a skipped guard would have
+    failed anyway (torch raises), the call runs again with the guards and may recompile.
+    ``seen`` records the signatures."""
+    fast = signature in seen
+    try:
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if fast else nullcontext():
+            out = fn()
+    except RuntimeError as err:
+        if fast and "skip_guard_eval_unsafe" in str(err):
+            seen.discard(signature)
+            return call_skipping_guards(fn, signature, seen)
+        raise
+    seen.add(signature)
+    return out
+
+
 class CompiledUpdate:
     """A stateful front for recipes: holds the parameters, the optimizer state and the
     target networks, and runs the step compiled as one graph (``fullgraph=True``,
@@ -395,14 +416,13 @@ class CompiledUpdate:
         # dynamo's guards cost about as much as the graph at these sizes; once a call of this
         # signature (keys, shapes) has compiled, the next ones skip them
         signature = (keys, tuple(v.shape for v in data), None if index is None else index.shape)
-        fast = self.compiled and signature in self._seen
         try:
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if fast else nullcontext():
+            if self.compiled:
+                new_trained, new_targets, self._state, metrics = call_skipping_guards(
+                    lambda: self._step(trained, others, self._state, data, index), signature, self._seen)
+            else:
                 new_trained, new_targets, self._state, metrics = self._step(trained, others, self._state, data, index)
         except RuntimeError as err:
-            if fast and "skip_guard_eval_unsafe" in str(err):  # something a guard checks changed:
-                self._seen.discard(signature)  # run this call with the guards (it recompiles)
-                return self(batch, index)
             if not self.compiled or not isinstance(err, torch._dynamo.exc.TorchDynamoException):
                 raise
             reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -412,7 +432,6 @@ class CompiledUpdate:
             return self(batch, index)
         self._current.update(zip(self._trained, new_trained))
         self._current.update((t, v) for (_, t), v in zip(self._targets, new_targets))
-        self._seen.add(signature)
         return metrics
 
     def pull(self) -> None:

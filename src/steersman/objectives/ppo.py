@@ -55,6 +55,14 @@ from .value import normalize_advantage
 __all__ = ["PPOLoss", "ClipPPOLoss", "KLPENPPOLoss"]
 
 
+def clipped_ppo_gain(log_ratio: Tensor, advantage: Tensor, clip_epsilon: Tensor) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate per sample, ``min(r A, clip(r, 1 - eps, 1 + eps) A)`` with the
+    ratio clipped in log space, and the clipped log-ratio (all ``[*B]``): the
+    :class:`ClipPPOLoss` term, also for plain-tensor copies of the loss (fused updates)."""
+    clipped = log_ratio.clamp(torch.log1p(-clip_epsilon), torch.log1p(clip_epsilon))
+    return torch.minimum(log_ratio.exp() * advantage, clipped.exp() * advantage), clipped
+
+
 class PPOLoss(ActorCriticLoss):
     """The unclipped PPO loss ``-mean(r A)``, plus entropy bonus and critic loss.
 
@@ -219,9 +227,7 @@ class ClipPPOLoss(PPOLoss):
         td = td.copy()
         advantage = self._normalized_advantage(td)[..., 0]
         log_ratio, _, log_is, dist = self._ratios(td)
-        eps = self.clip_epsilon
-        clipped_log_ratio = log_ratio.clamp(torch.log1p(-eps), torch.log1p(eps))
-        gain = torch.minimum(log_ratio.exp() * advantage, clipped_log_ratio.exp() * advantage)
+        gain, clipped_log_ratio = clipped_ppo_gain(log_ratio, advantage, self.clip_epsilon)
         out = {"loss_objective": -(gain if log_is is None else log_is.exp() * gain)}
         if diagnostics:
             with torch.no_grad():

@@ -86,6 +86,13 @@ def _column_reader(tree: Tree, node_index: Tensor) -> Callable[[Tensor], list[Te
     return cols
 
 
+def _q_columns(tree: Tree, cols: Callable[[Tensor], list[Tensor]]) -> list[Tensor]:
+    """The children's ``r + discount * value`` per action column (the Q-values of the
+    row formulas)."""
+    return [r + g * v for r, g, v in zip(cols(tree.children_rewards), cols(tree.children_discounts),
+                                         cols(tree.children_values))]
+
+
 def _keywords_of(qtransform: Callable, fn: Callable) -> dict | None:
     """The keywords of ``qtransform`` if it is ``fn`` (itself or a ``functools.partial``
     of it with keywords only), else None."""
@@ -106,8 +113,7 @@ def _muzero_columns(uniform: Tensor | None, tree: Tree, node_index: Tensor, inva
     same formulas written per action column; ``invalid``: the ``[B, A]`` mask or None."""
     ar = tree.batch_range
     cols = _column_reader(tree, node_index)
-    q = [r + g * v for r, g, v in zip(cols(tree.children_rewards), cols(tree.children_discounts),
-                                      cols(tree.children_values))]
+    q = _q_columns(tree, cols)
     visits = cols(tree.children_visits)
     visited = [v > 0 for v in visits]
     node_value = tree.node_values[ar, node_index]
@@ -135,8 +141,7 @@ def _completed_columns(tree: Tree, node_index: Tensor, *, value_scale: float = 0
     columns and the ``[B]`` visit totals."""
     ar = tree.batch_range
     cols = _column_reader(tree, node_index)
-    q = [r + g * v for r, g, v in zip(cols(tree.children_rewards), cols(tree.children_discounts),
-                                      cols(tree.children_values))]
+    q = _q_columns(tree, cols)
     visits = cols(tree.children_visits)
     logits = cols(tree.children_prior_logits)
     visited = [v > 0 for v in visits]

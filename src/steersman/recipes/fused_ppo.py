@@ -55,14 +55,15 @@ from steersman.objectives import ClipPPOLoss
 from steersman.objectives.functional_update import (
     FunctionalUpdate,
     OptimizerState,
-    use_compile_cache,
 )
+from steersman.objectives.ppo import clipped_ppo_gain
 from steersman.objectives.utils import distance_loss
 from steersman.tensordict import TensorDictBase
 from steersman.tensordict.nn import optim
 from steersman.tensordict.nn.optim import tree_from_leaves
 
 from .fused import (
+    _compile,
     _flat,
     _logits_net,
     _plain_net,
@@ -70,8 +71,6 @@ from .fused import (
     _run_net,
     _stance,
     cacheable_scan,
-    compile_options,
-    remember_vec_isa,
 )
 
 __all__ = ["FusedPPOUpdate", "categorical_log_prob_entropy", "clip_ppo_terms", "fusable_update"]
@@ -107,10 +106,9 @@ def clip_ppo_terms(logits: Tensor, value: Tensor, action: Tensor, old_log_prob: 
         advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
     advantage = advantage[..., 0]
     log_ratio = log_prob - old_log_prob
-    clipped = log_ratio.clamp(torch.log1p(-clip_epsilon), torch.log1p(clip_epsilon))
-    objective = (-torch.minimum(log_ratio.exp() * advantage, clipped.exp() * advantage)).mean()
+    gain, clipped = clipped_ppo_gain(log_ratio, advantage, clip_epsilon)
     critic = (critic_coeff * distance_loss(value_target, value, critic_type))[..., 0].mean()
-    return objective, entropy, critic, log_ratio, clipped
+    return (-gain).mean(), entropy, critic, log_ratio, clipped
 
 
 def fusable_update(loss_fn: nn.Module, update: FunctionalUpdate) -> str | None:
@@ -194,12 +192,7 @@ class FusedPPOUpdate:
         self.params = tuple(p.detach().clone() for p in actor_params + critic_params)
         self._read_state()
         self.compiled = compile
-        if compile:
-            use_compile_cache()
-            if backend == "inductor":
-                remember_vec_isa()
-        self._fn = torch.compile(self._iteration, fullgraph=True, dynamic=False, backend=backend,
-                                 options=compile_options(backend, options)) if compile else self._iteration
+        self._fn = _compile(self._iteration, backend, options) if compile else self._iteration
         self._warm = False
         self.diagnostics: dict[str, Tensor] = {}
 

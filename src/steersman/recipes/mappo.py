@@ -36,6 +36,7 @@ from steersman.envs import EnvBase
 from steersman.modules import MultiAgentMLP, ProbabilisticActor, ValueOperator
 from steersman.modules.value_norm import PopArtValueNorm, RunningValueNorm, ValueNorm
 from steersman.objectives import IPPOLoss, MAPPOLoss, ValueEstimators
+from steersman.objectives.ppo import clipped_ppo_gain
 from steersman.objectives.utils import distance_loss
 from steersman.objectives.value import normalize_advantage
 from steersman.tensordict import TensorDictBase
@@ -306,10 +307,7 @@ class TanhNormalPPOTerms:
         lim = 1 - torch.finfo(action.dtype).eps
         log_prob = tanh_normal_log_prob(torch.atanh(action.clamp(-lim, lim)), loc, scale).sum(-1)
         # ClipPPOLoss's surrogate
-        log_ratio = log_prob - old_log_prob
-        eps = loss.clip_epsilon
-        clipped_log_ratio = log_ratio.clamp(torch.log1p(-eps), torch.log1p(eps))
-        gain = torch.minimum(log_ratio.exp() * advantage, clipped_log_ratio.exp() * advantage)
+        gain, _ = clipped_ppo_gain(log_prob - old_log_prob, advantage, loss.clip_epsilon)
         total = (-gain).mean()
         # the critic: MultiAgentMLP's shared net (centralised: once per env, the same value for every agent)
         critic = self.critic

@@ -376,7 +376,7 @@ class Population:
         eager = torch.vmap(update) if vmap else update
         if not self.cfg.compile:
             return eager
-        from steersman.objectives.functional_update import use_compile_cache
+        from steersman.objectives.functional_update import call_skipping_guards, use_compile_cache
 
         use_compile_cache()
         compiled: Any = torch.compile(eager, fullgraph=True, dynamic=False, backend=self.cfg.compile_backend)
@@ -386,20 +386,9 @@ class Population:
             nonlocal compiled
             if compiled is not None:
                 signature = (torch.is_grad_enabled(), _signature(args))  # (dynamo guards the grad mode too)
-                fast = signature in seen
                 try:
-                    if fast:
-                        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                            return compiled(*args)
-                    out = compiled(*args)
-                    seen.add(signature)
-                    return out
-                except RuntimeError as err:
-                    if fast and "skip_guard_eval_unsafe" in str(err):  # a guard would fail: run with the guards
-                        seen.discard(signature)
-                        return run(*args)
-                    if not isinstance(err, torch._dynamo.exc.TorchDynamoException):
-                        raise
+                    return call_skipping_guards(lambda: compiled(*args), signature, seen)
+                except torch._dynamo.exc.TorchDynamoException as err:
                     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     warnings.warn(f"compile=true: the {what} cannot be compiled ({reason}); "
                                   "running it eagerly", stacklevel=2)
