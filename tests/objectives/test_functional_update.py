@@ -313,3 +313,38 @@ def test_zero_dim_parameter_keeps_its_dtype_and_matches_torch_optim(name):
         params, state = opt.step(params, TensorDict({"w": g}, []), state)
     assert params["w"].dtype == torch.float32
     assert torch.equal(params["w"], w.detach()), (params["w"], w)
+
+
+def test_call_skipping_guards_skips_after_the_first_call_and_retries_with_guards() -> None:
+    """The first call of a signature runs with dynamo's guards, later ones without; when a
+    skipped guard would have failed (torch raises), the call runs again with the guards."""
+    from steersman.objectives.functional_update import call_skipping_guards
+
+    calls, seen = [], set()
+    fn = torch.compile(lambda x: x * 2, fullgraph=True, backend="eager")
+    out = call_skipping_guards(lambda: fn(torch.ones(3)), ("f32", 3), seen)
+    assert torch.equal(out, torch.full((3,), 2.0)) and seen == {("f32", 3)}
+
+    def recording() -> str:
+        calls.append(torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe)  # the stance in force
+        return "ok"
+
+    assert call_skipping_guards(recording, ("f32", 3), seen) == "ok" and calls == [True]
+    assert call_skipping_guards(recording, ("f64", 3), seen) == "ok" and calls == [True, False]
+
+    attempts = []
+
+    def stale() -> str:  # a guard that would fail under the skipped stance
+        attempts.append(torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe)
+        if attempts[-1]:
+            raise RuntimeError("recompile needed under skip_guard_eval_unsafe")
+        return "recompiled"
+
+    assert call_skipping_guards(stale, ("f32", 3), seen) == "recompiled" and attempts == [True, False]
+    assert ("f32", 3) in seen  # seen again after the guarded call
+
+    def broken() -> str:
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        call_skipping_guards(broken, ("f32", 3), seen)
