@@ -2,7 +2,10 @@
 the vmapped multi-agent MLP against a Python loop over the agents' networks.
 
     python benchmarks/marl.py [--frames 16000] [--seeds 1] [--envs navigation vmas/navigation]
-    python benchmarks/marl.py --benchmarl PYTHON [--frames 12800] [--seeds 3] [--epochs 4] [--minibatch 800]
+    python benchmarks/marl.py --benchmarl PYTHON [--frames 64000] [--seeds 3] [--epochs 4] [--minibatch 800]
+
+Issue 15's ratios rest on ``--frames 64000`` (20 batches): shorter runs (``--frames 12800``, ~1.5 s
+each) measure start-up as much as training, and a seed's ratio moves by up to 2x between runs.
 
 ``--benchmarl PYTHON`` (a Python with ``benchmarl`` and ``vmas``, e.g. a side venv: BenchMARL
 1.5 pins torchrl < 0.12) runs the side-by-side instead: for each seed and algorithm,
