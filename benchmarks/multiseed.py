@@ -43,6 +43,7 @@ Pendulum, both sides with the recipes' defaults (rl-zoo's settings, as in
 alternated in one process (median CPU ms per update for each ``--seeds`` N):
 
     python benchmarks/multiseed.py --update-ms --seeds 4,32
+    python benchmarks/multiseed.py --update-ms --seeds 32 --contestants compiled-py,compiled
 
 On a shared machine the times drift; compare the rows of one run.
 """
@@ -101,9 +102,9 @@ from steersman.recipes import dqn, multiseed, ppo, sac
 from steersman.recipes.config import CheckpointConfig, EvalConfig, LoggerConfig
 
 n, frames, lr, ent, compile_ = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
-algo = sys.argv[6]
+algo, first_seed = sys.argv[6], int(sys.argv[7])
 Config = {"ppo": ppo.PPOConfig, "dqn": dqn.DQNConfig, "sac": sac.SACConfig}[algo]
-cfg = Config(seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]), compile=compile_,
+cfg = Config(seed=first_seed, seeds=n, total_frames=frames, quiet=True, logger=LoggerConfig(backends=["csv"]), compile=compile_,
              export_format="none", eval=EvalConfig(interval=0, episodes=10), checkpoint=CheckpointConfig(interval=0))
 if algo == "ppo":  # the 4-seed test's settings; DQN and SAC keep their recipes' (rl-zoo's) defaults
     cfg.optim.lr, cfg.loss.entropy_coef = lr, ent
@@ -111,7 +112,7 @@ c0, t0 = time.process_time(), time.perf_counter()
 summary = getattr(multiseed, f"train_{algo}")(cfg, tempfile.mkdtemp() + "/run")
 print(json.dumps({"mode": f"steersman seeds={n}" + (" compiled" if compile_ else ""), "n": n, "frames": frames * n, "fps": summary["frames_per_s"],
                   "call_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                  "finals": list(summary["final_eval_return"].values())}))
+                  "finals": list(summary["final_eval_return"].values()), "first_seed": first_seed}))
 """
 
 SB3_CHILD = r"""
@@ -152,14 +153,16 @@ torch.set_num_threads(1)
 from steersman.recipes import multiseed
 from steersman.recipes.ppo import PPOConfig
 
-n, rounds, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+n, rounds, reps, labels = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
 B = 256
 g = torch.Generator().manual_seed(0)
-contestants = {}
-for label, compile_ in (("eager", False), ("compiled", True)):
-    pop = multiseed.Population("ppo", PPOConfig(seeds=n, quiet=True, compile=compile_), tempfile.mkdtemp(),
+contestants, options = {}, multiseed.compile_options
+for label in labels:  # eager; compiled (inductor, the C++ wrapper); compiled-py (inductor's Python wrapper)
+    multiseed.compile_options = (lambda b, o: {"cpp_wrapper": False}) if label == "compiled-py" else options
+    pop = multiseed.Population("ppo", PPOConfig(seeds=n, quiet=True, compile=label != "eager"), tempfile.mkdtemp(),
                                resume=False, batch_frames=B)
     contestants[label] = multiseed._OnPolicyModel("ppo", pop)
+multiseed.compile_options = options
 P = pop.P
 data = (torch.randn(P, B, 4, generator=g), torch.randint(0, 2, (P, B), generator=g), -torch.rand(P, B, generator=g),
         torch.randn(P, B, 1, generator=g), torch.randn(P, B, 1, generator=g))
@@ -178,33 +181,38 @@ for _ in range(rounds):  # alternate: both see the same machine
             p, s, _ = m.v_update(p, s, data, idx, m.base["lr"], m.base["max_grad_norm"])
         times[label].append((time.process_time() - c0) / reps * 1e3)
         state[label] = (p, s)
-print(json.dumps({"n": n, "first_call_cpu_s": first,
+bitwise = {k: all(torch.equal(a, b) for a, b in zip(state[k][0], state[labels[-1]][0])) for k in labels}
+print(json.dumps({"n": n, "first_call_cpu_s": first, "params_equal_to_last": bitwise,
                   "ms_per_update": {k: sorted(v)[len(v) // 2] for k, v in times.items()}}))
 """
 
 
-def update_ms(n: int, rounds: int, reps: int) -> dict:
-    """Per-update CPU ms of the eager and the compiled vmapped PPO update, alternated in one process."""
-    out = subprocess.run([sys.executable, "-c", UPDATE_CHILD, str(n), str(rounds), str(reps)],
+def update_ms(n: int, rounds: int, reps: int, labels: str = "eager,compiled") -> dict:
+    """Per-update CPU ms of the vmapped PPO update for each of ``labels`` (eager, compiled,
+    compiled-py), alternated in one process."""
+    out = subprocess.run([sys.executable, "-c", UPDATE_CHILD, str(n), str(rounds), str(reps), labels],
                          capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def learn(n: int, frames: int, lr: float, ent: float, compile_: bool = False, algo: str = "ppo",
-          warm: bool = False, sb3_repeats: int = 1) -> list[dict]:
-    """The population to the end, then SB3 alone (``sb3_repeats`` times, the median run by
-    CPU seconds reported) and two SB3 runs at once, same settings (``warm``: a short untimed
-    compiled run first, so that the timed one finds its graphs in inductor's on-disk cache;
-    the timed run still traces them)."""
+          warm: bool = False, sb3_repeats: int = 1, first_seed: int = 0) -> list[dict]:
+    """The population (seeds ``first_seed`` .. ``first_seed + n - 1``) to the end, then SB3
+    alone (``sb3_repeats`` times, the median run by CPU seconds reported; none for 0) and two
+    SB3 runs at once, same settings (``warm``: a short untimed compiled run first, so that the
+    timed one finds its graphs in inductor's on-disk cache; the timed run still traces them)."""
     rows = []
     if compile_ and warm:  # the same graphs traced and code-generated once into the on-disk cache, untimed
         per_batch = {"ppo": 256, "dqn": 256 * 5, "sac": 101}[algo]  # (DQN, SAC: past learning_starts)
-        subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(per_batch), str(lr), str(ent), "1", algo],
+        subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(per_batch), str(lr), str(ent), "1", algo,
+                        str(first_seed)],
                        capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     out = subprocess.run([sys.executable, "-c", LEARN_CHILD, str(n), str(frames), str(lr), str(ent),
-                          "1" if compile_ else "0", algo], capture_output=True, text=True, check=True,
+                          "1" if compile_ else "0", algo, str(first_seed)], capture_output=True, text=True, check=True,
                          cwd=tempfile.gettempdir())
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if sb3_repeats == 0:
+        return rows
     sb3 = str(ANCHORS_VENV / "bin" / "python")
 
     def sb3_row(label: str, seeds: list[int]) -> dict:
@@ -245,34 +253,42 @@ def main() -> None:
                          "inside the timed run)")
     ap.add_argument("--sb3-repeats", type=int, default=1,
                     help="--learn: run SB3 alone this many times and report the median run (its CPU rate moved "
-                         "1.7x between runs minutes apart on a shared machine)")
+                         "1.7x between runs minutes apart on a shared machine); 0: the population only")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="--learn: the population's seeds are first-seed .. first-seed + N - 1 (SB3 keeps 0 and 1)")
     ap.add_argument("--lr", type=float, default=2e-3, help="--learn: Adam lr (linear to 0)")
     ap.add_argument("--ent-coef", type=float, default=0.01, help="--learn: entropy bonus")
     ap.add_argument("--update-ms", action="store_true",
                     help="per-update CPU ms of the vmapped PPO update, eager vs compiled (inductor), in one process")
+    ap.add_argument("--contestants", default="eager,compiled",
+                    help="--update-ms: among eager, compiled (inductor, C++ wrapper), compiled-py (inductor, Python "
+                         "wrapper); ratios to the first")
     args = ap.parse_args()
     if args.update_ms:
-        print(f"{'members':>8}{'eager ms':>10}{'compiled ms':>13}{'x':>7}{'ms/seed eager':>15}{'compiled':>10}"
-              f"{'first call CPU s (eager, compiled)':>36}")
+        labels = args.contestants.split(",")
+        print(f"{'members':>8}" + "".join(f"{lab + ' ms':>16}{'x':>6}{'per seed':>10}" for lab in labels)
+              + "  first call CPU s; params equal to the last contestant's")
         rows = []
         for n in (int(v) for v in args.seeds.split(",")):
-            r = update_ms(n, rounds=5, reps=10)
+            r = update_ms(n, rounds=5, reps=10, labels=args.contestants)
             rows.append(r)
-            e, c = r["ms_per_update"]["eager"], r["ms_per_update"]["compiled"]
-            f = r["first_call_cpu_s"]
-            print(f"{n:>8}{e:>10.2f}{c:>13.2f}{e / c:>7.2f}{e / n:>15.3f}{c / n:>10.3f}"
-                  f"{f['eager']:>18.1f}{f['compiled']:>18.1f}")
+            ms = r["ms_per_update"]
+            print(f"{n:>8}" + "".join(f"{ms[lab]:>16.2f}{ms[labels[0]] / ms[lab]:>6.2f}{ms[lab] / n:>10.3f}"
+                                      for lab in labels)
+                  + "  " + ", ".join(f"{lab} {r['first_call_cpu_s'][lab]:.1f}" for lab in labels)
+                  + "; " + ", ".join(f"{lab} {r['params_equal_to_last'][lab]}" for lab in labels))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
         return
     if args.learn:
         n = int(args.seeds.split(",")[-1])
-        if args.sb3_repeats < 1:
-            ap.error("--sb3-repeats must be >= 1")
+        if args.sb3_repeats < 0:
+            ap.error("--sb3-repeats must be >= 0")
         rows = learn(n, args.frames, args.lr, args.ent_coef, args.compile, args.algo, args.warm_cache,
-                     args.sb3_repeats)
-        sb3, sb3_cpu = rows[1]["fps"], rows[1]["frames"] / rows[1]["cpu_s"]
+                     args.sb3_repeats, args.first_seed)
+        ref = rows[1] if len(rows) > 1 else rows[0]  # (--sb3-repeats 0: ratios to the population itself)
+        sb3, sb3_cpu = ref["fps"], ref["frames"] / ref["cpu_s"]
         print(f"{'contestant':<20}{'runs':>6}{'frames/s (all)':>16}{'x sb3':>8}{'frames/CPU-s':>14}{'x sb3':>8}"
               f"{'call s':>9}  final returns")
         for r in rows:
@@ -280,12 +296,14 @@ def main() -> None:
             per_cpu = r["frames"] / r["cpu_s"]
             print(f"{r['mode']:<20}{r['n']:>6}{r['fps']:>16.0f}{r['fps'] / sb3:>8.2f}{per_cpu:>14.0f}"
                   f"{per_cpu / sb3_cpu:>8.2f}{r['call_s']:>9.1f}  {finals}")
-        runs = rows[1]["cpu_s_runs"]
+        runs = rows[1]["cpu_s_runs"] if len(rows) > 1 else []
         if len(runs) > 1:
             print(f"sb3 alone, {len(runs)} runs: frames per CPU-second "
                   + ", ".join(f"{rows[1]['frames'] / c:.0f}" for c in runs) + " (the median run above)")
         finals, threshold = rows[0]["finals"], {"ppo": 475.0, "dqn": 475.0, "sac": -200.0}[args.algo]
-        print(f"members >= {threshold:g}: {sum(f >= threshold for f in finals)}/{len(finals)}; min {min(finals):.1f}")
+        low = ", ".join(f"seed {args.first_seed + i}: {f:.1f}" for i, f in enumerate(finals) if f < threshold)
+        print(f"members >= {threshold:g}: {sum(f >= threshold for f in finals)}/{len(finals)}; min {min(finals):.1f}"
+              + (f" ({low})" if low else ""))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)

@@ -113,6 +113,27 @@ def test_compiled_population_is_three_graphs_and_equals_the_runs_alone(singles, 
             np.testing.assert_array_equal(csv[col], alone_csv[col])
 
 
+@pytest.mark.parametrize("backend", ["inductor", "eager"])
+def test_compiled_population_graphs_get_the_fused_graphs_inductor_options(monkeypatch, tmp_path, backend):
+    """``Population.vmapped`` compiles with :data:`fused.INDUCTOR_OPTIONS` (the C++ wrapper)
+    and the remembered ISA probe under inductor; other backends get no inductor options."""
+    from steersman.recipes import fused
+
+    seen, probes = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    monkeypatch.setattr(multiseed, "remember_vec_isa", lambda: probes.append(1) or True)
+    pop = multiseed.Population("ppo", tiny(seeds=2, compile=True, compile_backend=backend), tmp_path / "run",
+                               resume=False, batch_frames=16)
+    pop.vmapped(lambda x: x + 1, "test function", vmap=False)
+    assert [kw["backend"] for kw in seen] == [backend]
+    assert seen[0]["fullgraph"] is True and seen[0]["dynamic"] is False
+    if backend == "inductor":
+        assert seen[0]["options"] == fused.INDUCTOR_OPTIONS and seen[0]["options"]["cpp_wrapper"] is True
+        assert probes == [1]
+    else:
+        assert seen[0]["options"] is None and probes == []
+
+
 def test_compiled_calls_skip_guards_only_for_a_seen_signature(monkeypatch, tmp_path):
     """``Population.vmapped`` with compile=true: the first call of a signature runs with
     dynamo's guards, later calls of it without (``skip_guard_eval_unsafe``); new shapes,

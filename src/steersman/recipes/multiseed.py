@@ -91,7 +91,7 @@ from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
-from .fused import _program, _run_program
+from .fused import _program, _run_program, compile_options, remember_vec_isa
 from .fused_ppo import clip_ppo_terms
 from .run import (
     EVAL_SEED_OFFSET,
@@ -372,14 +372,22 @@ class Population:
         as :class:`~steersman.objectives.functional_update.CompiledUpdate` does): with the
         update's ~40 inputs they cost ~0.3 ms a call. So the functions' Python-level
         settings (floats in closures) are read at the first call; what changes between
-        calls is a tensor input or a tensor changed in place (``lr``, the clip buffer)."""
+        calls is a tensor input or a tensor changed in place (``lr``, the clip buffer).
+
+        With inductor the graphs get the fused PPO graphs' options
+        (:data:`~steersman.recipes.fused.INDUCTOR_OPTIONS`: a C++ wrapper, the same kernels
+        and bits) and the remembered CPU ISA probe (:func:`~steersman.recipes.fused.remember_vec_isa`)."""
         eager = torch.vmap(update) if vmap else update
         if not self.cfg.compile:
             return eager
         from steersman.objectives.functional_update import call_skipping_guards, use_compile_cache
 
         use_compile_cache()
-        compiled: Any = torch.compile(eager, fullgraph=True, dynamic=False, backend=self.cfg.compile_backend)
+        backend = self.cfg.compile_backend
+        if backend == "inductor":
+            remember_vec_isa()
+        compiled: Any = torch.compile(eager, fullgraph=True, dynamic=False, backend=backend,
+                                      options=compile_options(backend, None))
         seen: set[tuple] = set()
 
         def run(*args: Any) -> Any:
