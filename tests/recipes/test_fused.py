@@ -398,3 +398,53 @@ def test_compile_options_are_inductors_and_default_to_the_cpp_wrapper():
     policy = make_policy(PPOConfig(), env)
     with pytest.raises(ValueError, match="inductor's"):
         FusedCollector(env, policy, frames_per_batch=8, total_frames=8, backend="eager", options={"cpp_wrapper": True})
+
+
+def test_precompiled_graph_is_saved_loaded_checked_and_equal(tmp_path, monkeypatch):
+    """Under inductor a fused graph is compiled once with torch's precompile and saved; an
+    object with the same settings loads it (no trace) and gives the same numbers bit for bit.
+    Other settings are another file; a file whose saved guards fail (another ``gamma`` under
+    this key), an unreadable file or one others may write is compiled again and rewritten;
+    ``STEERSMAN_PRECOMPILE=0`` is the plain ``torch.compile``."""
+    import os
+
+    from steersman.recipes import fused as fused_mod
+
+    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
+    cfg, _, eager, _ = _pair(CartPoleEnv)
+    critic = make_critic(cfg, eager.env)
+    batch = next(iter(eager))
+    keys = ("advantage", "value_target", "state_value", ("next", "state_value"))
+
+    def run(gamma, expect):
+        gae = FusedGAE(critic, gamma=gamma, lmbda=0.8, options={})  # the Python wrapper: a shorter compile
+        assert isinstance(gae._fn, fused_mod.Precompiled)
+        outs = [gae(batch.clone()), gae(batch.clone())]  # the second call skips the guards
+        assert gae._fn.source == expect
+        ref = FusedGAE(critic, gamma=gamma, lmbda=0.8, compile=False)(batch.clone())
+        for k in keys:
+            torch.testing.assert_close(outs[0][k], ref[k])
+            assert torch.equal(outs[0][k], outs[1][k])
+        return gae._fn.path, outs[0]
+
+    path, first = run(0.98, "saved")
+    assert os.listdir(tmp_path) == [os.path.basename(path)] and os.stat(path).st_mode & 0o077 == 0
+    again, loaded = run(0.98, "loaded")
+    assert again == path and all(torch.equal(first[k], loaded[k]) for k in keys)
+    other, _ = run(0.9, "saved")
+    assert other != path and len(os.listdir(tmp_path)) == 2
+
+    os.replace(other, path)  # gamma=0.9's graph under gamma=0.98's key: its guards refuse it
+    run(0.98, "saved")
+    again, loaded = run(0.98, "loaded")
+    assert all(torch.equal(first[k], loaded[k]) for k in keys)
+    with open(path, "wb") as f:
+        f.write(b"not a saved function")
+    run(0.98, "saved")
+    os.chmod(path, 0o666)
+    run(0.98, "saved")
+
+    monkeypatch.setenv("STEERSMAN_PRECOMPILE", "0")
+    assert not isinstance(FusedGAE(critic, gamma=0.98, lmbda=0.8)._fn, fused_mod.Precompiled)
+    assert not isinstance(FusedGAE(critic, gamma=0.98, lmbda=0.8, backend="aot_eager")._fn, fused_mod.Precompiled)

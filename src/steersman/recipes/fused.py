@@ -37,9 +37,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import pickle
 import platform
 import sys
 import warnings
@@ -188,6 +190,17 @@ def cacheable_scan() -> Iterator[None]:
         scan_op._cacheable = before
 
 
+@functools.cache
+def _isa_key() -> str:
+    """A hash of what inductor's CPU code depends on besides the graph: the compiler's
+    version string, torch's version and location, the machine and the CPU's flags."""
+    from torch._inductor import cpu_vec_isa
+
+    fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint("")
+    flags = sorted(cpu_vec_isa.x86_isa_checker()) if platform.machine() == "x86_64" else []
+    return hashlib.sha256(json.dumps([fingerprint, torch.__file__, platform.machine(), flags]).encode()).hexdigest()
+
+
 def remember_vec_isa() -> bool:
     """Skips inductor's per-process probe of the CPU's vector ISAs when an earlier
     process on this machine found every ISA the CPU flags list usable; returns whether
@@ -210,14 +223,12 @@ def remember_vec_isa() -> bool:
         return False
     try:
         from torch._inductor import config, cpu_vec_isa
-        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint("")
-        flags = sorted(cpu_vec_isa.x86_isa_checker())
         listed = cpu_vec_isa.valid_vec_isa_list
+        key = _isa_key()
     except (ImportError, AttributeError):  # pragma: no cover - another torch layout: leave the probe on
         return False
     if config.cpp.vec_isa_ok is not None:
         return config.cpp.vec_isa_ok is True
-    key = hashlib.sha256(json.dumps([fingerprint, torch.__file__, platform.machine(), flags]).encode()).hexdigest()
     path = os.path.join(use_compile_cache(), "steersman-vec-isa", f"{key}.json")
     try:
         with open(path) as f:
@@ -269,8 +280,154 @@ def _compile(fn: Any, backend: Any, options: dict[str, Any] | None = None) -> An
     use_compile_cache()
     if backend == "inductor":
         remember_vec_isa()
+        if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "0" and getattr(fn, "__self__", None) is not None:
+            return Precompiled(fn, options)
     return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
                          options=compile_options(backend, options))
+
+
+def _precompiled_dir() -> str:
+    return os.path.join(use_compile_cache(), "steersman-precompiled")
+
+
+@functools.cache
+def _source_hash() -> str:
+    """A hash of steersman's own sources (every ``.py`` of the package): a graph traced from
+    other code is another graph."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode())
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+def _describe(value: Any) -> Any:
+    """What of ``value`` a traced graph depends on: a tensor's metadata (not its values, which
+    are the graph's inputs), a number's value, a module's architecture, a function's or an
+    object's qualified name."""
+    if isinstance(value, Tensor):
+        return ["tensor", list(value.shape), list(value.stride()), str(value.dtype), str(value.device),
+                value.requires_grad]
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__, [_describe(v) for v in value]]
+    if isinstance(value, dict):
+        return ["dict", [[repr(k), _describe(v)] for k, v in value.items()]]
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, nn.Module):
+        return repr(value)
+    kind = value if isinstance(value, type) or callable(value) and not hasattr(value, "__dict__") else type(value)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"
+
+
+class Precompiled:
+    """A fused graph (a bound method, compiled ``fullgraph=True, dynamic=False`` by inductor)
+    saved whole and loaded in later processes, skipping dynamo's trace and AOTAutograd.
+
+    On its first call it looks for a file under :func:`_precompiled_dir` named by a hash of
+    everything that makes the graph: the method, its object's attributes (numbers, module
+    architectures, functions' and classes' names, tensors' shapes), the arguments' shapes,
+    strides and dtypes, steersman's sources, torch's version and inductor's config, the
+    options, the CPU (the ISA key of :func:`remember_vec_isa`) and Python. A file found is
+    loaded with ``torch.compiler.load_compiled_function`` and used only if dynamo's saved
+    guards (the tensors' metadata and the constants the trace read, e.g. ``gamma`` or the
+    env's constants) pass on these arguments. Otherwise the method is compiled with
+    ``torch.compile(...).aot_compile`` and saved (written to a temporary file and renamed).
+    Any failure on the way (a torch without precompile, a guard that cannot be saved, an
+    unreadable file) falls back to the ordinary ``torch.compile``. Later calls skip the
+    guards (as :func:`_stance` does for ``torch.compile``).
+
+    Trust: a saved function is a pickle (as torch's own FX-graph and AOTAutograd cache
+    entries in the same directory are) holding compiled kernels; loading it runs what it
+    holds. It is read only from the compile cache directory (torch's trust boundary too),
+    and only if the current user owns it and neither group nor others may write it.
+    ``STEERSMAN_PRECOMPILE=0`` turns it off (plain ``torch.compile``).
+    """
+
+    def __init__(self, fn: Any, options: dict[str, Any] | None = None) -> None:
+        self._fn, self._owner, self._options = fn, fn.__self__, compile_options("inductor", options)
+        self._compiled: Any = None
+        self.source: str | None = None  #: "loaded", "saved" or "compiled" (plain torch.compile), after a call
+        self.path: str | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:
+            return self._first_call(args)
+        if self.source == "compiled":
+            return self._compiled(*args)
+        return self._compiled(self._owner, *args)
+
+    def key(self, args: tuple) -> str:
+        """The file's name for a call with ``args``."""
+        from torch._inductor import config
+
+        owner = {k: _describe(v) for k, v in sorted(vars(self._owner).items())}
+        parts = [self._fn.__qualname__, _describe(self._owner), owner, _describe(args), _source_hash(),
+                 torch.__version__, torch.__file__, sys.version, repr(sorted(self._options.items())),
+                 repr(sorted(config.save_config_portable().items())), _isa_key(), torch.is_grad_enabled()]
+        return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+    def _first_call(self, args: tuple) -> Any:
+        try:
+            self.path = os.path.join(_precompiled_dir(), f"{self.key(args)}.bin")
+            fn = self._load(args)
+            if fn is None:
+                fn = self._aot_compile(args)
+        except Exception:  # noqa: BLE001 - any failure of the experimental path: the ordinary compile
+            fn = None
+        if fn is None:
+            self.source, self._compiled = "compiled", torch.compile(
+                self._fn, fullgraph=True, dynamic=False, backend="inductor", options=self._options)
+            return self._compiled(*args)
+        out = fn(self._owner, *args)
+        fn.disable_guard_check()
+        self._compiled = fn
+        return out
+
+    def _load(self, args: tuple) -> Any:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        try:
+            # unpickling the guards' sources installs guards, which needs a tracing context
+            with open(self.path, "rb") as f, torch._guards.tracing(torch._guards.TracingContext(None)):
+                fn = torch.compiler.load_compiled_function(f, external_data={"owner": self._owner})
+            if not fn.guard_check(self._owner, *args):
+                return None
+        except Exception:  # noqa: BLE001 - a stale or foreign file: compile again
+            return None
+        self.source = "loaded"
+        return fn
+
+    def _aot_compile(self, args: tuple) -> Any:
+        compiled = torch.compile(self._fn, fullgraph=True, dynamic=False, backend="inductor",
+                                 options={**self._options, "guard_filter_fn": _savable_guards})
+        fn = compiled.aot_compile((args, {}))
+        self.source = "compiled-unsaved"
+        with contextlib.suppress(OSError, RuntimeError, pickle.PicklingError):  # used here even if not saved
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fn.save_compiled_function(self.path, external_data={"owner": self._owner})
+            self.source = "saved"
+        return fn
+
+
+def _savable_guards(entries: Any) -> list[bool]:
+    """The guards a saved function keeps: dynamo's own choice for precompile (no guards on
+    globals or object identities), also leaving out those derived from an unsavable kind
+    (pytree's registry: steersman's sources and torch's version are in the file's key)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsavable = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (g.is_global or g.guard_type in unsavable or unsavable & set(g.derived_guard_types))
+            for g in entries]
 
 
 class FusedCollector(SyncDataCollector):
