@@ -402,10 +402,12 @@ def test_compile_options_are_inductors_and_default_to_the_cpp_wrapper():
 
 def test_precompiled_graph_is_saved_loaded_checked_and_equal(tmp_path, monkeypatch):
     """Under inductor a fused graph is compiled once with torch's precompile and saved; an
-    object with the same settings loads it (no trace) and gives the same numbers bit for bit.
-    Other settings are another file; a file whose saved guards fail (another ``gamma`` under
-    this key), an unreadable file or one others may write is compiled again and rewritten;
+    object with the same settings loads it (no trace) and gives the same numbers bit for bit,
+    also when numbers the graph does not read differ. A number it reads (``gamma``) names
+    another file; a file whose saved guards fail (another ``gamma``'s graph under this name),
+    an unreadable file or one others may write is compiled again and rewritten;
     ``STEERSMAN_PRECOMPILE=0`` is the plain ``torch.compile``."""
+    import json
     import os
 
     from steersman.recipes import fused as fused_mod
@@ -417,8 +419,9 @@ def test_precompiled_graph_is_saved_loaded_checked_and_equal(tmp_path, monkeypat
     batch = next(iter(eager))
     keys = ("advantage", "value_target", "state_value", ("next", "state_value"))
 
-    def run(gamma, expect):
+    def run(gamma, expect, **attrs):
         gae = FusedGAE(critic, gamma=gamma, lmbda=0.8, options={})  # the Python wrapper: a shorter compile
+        gae.__dict__.update(attrs)
         assert isinstance(gae._fn, fused_mod.Precompiled)
         outs = [gae(batch.clone()), gae(batch.clone())]  # the second call skips the guards
         assert gae._fn.source == expect
@@ -428,14 +431,19 @@ def test_precompiled_graph_is_saved_loaded_checked_and_equal(tmp_path, monkeypat
             assert torch.equal(outs[0][k], outs[1][k])
         return gae._fn.path, outs[0]
 
+    def saved():
+        return sorted(n for n in os.listdir(tmp_path) if n.endswith(".bin"))
+
     path, first = run(0.98, "saved")
-    assert os.listdir(tmp_path) == [os.path.basename(path)] and os.stat(path).st_mode & 0o077 == 0
-    again, loaded = run(0.98, "loaded")
+    assert saved() == [os.path.basename(path)] and os.stat(path).st_mode & 0o077 == 0
+    index = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert {"self.gamma", "self.lmbda"} <= set(index["reads"])
+    again, loaded = run(0.98, "loaded", batches_seen=12)  # a number the graph does not read
     assert again == path and all(torch.equal(first[k], loaded[k]) for k in keys)
     other, _ = run(0.9, "saved")
-    assert other != path and len(os.listdir(tmp_path)) == 2
+    assert other != path and len(saved()) == 2
 
-    os.replace(other, path)  # gamma=0.9's graph under gamma=0.98's key: its guards refuse it
+    os.replace(other, path)  # gamma=0.9's graph under gamma=0.98's name: its guards refuse it
     run(0.98, "saved")
     again, loaded = run(0.98, "loaded")
     assert all(torch.equal(first[k], loaded[k]) for k in keys)

@@ -43,6 +43,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -329,18 +330,22 @@ class Precompiled:
     """A fused graph (a bound method, compiled ``fullgraph=True, dynamic=False`` by inductor)
     saved whole and loaded in later processes, skipping dynamo's trace and AOTAutograd.
 
-    On its first call it looks for a file under :func:`_precompiled_dir` named by a hash of
-    everything that makes the graph: the method, its object's attributes (numbers, module
-    architectures, functions' and classes' names, tensors' shapes), the arguments' shapes,
-    strides and dtypes, steersman's sources, torch's version and inductor's config, the
-    options, the CPU (the ISA key of :func:`remember_vec_isa`) and Python. A file found is
-    loaded with ``torch.compiler.load_compiled_function`` and used only if dynamo's saved
-    guards (the tensors' metadata and the constants the trace read, e.g. ``gamma`` or the
-    env's constants) pass on these arguments. Otherwise the method is compiled with
-    ``torch.compile(...).aot_compile`` and saved (written to a temporary file and renamed).
-    Any failure on the way (a torch without precompile, a guard that cannot be saved, an
-    unreadable file) falls back to the ordinary ``torch.compile``. Later calls skip the
-    guards (as :func:`_stance` does for ``torch.compile``).
+    Its file is found in two steps under :func:`_precompiled_dir`. The *structure key* hashes
+    what makes the graph apart from numbers: the method, its object's attributes (module
+    architectures, functions' and classes' names, tensors' shapes; numbers left out), the
+    arguments' shapes, strides and dtypes, steersman's sources, torch's version and
+    inductor's config, the options, the CPU (the ISA key of :func:`remember_vec_isa`) and
+    Python. A small index under that key lists the object's numbers the trace read (the
+    constants dynamo guards, e.g. ``self.gamma`` or the env's ``tau``); the file's name adds
+    their current values. So a run with another ``total_frames`` loads the same graph, one
+    with another ``gamma`` compiles its own.
+
+    A file found is loaded with ``torch.compiler.load_compiled_function`` and used only if
+    dynamo's saved guards (tensors' metadata and the constants read) pass on these
+    arguments. Otherwise the method is compiled with ``torch.compile(...).aot_compile`` and
+    saved (a temporary file, renamed). Any failure on the way (a torch without precompile, a
+    guard that cannot be saved, an unreadable file) falls back to the ordinary
+    ``torch.compile``. Later calls skip the guards (as :func:`_stance` does).
 
     Trust: a saved function is a pickle (as torch's own FX-graph and AOTAutograd cache
     entries in the same directory are) holding compiled kernels; loading it runs what it
@@ -352,8 +357,10 @@ class Precompiled:
     def __init__(self, fn: Any, options: dict[str, Any] | None = None) -> None:
         self._fn, self._owner, self._options = fn, fn.__self__, compile_options("inductor", options)
         self._compiled: Any = None
-        self.source: str | None = None  #: "loaded", "saved" or "compiled" (plain torch.compile), after a call
+        #: after the first call: "loaded", "saved", "compiled-unsaved" or "compiled" (plain torch.compile)
+        self.source: str | None = None
         self.path: str | None = None
+        self._reads: list[str] = []
 
     def __call__(self, *args: Any) -> Any:
         if self._compiled is None:
@@ -362,22 +369,34 @@ class Precompiled:
             return self._compiled(*args)
         return self._compiled(self._owner, *args)
 
-    def key(self, args: tuple) -> str:
-        """The file's name for a call with ``args``."""
+    def structure_key(self, args: tuple) -> str:
+        """The key of everything but the object's numbers, for a call with ``args``."""
         from torch._inductor import config
 
-        owner = {k: _describe(v) for k, v in sorted(vars(self._owner).items())}
+        owner = {k: _describe(v) for k, v in sorted(vars(self._owner).items())
+                 if not isinstance(v, (bool, int, float, str)) and v is not None}
         parts = [self._fn.__qualname__, _describe(self._owner), owner, _describe(args), _source_hash(),
                  torch.__version__, torch.__file__, sys.version, repr(sorted(self._options.items())),
                  repr(sorted(config.save_config_portable().items())), _isa_key(), torch.is_grad_enabled()]
         return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
 
+    def _file(self, structure: str, reads: list[str]) -> str:
+        values = [[path, repr(_resolve(self._owner, path))] for path in reads]
+        name = hashlib.sha256(json.dumps([structure, values]).encode()).hexdigest()
+        return os.path.join(_precompiled_dir(), f"{name}.bin")
+
     def _first_call(self, args: tuple) -> Any:
         try:
-            self.path = os.path.join(_precompiled_dir(), f"{self.key(args)}.bin")
-            fn = self._load(args)
+            structure = self.structure_key(args)
+            index = os.path.join(_precompiled_dir(), f"{structure}.json")
+            fn = None
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, IndexError, KeyError):
+                with open(index) as f:
+                    self._reads = [str(r) for r in json.load(f)["reads"]]
+                self.path = self._file(structure, self._reads)
+                fn = self._load(args)
             if fn is None:
-                fn = self._aot_compile(args)
+                fn = self._aot_compile(args, structure, index)
         except Exception:  # noqa: BLE001 - any failure of the experimental path: the ordinary compile
             fn = None
         if fn is None:
@@ -407,27 +426,60 @@ class Precompiled:
         self.source = "loaded"
         return fn
 
-    def _aot_compile(self, args: tuple) -> Any:
+    def _aot_compile(self, args: tuple, structure: str, index: str) -> Any:
+        read: set[str] = set()
         compiled = torch.compile(self._fn, fullgraph=True, dynamic=False, backend="inductor",
-                                 options={**self._options, "guard_filter_fn": _savable_guards})
+                                 options={**self._options, "guard_filter_fn": functools.partial(_savable_guards,
+                                                                                                 read=read)})
         fn = compiled.aot_compile((args, {}))
         self.source = "compiled-unsaved"
-        with contextlib.suppress(OSError, RuntimeError, pickle.PicklingError):  # used here even if not saved
+        reads = sorted(read | set(self._reads))  # (an older index's entries too: its files stay reachable)
+        with contextlib.suppress(OSError, RuntimeError, pickle.PicklingError, AttributeError, IndexError,
+                                 KeyError, TypeError):  # used here even if not saved
+            self.path = self._file(structure, reads)
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fn.save_compiled_function(self.path, external_data={"owner": self._owner})
+            tmp = f"{index}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"reads": reads}, f)
+            os.replace(tmp, index)
             self.source = "saved"
         return fn
 
 
-def _savable_guards(entries: Any) -> list[bool]:
+_PATH_PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def _resolve(owner: Any, path: str) -> Any:
+    """The value at a guard's ``self.a.b[0]`` path, from ``owner`` (attributes and int indexes only)."""
+    if not path.startswith("self"):
+        raise KeyError(path)
+    value, rest = owner, path[4:]
+    while rest:
+        m = _PATH_PART.match(rest)
+        if m is None:
+            raise KeyError(path)
+        value = getattr(value, m.group(1)) if m.group(1) else value[int(m.group(2))]
+        rest = rest[m.end():]
+    if not isinstance(value, (bool, int, float, str, torch.dtype)) and value is not None:
+        raise TypeError(f"{path} is not a constant")
+    return value
+
+
+def _savable_guards(entries: Any, read: set[str] | None = None) -> list[bool]:
     """The guards a saved function keeps: dynamo's own choice for precompile (no guards on
     globals or object identities), also leaving out those derived from an unsavable kind
-    (pytree's registry: steersman's sources and torch's version are in the file's key)."""
+    (pytree's registry: steersman's sources and torch's version are in the file's key).
+    Adds to ``read`` the paths of the constants on ``self`` that the kept guards check."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsavable = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return [not (g.is_global or g.guard_type in unsavable or unsavable & set(g.derived_guard_types))
+    keep = [not (g.is_global or g.guard_type in unsavable or unsavable & set(g.derived_guard_types))
             for g in entries]
+    if read is not None:
+        read.update(g.name for g, k in zip(entries, keep)
+                    if k and g.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH") and g.name.startswith("self."))
+    return keep
 
 
 class FusedCollector(SyncDataCollector):
