@@ -522,3 +522,28 @@ def test_compiled_root_and_puct_selections_by_columns_equal_the_rows():
                         assert torch.equal(_muzero_columns(uniform, tree, index, mask, 1.25, 19652.0), want)
                         chosen.update(want.tolist())
     assert len(chosen) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_inductor_cpp_wrapper_search_equals_eager(policy):
+    """Inductor with its C++ wrapper (``cpp_wrapper``) computes the eager search's tree.
+    torch 2.13's C++ wrapper returns the carried inputs of a ``while_loop`` that runs no
+    iteration and then reuses their buffers; here the first descents below the root run
+    no level (every root child unvisited), so each compiled loop must run its body at
+    least once (``search._while``): before that, an index out of bounds or another tree."""
+    t = tables(23, two_player=True)
+    root = root_for(t, torch.tensor([0, 4, 9]))
+    inv = torch.zeros(3, A, dtype=torch.bool)
+    inv[1, :2] = True
+    cpp = {"backend": "inductor", "options": {"cpp_wrapper": True}}
+    eager = POLICIES[policy]((), torch.Generator().manual_seed(6), root, model(t), 10, invalid_actions=inv)
+    with torch.no_grad():
+        comp = POLICIES[policy]((), torch.Generator().manual_seed(6), root, model(t), 10, invalid_actions=inv,
+                                compile=cpp)
+    for f in ("children_visits", "children_index", "parents", "action_from_parent", "depth", "node_visits"):
+        assert torch.equal(getattr(eager.search_tree, f), getattr(comp.search_tree, f)), f
+    torch.testing.assert_close(eager.search_tree.node_values, comp.search_tree.node_values)
+    torch.testing.assert_close(eager.action_weights, comp.action_weights)
+    assert torch.equal(eager.action, comp.action)
+    assert eager.search_tree.depth.amax().item() >= 2

@@ -146,7 +146,13 @@ def _leaf_keys(td: TensorDictBase) -> list:
 
 def _while(cond: Callable, body: Callable, carry: tuple, compiled: bool) -> tuple:
     """``while cond(*carry): carry = body(*carry)``; under compile, ``torch``'s
-    ``while_loop`` (a data-dependent loop inside one graph)."""
+    ``while_loop`` (a data-dependent loop inside one graph).
+
+    Every compiled loop here runs its body at least once (a first iteration that is a
+    no-op where there is nothing to do): with torch 2.13, inductor's C++ wrapper
+    (``cpp_wrapper``) returns the carried inputs themselves from a loop that runs no
+    iteration (the Python wrapper returns clones), and its buffer reuse then overwrites
+    those outputs with later results (wrong trees, or an index out of bounds)."""
     if compiled:
         from torch._higher_order_ops.while_loop import while_loop
 
@@ -193,8 +199,12 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
         cols = torch.arange(levels, device=ar.device)
         node = torch.where(active, nxt, root)
 
-        def cond(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> Tensor:
-            return active.any() & (d < levels)
+        def cond_from(start: Tensor | int) -> Callable:
+            """Descend while a tree is active and ``d < levels``, and at ``d == start`` (the
+            first iteration, a no-op if no tree is active: see :func:`_while`)."""
+            def cond(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> Tensor:
+                return (active.any() & (d < levels)) | (d == start)
+            return cond
 
         def level_fn(t: Tree, rows: Tensor, u: Tensor | None) -> Callable:
             """One level of the descent of the trees ``rows`` (``t.batch_range``)."""
@@ -211,7 +221,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
 
         def unrolled_fn(body: Callable, k: int = unroll) -> Callable:
             def unrolled(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
-                carry = body(d, node, active, depth, pn, pa)
+                carry = body(d, node, active & (d < levels), depth, pn, pa)
                 for _ in range(k - 1):  # levels past the end are no-ops for every tree
                     d = carry[0]
                     carry = body(d, carry[1], carry[2] & (d < levels), *carry[3:])
@@ -225,12 +235,12 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
             # those trees (deep trees are few: the deepest of B trees is several times the
             # mean depth, and every full-width level computes the selection for all B)
             def cond_full(d: Tensor, node: Tensor, active: Tensor, *rest: Tensor) -> Tensor:
-                return active.any() & (d < levels) & (active.sum() > compact)
+                return (active.any() & (d < levels) & (active.sum() > compact)) | (d == 1)
 
             carry = _while(cond_full, unrolled_fn(body), carry, True)
-            carry = _descend_compacted(tree, uniform, carry, compact, cond, level_fn, unrolled_fn)
+            carry = _descend_compacted(tree, uniform, carry, compact, cond_from, level_fn, unrolled_fn)
         elif use_while_loop:
-            carry = _while(cond, unrolled_fn(body), carry, True)
+            carry = _while(cond_from(1), unrolled_fn(body), carry, True)
         else:
             for d in range(1, levels):
                 if early_exit and not bool(carry[2].any()):
@@ -322,7 +332,7 @@ def _expand(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Ten
     return nn, leaf_value
 
 
-def _descend_compacted(tree: Tree, uniform: Tensor | None, carry: tuple, compact: int, cond: Callable,
+def _descend_compacted(tree: Tree, uniform: Tensor | None, carry: tuple, compact: int, cond_from: Callable,
                        level_fn: Callable, unrolled_fn: Callable) -> tuple:
     """The rest of a compiled descent on the (at most ``compact``) trees still descending:
     their rows are gathered into ``[compact]`` tensors (``nonzero_static``; padding rows
@@ -335,7 +345,7 @@ def _descend_compacted(tree: Tree, uniform: Tensor | None, carry: tuple, compact
     sub = dataclasses.replace(tree, batch_range=rows, root_invalid_actions=tree.root_invalid_actions[rows])
     part = (d, node[rows], active[rows] & valid, depth[rows], pn[rows], pa[rows])
     body = level_fn(sub, rows, None if uniform is None else uniform[rows])
-    part = _while(cond, unrolled_fn(body, UNROLL_SMALL_BATCH), part, True)  # few trees: several levels a call
+    part = _while(cond_from(d.clone()), unrolled_fn(body, UNROLL_SMALL_BATCH), part, True)  # few trees: several levels a call
 
     def back(full: Tensor, x: Tensor) -> Tensor:  # padding rows write to an extra row, dropped
         return torch.cat([full, full[:1]]).index_put((idx,), x)[:batch]
