@@ -18,6 +18,10 @@ in a tight loop, with no TensorDict or module machinery per env step or per mini
   shuffled minibatch indices), one call per batch. Losses it does not cover keep
   :class:`~steersman.objectives.functional_update.CompiledUpdate`, one call per minibatch.
 
+Under inductor the three graphs are saved whole after their first compile and loaded in
+later processes (:class:`Precompiled`, torch's precompile): a warm start skips dynamo's
+traces and AOTAutograd.
+
 The three do what the eager path does, op for op: the action is drawn with
 ``torch.multinomial`` from the same probabilities (the draw runs from torch's global
 generator inside the graph too, so the same seed gives the same actions), the env
