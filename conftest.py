@@ -10,10 +10,17 @@ package are skipped, naming the extra, when it cannot be imported (tests under t
 """
 
 import importlib
+import os
 from pathlib import Path
 
-import pytest
-import torch
+# Intel MKL picks its GEMM code path by the operands' memory alignment, so the same matmul
+# on a tensor at another address can differ in the last bit (seen on an AVX-512 Xeon: the
+# fused rollout's logits against the collector's). Tests that compare two code paths bit
+# for bit need MKL's conditional numerical reproducibility; it must be set before MKL starts.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
