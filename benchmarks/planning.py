@@ -20,12 +20,13 @@ Rows:
                     ``compile_s``.
   steersman compiled cpp  the same with inductor's C++ wrapper
                     (``compile={"options": {"cpp_wrapper": True}}``): the loops run in
-                    C++ instead of the generated Python wrapper.
+                    C++ instead of the generated Python wrapper (correct since session
+                    12: every compiled loop runs its body at least once, around a torch
+                    2.13 bug of that wrapper; see ``search._while``).
 
 Compiled rows are checked against the eager search (the eager row of the same batch, or
 else one untimed eager search; ``--no-check`` skips those): same seed, same root visit
-counts and tree (``equals eager``), or ``WRONG`` (torch 2.13's ``cpp_wrapper`` computes
-different Gumbel trees).
+counts and parents (``equals eager``), or ``WRONG``.
   mctx jit          mctx's policy under ``jax.jit`` (compile time excluded), run in a
                     separate interpreter: ``MCTX_PYTHON=<venv with jax, mctx>/bin/python``
                     (a venv with ``jax mctx numpy``; the row is skipped without it).

@@ -520,11 +520,10 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     search's. Under compile the recurrent function gets ``rng=None`` (a
     ``torch.Generator`` cannot enter a graph) and must itself be traceable. Python's
     garbage collector is paused during the search (:func:`gc_paused`).
-    Not recommended: inductor's ``cpp_wrapper`` option (``compile={"options":
-    {"cpp_wrapper": True}}``): with torch 2.13 its graph of the in-place search loop
-    failed (an index out of bounds: the descent loop's depth reads 0 in the C++ wrapper)
-    or, in session 11's check (Gumbel MuZero, B=64), ran but computed a different tree
-    than the eager search (see benchmarks/README.md).
+    Inductor's ``cpp_wrapper`` option (``compile={"backend": "inductor", "options":
+    {"cpp_wrapper": True}}``) runs the loops in C++ instead of inductor's Python wrapper
+    and computes the same tree (each compiled loop runs its body at least once, see
+    :func:`_while`, around a torch 2.13 bug of that wrapper).
 
     The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
     ``rng`` up front. Bad inputs raise before any simulation; the recurrent
