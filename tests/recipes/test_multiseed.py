@@ -121,7 +121,7 @@ def test_compiled_population_graphs_get_the_fused_graphs_inductor_options(monkey
 
     seen, probes = [], []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
-    monkeypatch.setattr(multiseed, "remember_vec_isa", lambda: probes.append(1) or True)
+    monkeypatch.setattr(fused, "remember_vec_isa", lambda: probes.append(1) or True)
     pop = multiseed.Population("ppo", tiny(seeds=2, compile=True, compile_backend=backend), tmp_path / "run",
                                resume=False, batch_frames=16)
     pop.vmapped(lambda x: x + 1, "test function", vmap=False)

@@ -282,6 +282,10 @@ def compile_options(backend: Any, options: dict[str, Any] | None) -> dict[str, A
 
 
 def _compile(fn: Any, backend: Any, options: dict[str, Any] | None = None) -> Any:
+    """``fn`` compiled ``fullgraph=True, dynamic=False`` with the on-disk caches and, under
+    inductor, :data:`INDUCTOR_OPTIONS` and the remembered ISA probe; a bound method under
+    inductor is a :class:`Precompiled` (saved and loaded whole) unless
+    ``STEERSMAN_PRECOMPILE=0``."""
     use_compile_cache()
     if backend == "inductor":
         remember_vec_isa()

@@ -91,7 +91,7 @@ from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
-from .fused import _program, _run_program, compile_options, remember_vec_isa
+from .fused import _compile, _program, _run_program
 from .fused_ppo import clip_ppo_terms
 from .run import (
     EVAL_SEED_OFFSET,
@@ -380,14 +380,9 @@ class Population:
         eager = torch.vmap(update) if vmap else update
         if not self.cfg.compile:
             return eager
-        from steersman.objectives.functional_update import call_skipping_guards, use_compile_cache
+        from steersman.objectives.functional_update import call_skipping_guards
 
-        use_compile_cache()
-        backend = self.cfg.compile_backend
-        if backend == "inductor":
-            remember_vec_isa()
-        compiled: Any = torch.compile(eager, fullgraph=True, dynamic=False, backend=backend,
-                                      options=compile_options(backend, None))
+        compiled: Any = _compile(eager, self.cfg.compile_backend)  # (a closure: never precompiled)
         seen: set[tuple] = set()
 
         def run(*args: Any) -> Any:
