@@ -46,6 +46,7 @@ alternated in one process (median CPU ms per update for each ``--seeds`` N):
 
     python benchmarks/multiseed.py --update-ms --seeds 4,32
     python benchmarks/multiseed.py --update-ms --seeds 32 --contestants compiled-py,compiled
+    python benchmarks/multiseed.py --update-ms --seeds 4,32 --contestants compiled-tanh,compiled
 
 On a shared machine the times drift; compare the rows of one run.
 """
@@ -158,13 +159,16 @@ from steersman.recipes.ppo import PPOConfig
 n, rounds, reps, labels = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
 B = 256
 g = torch.Generator().manual_seed(0)
-contestants, options = {}, multiseed.compile_options
-for label in labels:  # eager; compiled (inductor, the C++ wrapper); compiled-py (inductor's Python wrapper)
-    multiseed.compile_options = (lambda b, o: {"cpp_wrapper": False}) if label == "compiled-py" else options
+contestants, options = {}, multiseed.ON_POLICY_OPTIONS
+# eager; compiled (inductor: the population's options); compiled-tanh (inductor's own vectorized
+# tanh, no decomposition); compiled-py (the population's options with inductor's Python wrapper)
+extra = {"compiled": options, "compiled-tanh": {}, "compiled-py": {**options, "cpp_wrapper": False}}
+for label in labels:
+    multiseed.ON_POLICY_OPTIONS = extra.get(label, options)
     pop = multiseed.Population("ppo", PPOConfig(seeds=n, quiet=True, compile=label != "eager"), tempfile.mkdtemp(),
                                resume=False, batch_frames=B)
     contestants[label] = multiseed._OnPolicyModel("ppo", pop)
-multiseed.compile_options = options
+multiseed.ON_POLICY_OPTIONS = options
 P = pop.P
 data = (torch.randn(P, B, 4, generator=g), torch.randint(0, 2, (P, B), generator=g), -torch.rand(P, B, generator=g),
         torch.randn(P, B, 1, generator=g), torch.randn(P, B, 1, generator=g))
@@ -184,7 +188,8 @@ for _ in range(rounds):  # alternate: both see the same machine
         times[label].append((time.process_time() - c0) / reps * 1e3)
         state[label] = (p, s)
 bitwise = {k: all(torch.equal(a, b) for a, b in zip(state[k][0], state[labels[-1]][0])) for k in labels}
-print(json.dumps({"n": n, "first_call_cpu_s": first, "params_equal_to_last": bitwise,
+max_diff = {k: max((a - b).abs().max().item() for a, b in zip(state[k][0], state[labels[-1]][0])) for k in labels}
+print(json.dumps({"n": n, "first_call_cpu_s": first, "params_equal_to_last": bitwise, "max_abs_diff_to_last": max_diff,
                   "ms_per_update": {k: sorted(v)[len(v) // 2] for k, v in times.items()}}))
 """
 
@@ -263,7 +268,8 @@ def main() -> None:
     ap.add_argument("--update-ms", action="store_true",
                     help="per-update CPU ms of the vmapped PPO update, eager vs compiled (inductor), in one process")
     ap.add_argument("--contestants", default="eager,compiled",
-                    help="--update-ms: among eager, compiled (inductor, C++ wrapper), compiled-py (inductor, Python "
+                    help="--update-ms: among eager, compiled (inductor with the population's options: C++ wrapper, "
+                         "tanh decomposed), compiled-tanh (inductor's own tanh), compiled-py (inductor's Python "
                          "wrapper); ratios to the first")
     args = ap.parse_args()
     if args.update_ms:
@@ -278,7 +284,8 @@ def main() -> None:
             print(f"{n:>8}" + "".join(f"{ms[lab]:>16.2f}{ms[labels[0]] / ms[lab]:>6.2f}{ms[lab] / n:>10.3f}"
                                       for lab in labels)
                   + "  " + ", ".join(f"{lab} {r['first_call_cpu_s'][lab]:.1f}" for lab in labels)
-                  + "; " + ", ".join(f"{lab} {r['params_equal_to_last'][lab]}" for lab in labels))
+                  + "; " + ", ".join(f"{lab} {r['params_equal_to_last'][lab]} ({r['max_abs_diff_to_last'][lab]:.1e})"
+                                     for lab in labels))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"rows": rows, "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)

@@ -91,7 +91,7 @@ from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
-from .fused import _compile, _program, _run_program
+from .fused import INDUCTOR_OPTIONS, _compile, _program, _run_program
 from .fused_ppo import clip_ppo_terms
 from .run import (
     EVAL_SEED_OFFSET,
@@ -110,6 +110,17 @@ __all__ = ["SWEEPABLE", "EpisodeStats", "MemberReplay", "OffPolicy", "Population
 SWEEPABLE = ("optim.lr", "optim.max_grad_norm")
 _GOLDEN = 0x9E3779B9
 _SALT_ACTIONS, _SALT_SHUFFLE, _SALT_NOISE = 1, 2, 3
+
+#: Inductor options the on-policy (PPO, A2C) population's graphs add to
+#: :data:`~steersman.recipes.fused.INDUCTOR_OPTIONS`: ``tanh(x)`` as ``2 / (1 + exp(-2x)) - 1``
+#: (inductor's own ``cpp.use_decompose_tanh``). Inductor's vectorized ``tanh`` (Sleef's,
+#: ~1 ms for a [32, 256, 64] activation here) is 3-4x slower than this and than ATen's; the
+#: decomposition is within ~1.5e-7 of ``tanh`` (absolute), and tanh's gradient still comes
+#: from its output. A 32-member PPO update: ~13 -> ~9.5 ms (benchmarks/README.md, session 13).
+ON_POLICY_OPTIONS: dict[str, Any] = {"cpp.use_decompose_tanh": True}
+#: Under inductor the compiled PPO update runs its networks' narrow heads as products and sums
+#: (see :func:`_run_layers`): a 32-member update ~0.4 ms (~4%) shorter here.
+NARROW_HEADS = True
 
 
 # ---------------------------------------------------------------- members and their random streams
@@ -362,7 +373,8 @@ class Population:
             o = nxt["observation"]
         return ret.mean(-1)[:self.M]
 
-    def vmapped(self, update: Callable, what: str, vmap: bool = True) -> Callable:
+    def vmapped(self, update: Callable, what: str, vmap: bool = True, options: dict[str, Any] | None = None
+                ) -> Callable:
         """``torch.vmap(update)`` over the rows (``vmap=False``: ``update`` as it is); with
         ``compile=true`` one compiled graph (eager with a one-line warning saying why, if
         dynamo cannot trace it).
@@ -382,7 +394,9 @@ class Population:
             return eager
         from steersman.objectives.functional_update import call_skipping_guards
 
-        compiled: Any = _compile(eager, self.cfg.compile_backend)  # (a closure: never precompiled)
+        backend = self.cfg.compile_backend
+        extra = {**INDUCTOR_OPTIONS, **options} if options and backend == "inductor" else None
+        compiled: Any = _compile(eager, backend, extra)  # (a closure: never precompiled)
         seen: set[tuple] = set()
 
         def run(*args: Any) -> Any:
@@ -527,16 +541,34 @@ def train_a2c(cfg: Any, run_dir: str | Path | None = None, *, resume: bool = Fal
     return _train_on_policy("a2c", cfg, run_dir, resume)
 
 
+def _run_layers(program: list[tuple], params: tuple, x: Tensor, narrow_heads: bool = False) -> Tensor:
+    """:func:`~steersman.recipes.fused._run_program`; with ``narrow_heads``, a layer of at most
+    two outputs (CartPole's policy head, 64 -> 2) as ``(x[..., None, :] * weight).sum(-1) + bias``:
+    the same products summed in another order (equal within float rounding). Under inductor its
+    gradient with respect to ``x`` is then two fused multiply-adds instead of a batched matmul
+    with an inner dimension of 2 (MKL: ~0.6 ms for 32 members, as long as a [64, 64] layer's)."""
+    if not narrow_heads:
+        return _run_program(program, params, x)
+    for step in program:
+        if step[0] == "linear" and params[step[1]].shape[0] <= 2:
+            x = (x.unsqueeze(-2) * params[step[1]]).sum(-1)
+            x = x if step[2] is None else x + params[step[2]]
+        else:
+            x = _run_program([step], params, x)
+    return x
+
+
 def _pure_ppo_loss(actor: list[tuple], critic: list[tuple], p: tuple, obs: Tensor, action: Tensor, logp_old: Tensor,
                    advantage: Tensor, target: Tensor, clip_eps: Tensor, entropy_coef: float, critic_coef: float,
-                   normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   normalize: bool, narrow_heads: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """:class:`~steersman.objectives.ClipPPOLoss` (categorical actor, l2 critic, no value
     clipping) of one member's minibatch as plain tensor ops on its flat leaves ``p``:
     ``(total, loss_objective, loss_critic)``. The same terms, in the same order, as the
     module's; what it skips is the TensorDict and module machinery, which is what makes a
     compiled trace of the population's update small."""
     loss_objective, entropy, loss_critic, _, _ = clip_ppo_terms(
-        _run_program(actor, p, obs), _run_program(critic, p, obs), action, logp_old, advantage, target, clip_eps,
+        _run_layers(actor, p, obs, narrow_heads), _run_layers(critic, p, obs, narrow_heads), action, logp_old,
+        advantage, target, clip_eps,
         normalize=normalize, critic_coeff=critic_coef)
     loss_entropy = (-entropy_coef * entropy).mean()
     return loss_objective + loss_critic + loss_entropy, loss_objective, loss_critic
@@ -623,7 +655,7 @@ class _OnPolicyModel:
                 self.step_fn = self._compiled_step(pop, _program(logits_net, self.names,
                                                                      "actor_network.module.0.module."))
                 self.gae_fn = self._compiled_gae(pop, _program(value_net, self.names, "critic_network.module."))
-        self.v_update = pop.vmapped(update, f"vmapped {algo.upper()} update")
+        self.v_update = pop.vmapped(update, f"vmapped {algo.upper()} update", options=ON_POLICY_OPTIONS)
         self.v_act, self.v_greedy, self.v_values = torch.vmap(act), torch.vmap(greedy), torch.vmap(values)
 
     @staticmethod
@@ -648,7 +680,7 @@ class _OnPolicyModel:
             return (action, logp, nobs.clone(memory_format=torch.contiguous_format), reward[..., 0], flags, state,
                     steps, rng, robs.clone(memory_format=torch.contiguous_format))
 
-        return pop.vmapped(step, "collection step", vmap=False)
+        return pop.vmapped(step, "collection step", vmap=False, options=ON_POLICY_OPTIONS)
 
     def _compiled_gae(self, pop: Population, critic: Any) -> Callable:
         """Each member's critic on the batch's observations and next observations, then
@@ -659,7 +691,7 @@ class _OnPolicyModel:
         def advantages(p: tuple, obs: Tensor, next_obs: Tensor, reward: Tensor, terminated: Tensor, done: Tensor):
             return _gae(v_value(p, obs), v_value(p, next_obs), reward, terminated, done, gamma, lmbda)
 
-        return pop.vmapped(advantages, "advantage estimate", vmap=False)
+        return pop.vmapped(advantages, "advantage estimate", vmap=False, options=ON_POLICY_OPTIONS)
 
     def advantages(self, params: tuple, r: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """GAE of a collected batch ``[P, E, T]``: ``(advantage, value_target)``."""
@@ -709,7 +741,7 @@ class _OnPolicyModel:
             warnings.warn("compile=true: the population's networks are not plain MLPs (or the loss clips values); "
                           "compiling the module-swapping update instead", stacklevel=3)
             return None
-        cfg = pop.cfg.loss
+        cfg, narrow_heads = pop.cfg.loss, pop.cfg.compile_backend == "inductor" and NARROW_HEADS
         clip_eps = loss_fn.clip_epsilon  # a buffer annealed in place: read at each call, no recompile
 
         def update(p: tuple, s: tuple, data: tuple, idx: Tensor, lr: Tensor, max_norm: Tensor):
@@ -718,7 +750,7 @@ class _OnPolicyModel:
             def loss_of(q: tuple):
                 total, l_obj, l_crit = _pure_ppo_loss(actor, critic, q, obs, action, logp, adv, target, clip_eps,
                                                       float(cfg.entropy_coef), float(cfg.critic_coef),
-                                                      bool(cfg.normalize_advantage))
+                                                      bool(cfg.normalize_advantage), narrow_heads)
                 return total, (l_obj.detach(), l_crit.detach())
 
             grads, (_, (l_obj, l_crit)) = torch.func.grad_and_value(loss_of, has_aux=True)(p)
