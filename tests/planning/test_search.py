@@ -369,6 +369,35 @@ def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
     assert eager.search_tree.depth.amax().item() >= 2
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_compiled_search_continues_with_full_width_paths(policy, monkeypatch):
+    """The whole-search graph records paths of at most ``PATH_WIDTH`` edges (2 here) and
+    stops before the simulation that could descend deeper; a second graph with the full
+    width (``max_depth`` edges) runs the rest: the same tree and action as the eager
+    search, whose trees go deeper than 2, and exactly two graphs."""
+    import importlib
+
+    search_mod = importlib.import_module("steersman.planning.search")
+    monkeypatch.setattr(search_mod, "PATH_WIDTH", 2)
+    assert search_mod.path_widths(12) == (2, 12)
+    assert search_mod.path_widths(2) == (2,)
+    t = tables(13, two_player=True)
+    root = root_for(t, torch.tensor([0, 4, 9]))
+    inv = torch.zeros(3, A, dtype=torch.bool)
+    inv[2, :2] = True
+    eager = POLICIES[policy]((), torch.Generator().manual_seed(3), root, model(t), 12, invalid_actions=inv)
+    assert eager.search_tree.depth.amax().item() > 2
+    torch._dynamo.utils.counters.clear()
+    comp = POLICIES[policy]((), torch.Generator().manual_seed(3), root, model(t), 12, invalid_actions=inv,
+                            compile="eager")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    for f in ("children_visits", "children_index", "parents", "action_from_parent", "depth", "node_visits"):
+        assert torch.equal(getattr(eager.search_tree, f), getattr(comp.search_tree, f)), f
+    torch.testing.assert_close(eager.search_tree.node_values, comp.search_tree.node_values)
+    torch.testing.assert_close(eager.action_weights, comp.action_weights)
+    assert torch.equal(eager.action, comp.action)
+
+
 def test_search_pauses_the_garbage_collector_and_restores_it():
     """The collector is off while the simulations run and back on afterwards, also when
     the recurrent function raises; a collector the caller disabled stays disabled."""

@@ -444,9 +444,21 @@ def descent_compact(batch: int, interior_action_selection_fn: Callable) -> int:
     return max(1, batch // COMPACT_FRACTION)
 
 
+# the compiled search first runs with paths of at most PATH_WIDTH edges (the backup's
+# writes cost per path column, used or not) and continues with the full width
+# (``max_depth`` edges, a second graph compiled when first needed) once a tree gets deeper
+PATH_WIDTH = 24
+
+
+def path_widths(levels: int) -> tuple[int, ...]:
+    """The path widths the compiled search runs with, in order, for ``levels`` edges."""
+    return (PATH_WIDTH, levels) if 1 <= PATH_WIDTH < levels else (levels,)
+
+
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
                     root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
-                    levels: int, tensor_embedding: bool, unroll: int = 1, compact: int = 0) -> Tensor:
+                    levels: int, tensor_embedding: bool, unroll: int = 1, compact: int = 0,
+                    width: int | None = None) -> Tensor:
     """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
     whole search in one graph under ``torch.compile(fullgraph=True)``).
 
@@ -455,18 +467,26 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
     mutating captured, non-carried tensors in inference graphs: call it under
     ``torch.no_grad()``), so no simulation copies the ``[B, N, A]`` arrays. Returns the
     final counter (it must be used: a ``while_loop`` whose outputs are unused is dropped
-    from the graph together with its writes)."""
+    from the graph together with its writes).
+
+    ``width < levels``: paths of at most ``width`` edges (the descent's path arrays and
+    the backup's writes are ``[B, width]``); the loop stops early, before the simulation
+    that could descend deeper (once a node of depth ``width`` exists), and the caller
+    continues at the returned counter with the full width."""
     from torch._higher_order_ops.while_loop import while_loop
 
     num_simulations = uniforms.shape[0]
+    width = levels if width is None else min(width, levels)
 
     def cond(sim: Tensor) -> Tensor:
+        if width < levels:  # a node at depth < width: every descent ends within width edges
+            return (sim < num_simulations) & (tree.depth.max() < width)
         return sim < num_simulations
 
     def body(sim: Tensor) -> tuple:
         uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
         simulate_once(params, None, tree, sim, uniform, recurrent_fn, root_action_selection_fn,
-                      interior_action_selection_fn, max_depth, levels, tensor_embedding=tensor_embedding,
+                      interior_action_selection_fn, max_depth, width, tensor_embedding=tensor_embedding,
                       use_while_loop=True, unroll=unroll, compact=compact)
         return (sim + 1,)
 
@@ -577,10 +597,14 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         # the whole search as one graph (no per-simulation call overhead)
         simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
                       interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
-        run = compiled_search(options, key)
-        with torch.no_grad():  # the in-place loop is an inference graph
-            out = run(params, tree, uniforms, sims[1], recurrent_fn, root_action_selection_fn,
-                      interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, compact)
+        out = sims[1]
+        for width in path_widths(levels):  # narrow paths while the trees are shallow, then full
+            run = compiled_search(options, (*key, width))
+            with torch.no_grad():  # the in-place loop is an inference graph
+                out = run(params, tree, uniforms, out, recurrent_fn, root_action_selection_fn,
+                          interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, compact, width)
+            if int(out) == num_simulations:
+                break
         if int(out) != num_simulations:  # the loop's output must be used (see run_simulations)
             raise RuntimeError(f"search: the compiled loop ran to simulation {int(out)} of {num_simulations}")
         return tree
