@@ -12,14 +12,17 @@ Rows:
   steersman tdm     the policy with ``recurrent_fn_from_model`` over two
                     ``TensorDictModule``\\ s (TensorDict embeddings).
   steersman compiled  the plain-fn policy with ``compile=True``: the whole search (every
-                    simulation after the first) as one inductor graph, an outer
+                    simulation after the first) as one inductor graph (inductor options
+                    ``search.SEARCH_INDUCTOR_OPTIONS``; paths ``PATH_WIDTH`` wide while the
+                    trees are shallower, then a full-width graph), an outer
                     ``while_loop`` over simulations that writes the tree in place, with
                     the ``while_loop`` descent and backup inside (from B=256 the
                     descent's last levels run on the trees still descending only). The
                     first call per batch (the compile) is reported separately as
                     ``compile_s``.
   steersman compiled cpp  the same with inductor's C++ wrapper
-                    (``compile={"options": {"cpp_wrapper": True}}``): the loops run in
+                    (``compile={"options": {"cpp_wrapper": True}}``, plus the search's
+                    inductor options): the loops run in
                     C++ instead of the generated Python wrapper (correct since session
                     12: every compiled loop runs its body at least once, around a torch
                     2.13 bug of that wrapper; see ``search._while``).

@@ -329,6 +329,26 @@ def test_bad_compile_option(compile, match):
         muzero_policy((), None, root_for(t, torch.tensor([0])), model(t), 4, compile=compile)
 
 
+def test_compile_options_give_inductor_the_search_options():
+    """``compile=True`` and inductor dicts get ``SEARCH_INDUCTOR_OPTIONS`` under their own
+    ``options`` (the user's keys win); other backends and ``mode=`` dicts are left alone."""
+    from steersman.planning.search import SEARCH_INDUCTOR_OPTIONS, compile_options
+
+    assert SEARCH_INDUCTOR_OPTIONS == {"max_fusion_size": 1024}
+    assert compile_options(True) == {"backend": "inductor", "options": {"max_fusion_size": 1024}}
+    assert compile_options("inductor") == compile_options(True)
+    assert compile_options("eager") == {"backend": "eager"}
+    assert compile_options({"options": {"cpp_wrapper": True}}) == \
+        {"options": {"max_fusion_size": 1024, "cpp_wrapper": True}}
+    assert compile_options({"backend": "inductor", "options": {"max_fusion_size": 8}})["options"] == \
+        {"max_fusion_size": 8}
+    assert compile_options({"backend": "inductor", "mode": "max-autotune"}) == \
+        {"backend": "inductor", "mode": "max-autotune"}
+    assert compile_options({"backend": "aot_eager"}) == {"backend": "aot_eager"}
+    compile_options(True)["options"]["max_fusion_size"] = 2  # a copy: the module's dict stays
+    assert SEARCH_INDUCTOR_OPTIONS == {"max_fusion_size": 1024}
+
+
 def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):
     """A custom ``loop_fn`` runs one in-place graph per simulation; here with one level
     per descent/backup loop iteration and the descent's last levels on the trees still

@@ -374,19 +374,30 @@ def gc_paused() -> Any:
             gc.enable()
 
 
+# inductor options of the search's graphs (a user's ``options`` override them): a
+# descent level is ~100 pointwise nodes, so with inductor's default (64 nodes per fused
+# group) every unrolled level became its own loop nest, passing ~13 realized [B] buffers
+# (one allocation each per call) to the next; 1024 fuses the levels into one loop nest
+SEARCH_INDUCTOR_OPTIONS = {"max_fusion_size": 1024}
+
+
 def compile_options(compile: bool | str | dict) -> dict:
     """``torch.compile`` keywords for :func:`search`'s ``compile=``: True is inductor,
     a string a backend name (``"eager"``, ``"aot_eager"``, ``"inductor"``), a dict the
-    keywords themselves (``fullgraph=True`` and ``dynamic=False`` are always set)."""
-    if compile is True:
-        return {"backend": "inductor"}
+    keywords themselves (``fullgraph=True`` and ``dynamic=False`` are always set).
+    Inductor gets :data:`SEARCH_INDUCTOR_OPTIONS` under the dict's own ``options``."""
+    if compile is True or compile == "inductor":
+        return {"backend": "inductor", "options": dict(SEARCH_INDUCTOR_OPTIONS)}
     if isinstance(compile, str):
         return {"backend": compile}
     if isinstance(compile, dict):
         bad = {"fullgraph", "dynamic"} & set(compile)
         if bad:
             raise ValueError(f"search: compile= sets fullgraph=True and dynamic=False itself; remove {sorted(bad)}")
-        return dict(compile)
+        out = dict(compile)
+        if out.get("backend", "inductor") == "inductor" and "mode" not in out:  # torch.compile: mode or options
+            out["options"] = {**SEARCH_INDUCTOR_OPTIONS, **out.get("options", {})}
+        return out
     raise TypeError(f"search: compile must be a bool, a backend name or a dict of torch.compile keywords, "
                     f"got {type(compile).__name__}")
 
@@ -528,7 +539,9 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     dynamic=False)`` (True: inductor; or a backend name, or a dict of ``torch.compile``
     keywords, see :func:`compile_options`). The simulations run as one graph: an outer
     ``while_loop`` over the simulations, with the ``while_loop`` descent and backup
-    inside, so the depth follows the tree without recompiling. The outer loop carries
+    inside, so the depth follows the tree without recompiling. Paths are recorded
+    ``PATH_WIDTH`` (24) edges wide while every node is shallower; a search whose trees
+    get deeper continues in a second, full-width graph (compiled when first needed). The outer loop carries
     only the simulation counter and writes the tree arrays in place (an inference graph:
     the compiled simulations run under ``torch.no_grad()``, so the tree carries no
     autograd history), so no simulation copies the ``[B, N, A]`` arrays. A custom
