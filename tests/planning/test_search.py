@@ -394,11 +394,13 @@ def test_compiled_search_continues_with_full_width_paths(policy, monkeypatch):
     """The whole-search graph records paths of at most ``PATH_WIDTH`` edges (2 here) and
     stops before the simulation that could descend deeper; a second graph with the full
     width (``max_depth`` edges) runs the rest: the same tree and action as the eager
-    search, whose trees go deeper than 2, and exactly two graphs."""
+    search, whose trees go deeper than 2, and exactly two graphs. The narrow graph's
+    backup is unrolled, the full graph's a ``while_loop`` (``BACKUP_UNROLL_MAX`` 4)."""
     import importlib
 
     search_mod = importlib.import_module("steersman.planning.search")
     monkeypatch.setattr(search_mod, "PATH_WIDTH", 2)
+    monkeypatch.setattr(search_mod, "BACKUP_UNROLL_MAX", 4)
     assert search_mod.path_widths(12) == (2, 12)
     assert search_mod.path_widths(2) == (2,)
     t = tables(13, two_player=True)

@@ -259,7 +259,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     rewards = tree.children_rewards[br, path_nodes, path_actions]
     discounts = tree.children_discounts[br, path_nodes, path_actions]
     cols = torch.arange(levels, device=ar.device)
-    if use_while_loop:  # as deep as the deepest path, inside the graph
+    if use_while_loop and levels > BACKUP_UNROLL_MAX:  # as deep as the deepest path, inside the graph
         def bcond(i: Tensor, ret: Tensor, returns: Tensor) -> Tensor:
             return i >= 0
 
@@ -275,7 +275,8 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
 
         returns = _while(bcond, bbody, (depth.max() - 1, leaf_value, torch.zeros_like(rewards)), True)[2]
     else:
-        # eager: only as deep as the deepest path; traced without while_loop: every level
+        # eager: only as deep as the deepest path; compiled: every level, unrolled (one
+        # fused loop over the trees, no loop calls: cheaper than the loop for narrow paths)
         top = levels if torch.compiler.is_compiling() else int(depth.max())
         ret = leaf_value
         rets = [leaf_value] * (levels - top)
@@ -454,6 +455,9 @@ def descent_compact(batch: int, interior_action_selection_fn: Callable) -> int:
         return 0
     return max(1, batch // COMPACT_FRACTION)
 
+
+# compiled backups of at most this many levels are unrolled instead of a while_loop
+BACKUP_UNROLL_MAX = 24
 
 # the compiled search first runs with paths of at most PATH_WIDTH edges (the backup's
 # writes cost per path column, used or not) and continues with the full width
