@@ -324,6 +324,23 @@ def test_streams_of_a_member_do_not_depend_on_the_others(seeds, n):
         assert sorted(perm[k].tolist()) == list(range(n))
 
 
+@settings(max_examples=25, deadline=None)
+@given(seeds=st.lists(st.integers(0, 2**40), min_size=1, max_size=4, unique=True), n=st.integers(1, 40),
+       k=st.integers(1, 6))
+def test_draws_at_once_equal_draws_one_by_one(seeds, n, k):
+    """``permutations(n, k)`` (a batch's epochs) and ``uniform(k * n)`` (a batch's steps) give
+    the numbers of ``k`` successive calls, and leave the counter where those calls do."""
+    at_once, one_by_one = multiseed.Streams(seeds, salt=2), multiseed.Streams(seeds, salt=2)
+    perms = at_once.permutations(n, k)
+    assert perms.shape == (len(seeds), k, n)
+    for j in range(k):
+        assert torch.equal(perms[:, j], one_by_one.permutation(n))
+    u = at_once.uniform(k * n).view(-1, k, n)
+    for j in range(k):
+        assert torch.equal(u[:, j], one_by_one.uniform(n))
+    assert at_once.counter == one_by_one.counter == 2 * k * n
+
+
 def test_streams_are_uniform_and_salted():
     u = multiseed.Streams([0], salt=1).uniform(20_000)[0]
     hist = torch.histc(u, bins=10, min=0, max=1)

@@ -228,6 +228,11 @@ class Streams:
         """``[M, n]``: a random permutation of ``range(n)`` per member."""
         return torch.argsort(self.bits(n), dim=-1, stable=True)
 
+    def permutations(self, n: int, k: int) -> Tensor:
+        """``[M, k, n]``: the ``k`` permutations that ``k`` calls of :meth:`permutation` draw
+        (the same numbers; one hash and one sort instead of ``k``)."""
+        return torch.argsort(self.bits(k * n).view(-1, k, n), dim=-1, stable=True)
+
 
 # ---------------------------------------------------------------- the members' functions (vmapped)
 def _categorical_draw(logits: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
@@ -712,9 +717,10 @@ class _OnPolicyModel:
         out: dict[str, list[Tensor]] = {}
         obs = obs.contiguous()
         state, steps, rng = (t.contiguous() for t in (env._state, env._steps, env._rng))
-        for _ in range(T):
+        uniforms = stream.uniform(T * E).view(-1, T, E).transpose(0, 1).contiguous()  # T draws of E at once
+        for t in range(T):
             action, logp, nobs, reward, flags, state, steps, rng, next_obs = self.step_fn(
-                params, obs, stream.uniform(E), state, steps, rng)
+                params, obs, uniforms[t], state, steps, rng)
             done, terminated = flags[0].bool(), flags[1].bool()
             episodes.step(reward, done)
             for key, v in (("obs", obs), ("action", action), ("next_obs", nobs), ("reward", reward),
@@ -815,8 +821,9 @@ def _train_on_policy(algo: str, cfg: Any, run_dir: str | Path | None, resume: bo
         data = tuple(v.reshape(P, B, *v.shape[3:]) for v in (r["obs"], r["action"], r["logp"], adv[..., None],
                                                                   target[..., None]))
         if algo == "ppo":
-            for _ in range(cfg.epochs):
-                for idx in shuffle_stream.permutation(B).split(cfg.minibatch_size, dim=1):
+            shuffles = shuffle_stream.permutations(B, cfg.epochs).transpose(0, 1).contiguous()  # [epochs, P, B]
+            for shuffle in shuffles:
+                for idx in shuffle.split(cfg.minibatch_size, dim=1):
                     params, opt_state, metrics = v_update(params, opt_state, data, idx, lr, base["max_grad_norm"])
         else:
             idx = torch.arange(B).expand(P, B)
