@@ -19,8 +19,9 @@ in a tight loop, with no TensorDict or module machinery per env step or per mini
   :class:`~steersman.objectives.functional_update.CompiledUpdate`, one call per minibatch.
 
 Under inductor the three graphs are saved whole after their first compile and loaded in
-later processes (:class:`Precompiled`, torch's precompile): a warm start skips dynamo's
-traces and AOTAutograd.
+later processes (:class:`Precompiled`): as AOTInductor packages, which torch's C++ loader
+runs without importing dynamo or inductor, else through torch's precompile (no dynamo
+traces or AOTAutograd, but dynamo's and inductor's imports).
 
 The three do what the eager path does, op for op: the action is drawn with
 ``torch.multinomial`` from the same probabilities (the draw runs from torch's global
@@ -48,7 +49,9 @@ import os
 import pickle
 import platform
 import re
+import signal
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -162,8 +165,11 @@ def _flat(net: nn.Module) -> tuple[list[str], tuple[Tensor, ...]]:
 def _stance(warm: bool) -> Any:
     """Skips dynamo's guards once a graph has compiled: the inputs keep their shapes and
     dtypes and the Python-level settings (the env's constants) never change, while at
-    these sizes the guards cost as much as the graph (as in ``CompiledUpdate``)."""
-    return torch.compiler.set_stance(skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
+    these sizes the guards cost as much as the graph (as in ``CompiledUpdate``). Without
+    dynamo in the process (the graphs are AOTInductor packages) there are no guards to skip."""
+    if not warm or "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
 
 
 @contextlib.contextmanager
@@ -288,9 +294,9 @@ def _compile(fn: Any, backend: Any, options: dict[str, Any] | None = None) -> An
     ``STEERSMAN_PRECOMPILE=0``."""
     use_compile_cache()
     if backend == "inductor":
-        remember_vec_isa()
         if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "0" and getattr(fn, "__self__", None) is not None:
-            return Precompiled(fn, options)
+            return Precompiled(fn, options)  # (it probes the ISA only if it compiles)
+        remember_vec_isa()
     return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
                          options=compile_options(backend, options))
 
@@ -355,11 +361,24 @@ class Precompiled:
     guard that cannot be saved, an unreadable file) falls back to the ordinary
     ``torch.compile``. Later calls skip the guards (as :func:`_stance` does).
 
+    **AOTInductor packages.** Once a graph has been loaded or saved this way, it is also
+    exported (``make_fx`` then ``torch.export``, in a forked child) and compiled by
+    AOTInductor into a ``.pt2`` package. The package is kept only if, run on the first
+    call's arguments and random state, it returns the compiled graph's outputs bit for bit
+    and with the same strides. Its key is computed without dynamo or inductor (the
+    structure key's parts, with the ``TORCHINDUCTOR_*`` environment in place of inductor's
+    in-process config and the CPU's flags in place of the ISA probe), and the numbers the
+    graph reads name the file as above. A later process finds it first and runs it with
+    ``torch._C._aoti.AOTIModelPackageLoader``: no dynamo or inductor import, no guards.
+    Building one costs an AOTInductor compile per graph (10-25 s CPU), once per key.
+    ``STEERSMAN_PRECOMPILE=dynamo`` keeps to torch's precompile.
+
     Trust: a saved function is a pickle (as torch's own FX-graph and AOTAutograd cache
     entries in the same directory are) holding compiled kernels; loading it runs what it
     holds. It is read only from the compile cache directory (torch's trust boundary too),
     and only if the current user owns it and neither group nor others may write it.
-    ``STEERSMAN_PRECOMPILE=0`` turns it off (plain ``torch.compile``).
+    ``STEERSMAN_PRECOMPILE=0`` turns it off (plain ``torch.compile``). Packages are read
+    under the same rules.
     """
 
     def __init__(self, fn: Any, options: dict[str, Any] | None = None) -> None:
@@ -369,13 +388,20 @@ class Precompiled:
         self.source: str | None = None
         self.path: str | None = None
         self._reads: list[str] = []
+        self._out_spec: Any = None  # the package's output structure
 
     def __call__(self, *args: Any) -> Any:
         if self._compiled is None:
             return self._first_call(args)
+        if self.source == "package":
+            return self._run_package(args)
         if self.source == "compiled":
             return self._compiled(*args)
         return self._compiled(self._owner, *args)
+
+    def _run_package(self, args: tuple) -> Any:
+        flat = torch.utils._pytree.tree_leaves(args)
+        return torch.utils._pytree.tree_unflatten(self._compiled.run(flat), self._out_spec)
 
     def structure_key(self, args: tuple) -> str:
         """The key of everything but the object's numbers, for a call with ``args``."""
@@ -394,6 +420,21 @@ class Precompiled:
         return os.path.join(_precompiled_dir(), f"{name}.bin")
 
     def _first_call(self, args: tuple) -> Any:
+        package_key = None
+        with contextlib.suppress(Exception):  # any failure: the graph of dynamo's precompile below
+            if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "dynamo":
+                package_key = _package_key(self._fn, self._owner, args, self._options)
+                if self._load_package(package_key, args):
+                    return self._run_package(args)
+        rng = torch.get_rng_state()  # (the package built below reruns this first call)
+        out = self._compiled_call(args)
+        if package_key is not None and self.source in ("loaded", "saved"):
+            with contextlib.suppress(Exception):  # the graph stays dynamo's
+                self._build_package(package_key, args, out, rng)
+        return out
+
+    def _compiled_call(self, args: tuple) -> Any:
+        remember_vec_isa()
         try:
             structure = self.structure_key(args)
             index = os.path.join(_precompiled_dir(), f"{structure}.json")
@@ -442,6 +483,7 @@ class Precompiled:
         fn = compiled.aot_compile((args, {}))
         self.source = "compiled-unsaved"
         reads = sorted(read | set(self._reads))  # (an older index's entries too: its files stay reachable)
+        self._reads = reads
         with contextlib.suppress(OSError, RuntimeError, pickle.PicklingError, AttributeError, IndexError,
                                  KeyError, TypeError):  # used here even if not saved
             self.path = self._file(structure, reads)
@@ -453,6 +495,161 @@ class Precompiled:
             os.replace(tmp, index)
             self.source = "saved"
         return fn
+
+    # ------------------------------------------------------------ the AOTInductor package
+    def _package_file(self, key: str, reads: list[str]) -> str:
+        values = [[path, repr(_resolve(self._owner, path))] for path in reads]
+        name = hashlib.sha256(json.dumps([key, values]).encode()).hexdigest()
+        return os.path.join(_precompiled_dir(), f"{name}.pt2")
+
+    def _load_package(self, key: str, args: tuple) -> bool:
+        """Loads the graph's AOTInductor package if one was saved for ``key`` and the
+        object's current numbers (torch's C++ loader: no dynamo or inductor import)."""
+        with open(os.path.join(_precompiled_dir(), f"{key}.aoti.json")) as f:
+            index = json.load(f)
+        self._reads = [str(r) for r in index["reads"]]
+        out_spec = torch.utils._pytree.treespec_loads(index["outputs"])  # (the compiled graph's structure)
+        path = self._package_file(key, self._reads)
+        info = os.stat(path)
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return False
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        in_spec, outputs = (torch.utils._pytree.treespec_loads(spec) for spec in loader.get_call_spec())
+        if in_spec.num_leaves != len(torch.utils._pytree.tree_leaves(args)) or outputs.num_leaves != out_spec.num_leaves:
+            return False
+        self._compiled, self._out_spec, self.path, self.source = loader, out_spec, path, "package"
+        return True
+
+    def _build_package(self, key: str, args: tuple, out: Any, rng: Tensor) -> str | None:
+        """Saves this graph as an AOTInductor package for later processes, if its output on
+        the first call's ``args`` (with the first call's random state ``rng``) is ``out``'s,
+        bit for bit and layout for layout; returns why not (None: saved)."""
+        flat, spec = torch.utils._pytree.tree_flatten(args)
+        if not all(isinstance(t, Tensor) and not t.requires_grad for t in flat):
+            return "an argument is not a tensor or requires grad"  # (a package's outputs carry no autograd)
+        path = self._package_file(key, self._reads)
+        tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
+        options = {k: v for k, v in self._options.items() if k != "cpp_wrapper"}  # (AOTInductor's is C++)
+        if not _in_child(functools.partial(_compile_package, self._fn, spec, flat, tmp, options)):
+            return "export or AOTInductor failed"
+        try:
+            loader = torch._C._aoti.AOTIModelPackageLoader(tmp, "model", False, 1, -1)
+            after = torch.get_rng_state()
+            torch.set_rng_state(rng)
+            try:
+                got = loader.run(flat)
+            finally:
+                torch.set_rng_state(after)
+            want, out_spec = torch.utils._pytree.tree_flatten(out)
+            if len(got) != len(want) or not all(_same(a, b) for a, b in zip(got, want)):
+                return "its outputs differ from the compiled graph's"
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        index = os.path.join(_precompiled_dir(), f"{key}.aoti.json")
+        with open(f"{index}.{os.getpid()}.tmp", "w") as f:
+            json.dump({"reads": self._reads, "outputs": torch.utils._pytree.treespec_dumps(out_spec)}, f)
+        os.replace(f"{index}.{os.getpid()}.tmp", index)
+        return None
+
+
+def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options: dict[str, Any]) -> None:
+    from torch._inductor import aoti_compile_and_package
+
+    aoti_compile_and_package(_export_flat(fn, spec, flat), package_path=path, inductor_configs=options)
+
+
+def _in_child(work: Any, timeout: float = 900.0) -> bool:
+    """Runs ``work()`` in a forked child (Linux) and returns whether it succeeded.
+
+    Tracing for export leaves state behind in torch 2.13: after the rollout's trace, the
+    update's export fails ("missing val"), and the trace patches a dynamo helper while it
+    runs. A child keeps all of that out of the training process."""
+    if sys.platform != "linux":
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
+        code = 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                work()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return False
+        time.sleep(0.05)
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Bit for bit, with the same layout (a package's outputs are the next call's inputs)."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and \
+        bool((a.view(-1) if a.is_contiguous() else a.reshape(-1)).view(torch.uint8).equal(
+            (b.view(-1) if b.is_contiguous() else b.reshape(-1)).view(torch.uint8)))
+
+
+def _cpu_key() -> list:
+    """The CPU a package's kernels were built for: the machine and its flags."""
+    flags: list[str] = []
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            flags = sorted(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    return [platform.machine(), flags]
+
+
+def _package_key(fn: Any, owner: Any, args: tuple, options: dict[str, Any]) -> str:
+    """The key of a graph's AOTInductor package, computed without importing dynamo or
+    inductor: :meth:`Precompiled.structure_key`'s parts less inductor's in-process config
+    (its ``TORCHINDUCTOR_*`` environment instead) and with the CPU's flags for the ISA key."""
+    attrs = {k: _describe(v) for k, v in sorted(vars(owner).items())
+             if not isinstance(v, (bool, int, float, str)) and v is not None}
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))
+    parts = ["aoti", fn.__qualname__, _describe(owner), attrs, _describe(args), _source_hash(), torch.__version__,
+             torch.__file__, sys.version, repr(sorted(options.items())), env, _cpu_key(), torch.is_grad_enabled()]
+    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+
+def _export_flat(fn: Any, spec: Any, flat: list[Tensor]) -> Any:
+    """``fn`` on the leaves ``flat`` (of ``spec``) as an exported program of aten ops: traced
+    by ``make_fx`` without grad mode (the scans stay loops: ``torch.compiler.is_compiling()``
+    holds while it traces; ``torch.func.grad`` inside a scan traces to its backward ops),
+    then exported."""
+    from torch._dynamo import utils as dynamo_utils
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def flat_fn(*leaves: Tensor) -> Any:
+        return fn(*torch.utils._pytree.tree_unflatten(list(leaves), spec))
+
+    # torch 2.13's scan tracing clones its closed-over tensors with dynamo's clone_input, which
+    # reads data pointers and fails on a fake tensor: a plain clone has the same metadata
+    clone_input = dynamo_utils.clone_input
+
+    def clone(x: Tensor, *, dtype: Any = None) -> Tensor:
+        try:
+            return clone_input(x, dtype=dtype)
+        except RuntimeError:
+            return x.clone()
+
+    # fresh copies (same layout): tensors traced before in this process (dynamo's compile, another
+    # export) could leave their exported placeholders without metadata
+    flat = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t) for t in flat]
+    dynamo_utils.clone_input = clone
+    try:
+        with torch.no_grad(), torch.compiler._compile_session_context():
+            graph = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+        return torch.export.export(graph, tuple(flat), strict=False)
+    finally:
+        dynamo_utils.clone_input = clone_input
 
 
 _PATH_PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]")

@@ -1,0 +1,142 @@
+"""The fused graphs as AOTInductor packages (recipes/fused.py, ``Precompiled``): built after
+a graph compiles, kept only when bit-equal to it, loaded in a later process without dynamo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from steersman.envs.native import CartPoleEnv
+from steersman.recipes import fused as fused_mod
+from steersman.recipes.fused import FusedCollector, FusedGAE
+from steersman.recipes.ppo import PPOConfig, make_critic, make_policy
+
+KEYS = ("advantage", "value_target", "state_value", ("next", "state_value"))
+
+
+def _batch(seed=3, n=4, T=16):
+    torch.manual_seed(seed)
+    env = CartPoleEnv(batch_size=[n], seed=seed)
+    cfg = PPOConfig()
+    policy = make_policy(cfg, env)
+    collector = FusedCollector(env, policy, frames_per_batch=n * T, total_frames=n * T, compile=False)
+    return make_critic(cfg, env), next(iter(collector))
+
+
+def _packages(path):
+    return sorted(n for n in os.listdir(path) if n.endswith(".pt2"))
+
+
+def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypatch):
+    """The first object compiles (dynamo's precompile) and builds a package; the next loads
+    the package and gives the same numbers bit for bit; so does a new process, which never
+    imports dynamo or inductor. A package others may write, or a corrupt one, is refused; a
+    package whose outputs differ from the compiled graph's is not saved."""
+    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
+    critic, batch = _batch()
+
+    first = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    out = first(batch.clone())
+    assert first._fn.source == "saved"
+    [name] = _packages(tmp_path)
+    path = str(tmp_path / name)
+    assert os.stat(path).st_mode & 0o077 == 0
+    [index] = tmp_path.glob("*.aoti.json")
+    assert {"self.gamma", "self.lmbda"} <= set(json.loads(index.read_text())["reads"])
+
+    second = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    outs = [second(batch.clone()), second(batch.clone())]
+    assert second._fn.source == "package" and second._fn.path == path
+    for k in KEYS:
+        assert torch.equal(outs[0][k], out[k]) and torch.equal(outs[1][k], out[k])
+
+    # another gamma: another file
+    other = FusedGAE(critic, gamma=0.9, lmbda=0.8, options={})
+    assert other._fn._package_file("key", ["self.gamma"]) != second._fn._package_file("key", ["self.gamma"])
+
+    # a new process: the package, no dynamo, the same numbers
+    torch.save({"critic": critic, "batch": batch, "out": {k: out[k] for k in KEYS}}, tmp_path / "case.pt")
+    script = textwrap.dedent(f"""
+        import sys
+        import torch
+        from steersman.recipes import fused
+        fused._precompiled_dir = lambda: {str(tmp_path)!r}
+        case = torch.load({str(tmp_path / "case.pt")!r}, weights_only=False)
+        gae = fused.FusedGAE(case["critic"], gamma=0.98, lmbda=0.8, options={{}})
+        outs = [gae(case["batch"].clone()) for _ in range(2)]
+        assert gae._fn.source == "package", gae._fn.source
+        assert "torch._dynamo" not in sys.modules and "torch._inductor" not in sys.modules
+        for o in outs:
+            for k, v in case["out"].items():
+                assert torch.equal(o[k], v), k
+        print("ok")
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+    package_key = index.name[: -len(".aoti.json")]
+    probe = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn
+    nxt = batch.get("next")
+    gae_args = (fused_mod._flat(second._net)[1], batch.get("observation"), nxt.get("observation"),
+                nxt.get("reward"), nxt.get("done"), nxt.get("terminated"))
+    assert probe._load_package(package_key, gae_args)
+    os.chmod(path, 0o666)  # others may write it: refused
+    assert not FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn._load_package(package_key, gae_args)
+    os.chmod(path, 0o600)
+    good = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(b"not a package")
+    with pytest.raises(Exception):  # noqa: B017 - the loader's own error; _first_call falls back on any
+        FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn._load_package(package_key, gae_args)
+
+    # a package whose outputs differ is not saved (the child's build stood in for by a copy of the good one)
+    os.remove(path)
+
+    def copy(work):
+        with open(work.args[3], "wb") as f:
+            f.write(good)
+        return True
+
+    monkeypatch.setattr(fused_mod, "_in_child", copy)
+    builder = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn
+    builder._reads = json.loads(index.read_text())["reads"]
+    rng = torch.get_rng_state()
+    monkeypatch.setattr(fused_mod, "_same", lambda a, b: False)
+    assert builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is not None
+    assert _packages(tmp_path) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(fused_mod, "_in_child", copy)
+    assert builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is None
+    assert _packages(tmp_path) == [name]
+
+
+@pytest.mark.slow
+def test_rollout_package_draws_the_compiled_rollouts_actions(tmp_path, monkeypatch):
+    """The rollout's package (a ``scan`` with ``multinomial`` from torch's global generator)
+    collects the same batches, bit for bit, as the compiled rollout it was built from."""
+    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
+
+    def collect():
+        torch.manual_seed(0)
+        env = CartPoleEnv(batch_size=[8], seed=0)
+        policy = make_policy(PPOConfig(), env)
+        collector = FusedCollector(env, policy, frames_per_batch=256, total_frames=768, options={})
+        return collector, [b.clone() for b in collector]
+
+    compiled, batches = collect()
+    assert compiled._fn.source == "saved" and len(_packages(tmp_path)) == 1
+    packaged, again = collect()
+    assert packaged._fn.source == "package"
+    for a, b in zip(batches, again, strict=True):
+        for key in a.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(a.get(key), b.get(key)), key
