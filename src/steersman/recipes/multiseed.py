@@ -24,7 +24,8 @@ once: the vmapped update with the loss on plain tensors (:func:`_pure_ppo_loss`,
 module's terms and gradients bit for bit), the collection step (policies, draws, the
 native env's step kernel) and the advantages (critics, GAE). With dynamo's ``eager``
 backend a compiled run equals the eager one bit for bit; with inductor within float
-rounding (fused kernels), so long runs drift apart like runs on two CPUs.
+rounding (fused kernels, ``tanh`` decomposed: :data:`ON_POLICY_OPTIONS`; the policy head as
+a product and a sum: :func:`_run_layers`), so long runs drift apart like runs on two CPUs.
 
 So member ``k`` of a population run equals the run of that member alone (``seeds=1`` with
 its seed and swept values): the same data, shuffles and initial weights bit for bit, and
