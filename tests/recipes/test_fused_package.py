@@ -25,7 +25,9 @@ def _batch(seed=3, n=4, T=16):
     env = CartPoleEnv(batch_size=[n], seed=seed)
     cfg = PPOConfig()
     policy = make_policy(cfg, env)
-    collector = FusedCollector(env, policy, frames_per_batch=n * T, total_frames=n * T, compile=False)
+    collector = FusedCollector(
+        env, policy, frames_per_batch=n * T, total_frames=n * T, compile=False
+    )
     return make_critic(cfg, env), next(iter(collector))
 
 
@@ -59,10 +61,14 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
 
     # another gamma: another file
     other = FusedGAE(critic, gamma=0.9, lmbda=0.8, options={})
-    assert other._fn._package_file("key", ["self.gamma"]) != second._fn._package_file("key", ["self.gamma"])
+    assert other._fn._package_file("key", ["self.gamma"]) != second._fn._package_file(
+        "key", ["self.gamma"]
+    )
 
     # a new process: the package, no dynamo, the same numbers
-    torch.save({"critic": critic, "batch": batch, "out": {k: out[k] for k in KEYS}}, tmp_path / "case.pt")
+    torch.save(
+        {"critic": critic, "batch": batch, "out": {k: out[k] for k in KEYS}}, tmp_path / "case.pt"
+    )
     script = textwrap.dedent(f"""
         import sys
         import torch
@@ -79,17 +85,27 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
         print("ok")
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
     package_key = index.name[: -len(".aoti.json")]
     probe = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn
     nxt = batch.get("next")
-    gae_args = (fused_mod._flat(second._net)[1], batch.get("observation"), nxt.get("observation"),
-                nxt.get("reward"), nxt.get("done"), nxt.get("terminated"))
+    gae_args = (
+        fused_mod._flat(second._net)[1],
+        batch.get("observation"),
+        nxt.get("observation"),
+        nxt.get("reward"),
+        nxt.get("done"),
+        nxt.get("terminated"),
+    )
     assert probe._load_package(package_key, gae_args)
     os.chmod(path, 0o666)  # others may write it: refused
-    assert not FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn._load_package(package_key, gae_args)
+    assert not FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn._load_package(
+        package_key, gae_args
+    )
     os.chmod(path, 0o600)
     good = open(path, "rb").read()
     with open(path, "wb") as f:
@@ -110,7 +126,9 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
     builder._reads = json.loads(index.read_text())["reads"]
     rng = torch.get_rng_state()
     monkeypatch.setattr(fused_mod, "_same", lambda a, b: False)
-    assert builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is not None
+    assert (
+        builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is not None
+    )
     assert _packages(tmp_path) == []
     monkeypatch.undo()
     monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
