@@ -561,7 +561,7 @@ def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options:
     aoti_compile_and_package(_export_flat(fn, spec, flat), package_path=path, inductor_configs=options)
 
 
-def _in_child(work: Any, timeout: float = 900.0) -> bool:
+def _in_child(work: Any, timeout: float = 600.0) -> bool:
     """Runs ``work()`` in a forked child (Linux) and returns whether it succeeded.
 
     Tracing for export leaves state behind in torch 2.13: after the rollout's trace, the
@@ -573,6 +573,7 @@ def _in_child(work: Any, timeout: float = 900.0) -> bool:
     if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
         code = 1
         try:
+            torch.set_num_threads(1)  # (no OpenMP pool after a fork: tracing needs no parallel kernels)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 work()
