@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -47,6 +48,7 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
     first = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
     out = first(batch.clone())
     assert first._fn.source == "saved"
+    assert fused_mod._BUILDING and fused_mod.wait_for_packages() == 1  # (built beside the caller)
     [name] = _packages(tmp_path)
     path = str(tmp_path / name)
     assert os.stat(path).st_mode & 0o077 == 0
@@ -113,28 +115,38 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
     with pytest.raises(Exception):  # noqa: B017 - the loader's own error; _first_call falls back on any
         FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn._load_package(package_key, gae_args)
 
-    # a package whose outputs differ is not saved (the child's build stood in for by a copy of the good one)
+    # a package whose outputs differ is not saved (the child stood in for by a call in this
+    # process, the export and AOTInductor by a copy of the good package)
     os.remove(path)
+    reads = json.loads(index.read_text())["reads"]
+    index.unlink()
 
-    def copy(work):
-        with open(work.args[3], "wb") as f:
+    def copy(fn, spec, flat, path, options):
+        with open(path, "wb") as f:
             f.write(good)
+
+    def in_process(work, timeout=600.0, *, wait=True):
+        try:
+            work()
+        except RuntimeError:
+            return False
         return True
 
-    monkeypatch.setattr(fused_mod, "_in_child", copy)
+    monkeypatch.setattr(fused_mod, "_compile_package", copy)
+    monkeypatch.setattr(fused_mod, "_in_child", in_process)
     builder = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn
-    builder._reads = json.loads(index.read_text())["reads"]
+    builder._reads = reads
+    same = fused_mod._same
     rng = torch.get_rng_state()
     monkeypatch.setattr(fused_mod, "_same", lambda a, b: False)
     assert (
         builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is not None
     )
-    assert _packages(tmp_path) == []
-    monkeypatch.undo()
-    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
-    monkeypatch.setattr(fused_mod, "_in_child", copy)
+    assert _packages(tmp_path) == [] and not index.exists()
+    monkeypatch.setattr(fused_mod, "_same", same)
     assert builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is None
-    assert _packages(tmp_path) == [name]
+    assert _packages(tmp_path) == [name] and index.exists()
+    assert not list(tmp_path.glob("*.tmp*"))
 
 
 @pytest.mark.slow
@@ -152,9 +164,47 @@ def test_rollout_package_draws_the_compiled_rollouts_actions(tmp_path, monkeypat
         return collector, [b.clone() for b in collector]
 
     compiled, batches = collect()
+    fused_mod.wait_for_packages()  # (built beside the collection)
     assert compiled._fn.source == "saved" and len(_packages(tmp_path)) == 1
     packaged, again = collect()
     assert packaged._fn.source == "package"
     for a, b in zip(batches, again, strict=True):
         for key in a.keys(include_nested=True, leaves_only=True):
             assert torch.equal(a.get(key), b.get(key)), key
+
+
+def test_package_child_dies_with_its_parent(tmp_path):
+    """A package still being built never outlives the training process: killed with -9, its
+    child goes too (and a finished child is reaped by ``wait_for_packages``)."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        from steersman.recipes import fused
+        assert fused._in_child(lambda: None) is True
+        assert fused._in_child(lambda: time.sleep(120), wait=False) is True
+        [pid] = fused._BUILDING
+        print(pid, flush=True)
+        time.sleep(120)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        child = int(proc.stdout.readline())
+        os.kill(child, 0)  # alive while its parent lives
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        proc.kill()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

@@ -41,7 +41,9 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import functools
 import hashlib
 import json
@@ -430,7 +432,7 @@ class Precompiled:
         out = self._compiled_call(args)
         if package_key is not None and self.source in ("loaded", "saved"):
             with contextlib.suppress(Exception):  # the graph stays dynamo's
-                self._build_package(package_key, args, out, rng)
+                self._build_package(package_key, args, out, rng, wait=False)
         return out
 
     def _compiled_call(self, args: tuple) -> Any:
@@ -520,39 +522,52 @@ class Precompiled:
         self._compiled, self._out_spec, self.path, self.source = loader, out_spec, path, "package"
         return True
 
-    def _build_package(self, key: str, args: tuple, out: Any, rng: Tensor) -> str | None:
+    def _build_package(self, key: str, args: tuple, out: Any, rng: Tensor, *, wait: bool = True) -> str | None:
         """Saves this graph as an AOTInductor package for later processes, if its output on
         the first call's ``args`` (with the first call's random state ``rng``) is ``out``'s,
-        bit for bit and layout for layout; returns why not (None: saved)."""
+        bit for bit and layout for layout. A forked child does all of it (export, compile,
+        the check, the rename); ``wait=False`` leaves it running beside the training (see
+        :func:`wait_for_packages`). Returns why not (None: saved, or started)."""
         flat, spec = torch.utils._pytree.tree_flatten(args)
         if not all(isinstance(t, Tensor) and not t.requires_grad for t in flat):
             return "an argument is not a tensor or requires grad"  # (a package's outputs carry no autograd)
+        want, out_spec = torch.utils._pytree.tree_flatten(out)
         path = self._package_file(key, self._reads)
-        tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
-        options = {k: v for k, v in self._options.items() if k != "cpp_wrapper"}  # (AOTInductor's is C++)
-        if not _in_child(functools.partial(_compile_package, self._fn, spec, flat, tmp, options)):
-            return "export or AOTInductor failed"
-        try:
-            loader = torch._C._aoti.AOTIModelPackageLoader(tmp, "model", False, 1, -1)
-            after = torch.get_rng_state()
-            torch.set_rng_state(rng)
-            try:
-                got = loader.run(flat)
-            finally:
-                torch.set_rng_state(after)
-            want, out_spec = torch.utils._pytree.tree_flatten(out)
-            if len(got) != len(want) or not all(_same(a, b) for a, b in zip(got, want)):
-                return "its outputs differ from the compiled graph's"
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
         index = os.path.join(_precompiled_dir(), f"{key}.aoti.json")
-        with open(f"{index}.{os.getpid()}.tmp", "w") as f:
-            json.dump({"reads": self._reads, "outputs": torch.utils._pytree.treespec_dumps(out_spec)}, f)
-        os.replace(f"{index}.{os.getpid()}.tmp", index)
+        options = {k: v for k, v in self._options.items() if k != "cpp_wrapper"}  # (AOTInductor's is C++)
+        job = functools.partial(_package_job, self._fn, spec, flat, options, path, index, self._reads, want,
+                                torch.utils._pytree.treespec_dumps(out_spec), rng)
+        if not _in_child(job, wait=wait):
+            return "export, AOTInductor or the bitwise check failed"
         return None
+
+
+def _package_job(fn: Any, spec: Any, flat: list[Tensor], options: dict[str, Any], path: str, index: str,
+                 reads: list[str], want: list[Tensor], out_spec: str, rng: Tensor) -> None:
+    """(In the package-building child.) Exports and compiles ``fn`` to a temporary package,
+    runs it on the first call's ``flat`` arguments with random state ``rng``, and publishes
+    it (mode 0600, renamed into ``path``, then its ``index``) only if it returns ``want`` bit
+    for bit; raises otherwise."""
+    tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
+    try:
+        _compile_package(fn, spec, flat, tmp, options)
+        loader = torch._C._aoti.AOTIModelPackageLoader(tmp, "model", False, 1, -1)
+        before = torch.get_rng_state()
+        torch.set_rng_state(rng)
+        try:
+            got = loader.run(flat)
+        finally:
+            torch.set_rng_state(before)
+        if len(got) != len(want) or not all(_same(a, b) for a, b in zip(got, want)):
+            raise RuntimeError("the package's outputs differ from the compiled graph's")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+    with open(f"{index}.{os.getpid()}.tmp", "w") as f:
+        json.dump({"reads": reads, "outputs": out_spec}, f)
+    os.replace(f"{index}.{os.getpid()}.tmp", index)
 
 
 def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options: dict[str, Any]) -> None:
@@ -561,35 +576,80 @@ def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options:
     aoti_compile_and_package(_export_flat(fn, spec, flat), package_path=path, inductor_configs=options)
 
 
-def _in_child(work: Any, timeout: float = 600.0) -> bool:
-    """Runs ``work()`` in a forked child (Linux) and returns whether it succeeded.
+#: package-building children still running: pid -> deadline (time.monotonic())
+_BUILDING: dict[int, float] = {}
+
+
+def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True) -> bool:
+    """Runs ``work()`` in a forked child (Linux) and returns whether it succeeded, or, with
+    ``wait=False``, whether it started (the child then runs beside the caller until
+    :func:`wait_for_packages`, at the latest at exit).
 
     Tracing for export leaves state behind in torch 2.13: after the rollout's trace, the
     update's export fails ("missing val"), and the trace patches a dynamo helper while it
-    runs. A child keeps all of that out of the training process."""
+    runs. A child keeps all of that out of the training process. The child dies with its
+    parent (``PR_SET_PDEATHSIG``), compiles in-process (no compile-worker pool shared with
+    the parent) on one thread (no OpenMP pool after a fork), and is killed after ``timeout``."""
     if sys.platform != "linux":
         return False
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
         code = 1
         try:
-            torch.set_num_threads(1)  # (no OpenMP pool after a fork: tracing needs no parallel kernels)
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # (the parent died before prctl)
+                os._exit(1)
+            torch.set_num_threads(1)
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+            if "torch._inductor.config" in sys.modules:
+                sys.modules["torch._inductor.config"].compile_threads = 1
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 work()
             code = 0
         finally:
             os._exit(code)
-    deadline = time.monotonic() + timeout
+    _BUILDING[pid] = time.monotonic() + timeout
+    if not wait:
+        return True
+    return _reap(pid, block=True)
+
+
+def _reap(pid: int, *, block: bool) -> bool:
+    """Waits for (``block``) or polls one child of :func:`_in_child`; True if it exited with 0.
+    A child past its deadline is killed."""
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # (not ours: a forked copy of the process that started it)
+            _BUILDING.pop(pid, None)
+            return False
         if done:
+            _BUILDING.pop(pid, None)
             return os.waitstatus_to_exitcode(status) == 0
-        if time.monotonic() > deadline:
+        if time.monotonic() > _BUILDING[pid]:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+            _BUILDING.pop(pid, None)
+            return False
+        if not block:
             return False
         time.sleep(0.05)
+
+
+def wait_for_packages(*, quiet: bool = True) -> int:
+    """Waits for the AOTInductor packages still being built beside the training (each
+    :class:`Precompiled` graph starts one after its first compile) and returns how many
+    were saved. Called at exit, so a cold run leaves its packages for the next one."""
+    pids = list(_BUILDING)
+    if pids and not quiet:
+        print(f"steersman: finishing {len(pids)} AOTInductor package(s) for the next run's warm start "
+              "(STEERSMAN_PRECOMPILE=dynamo skips them)", file=sys.stderr, flush=True)
+    return sum(_reap(pid, block=True) for pid in pids)
+
+
+atexit.register(functools.partial(wait_for_packages, quiet=False))
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
