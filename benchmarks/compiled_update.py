@@ -55,7 +55,7 @@ import time
 import torch
 from torch import nn
 
-MODES = ("eager", "compile-loss", "functional-td", "functional", "fused", "fused-py", "floor")
+MODES = ("eager", "compile-loss", "functional-td", "functional", "fused", "fused-py", "fused-sleef", "floor")
 FRAMES, UPDATES = 256, 20  # the recipe's batch and updates per iteration (fused mode)
 OBS, N_ACT, HIDDEN = 4, 2, 64
 LR, EPS, MAX_NORM, CLIP = 1e-3, 1e-5, 0.5, 0.2
@@ -207,7 +207,8 @@ def _floor_step():
 def _makers(batch: int) -> dict:
     return {"eager": lambda: _torch_optim_step(False), "compile-loss": lambda: _torch_optim_step(True),
             "functional": _functional_step, "functional-td": _functional_td_step,
-            "fused": lambda: _fused_step(batch), "fused-py": lambda: _fused_step(batch, {}), "floor": _floor_step}
+            "fused": lambda: _fused_step(batch), "fused-py": lambda: _fused_step(batch, {}),
+            "fused-sleef": lambda: _fused_step(batch, {"cpp_wrapper": True}), "floor": _floor_step}
 
 
 def _cpu_s() -> float:

@@ -456,3 +456,23 @@ def test_precompiled_graph_is_saved_loaded_checked_and_equal(tmp_path, monkeypat
     monkeypatch.setenv("STEERSMAN_PRECOMPILE", "0")
     assert not isinstance(FusedGAE(critic, gamma=0.98, lmbda=0.8)._fn, fused_mod.Precompiled)
     assert not isinstance(FusedGAE(critic, gamma=0.98, lmbda=0.8, backend="aot_eager")._fn, fused_mod.Precompiled)
+
+
+def test_fused_ppo_update_decomposes_tanh_the_rollout_does_not(monkeypatch):
+    """Under inductor the update compiles with TRAIN_OPTIONS (tanh decomposed: inductor's own
+    vectorized tanh is the slow kernel); the rollout keeps INDUCTOR_OPTIONS, so its actions
+    stay the eager policy's bit for bit; given options win."""
+    from steersman.recipes import fused_ppo
+    from steersman.recipes.fused import INDUCTOR_OPTIONS, TRAIN_OPTIONS
+
+    seen = []
+    monkeypatch.setattr(fused_ppo, "_compile", lambda fn, backend, options=None: seen.append(options) or fn)
+    assert TRAIN_OPTIONS == {**INDUCTOR_OPTIONS, "cpp.use_decompose_tanh": True}
+    assert "cpp.use_decompose_tanh" not in INDUCTOR_OPTIONS
+    for options, want in ((None, TRAIN_OPTIONS), ({}, {})):
+        loss, update, state, _ = _ppo_loss()
+        fused_ppo.FusedPPOUpdate(loss, update, state, options=options)
+        assert seen.pop() == want
+    loss, update, state, _ = _ppo_loss()
+    fused_ppo.FusedPPOUpdate(loss, update, state, backend="aot_eager")
+    assert seen.pop() is None  # (other backends take no inductor options)

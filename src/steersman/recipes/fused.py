@@ -277,6 +277,11 @@ def remember_vec_isa() -> bool:
 #: benchmarks/README.md, issue 17 session 11). It costs a longer cold compile (one more
 #: C++ file per graph); warm starts load the cached ``.so``.
 INDUCTOR_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
+#: What the graphs that train (the fused PPO update) add to :data:`INDUCTOR_OPTIONS`:
+#: ``tanh(x)`` as ``2 / (1 + exp(-2x)) - 1`` (inductor's ``cpp.use_decompose_tanh``; within
+#: ~1.5e-7 of ``tanh``). Inductor's vectorized ``tanh`` costs 3-4x ATen's here. Not for the
+#: rollout: its actions equal the eager policy's bit for bit.
+TRAIN_OPTIONS: dict[str, Any] = {**INDUCTOR_OPTIONS, "cpp.use_decompose_tanh": True}
 
 
 def compile_options(backend: Any, options: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -63,6 +63,7 @@ from steersman.tensordict.nn import optim
 from steersman.tensordict.nn.optim import tree_from_leaves
 
 from .fused import (
+    TRAIN_OPTIONS,
     _compile,
     _flat,
     _logits_net,
@@ -157,8 +158,8 @@ class FusedPPOUpdate:
             layout of ``optim.Adam.init``); read here, written by :meth:`sync`.
         compile: compile the iteration (False: the same body in a Python loop).
         backend: ``torch.compile``'s backend.
-        options: inductor's options (None: :data:`~steersman.recipes.fused.INDUCTOR_OPTIONS`,
-            the wrapper in C++).
+        options: inductor's options (None: :data:`~steersman.recipes.fused.TRAIN_OPTIONS`,
+            the wrapper in C++, ``tanh`` decomposed).
 
     Raises:
         ValueError: if the loss cannot be fused (the reason from :func:`fusable_update`).
@@ -192,6 +193,8 @@ class FusedPPOUpdate:
         self.params = tuple(p.detach().clone() for p in actor_params + critic_params)
         self._read_state()
         self.compiled = compile
+        if options is None and backend == "inductor":
+            options = TRAIN_OPTIONS
         self._fn = _compile(self._iteration, backend, options) if compile else self._iteration
         self._warm = False
         self.diagnostics: dict[str, Tensor] = {}
