@@ -208,3 +208,26 @@ def _alive(pid):
             return f.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+def test_ctrl_c_at_exit_drops_the_builds_and_their_files(tmp_path, monkeypatch):
+    """A second Ctrl-C while the exit waits for package builds kills them and removes their
+    temporary files; a build past its time limit goes the same way."""
+    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    assert fused_mod._in_child(lambda: time.sleep(120), wait=False)
+    [pid] = fused_mod._BUILDING
+    (tmp_path / f"abc.{pid}.tmp.pt2").write_bytes(b"partial")
+    (tmp_path / "kept.pt2").write_bytes(b"a package")
+
+    def interrupted(pid, *, block):
+        raise KeyboardInterrupt
+
+    reap = fused_mod._reap
+    monkeypatch.setattr(fused_mod, "_reap", interrupted)
+    assert fused_mod.wait_for_packages() == 0
+    assert not fused_mod._BUILDING and not _alive(pid)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.pt2"]
+
+    monkeypatch.setattr(fused_mod, "_reap", reap)
+    assert not fused_mod._in_child(lambda: time.sleep(120), timeout=0.2)  # past its limit: killed
+    assert not fused_mod._BUILDING

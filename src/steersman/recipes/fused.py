@@ -45,6 +45,7 @@ import atexit
 import contextlib
 import ctypes
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -634,9 +635,7 @@ def _reap(pid: int, *, block: bool) -> bool:
             _BUILDING.pop(pid, None)
             return os.waitstatus_to_exitcode(status) == 0
         if time.monotonic() > _BUILDING[pid]:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            _BUILDING.pop(pid, None)
+            _kill_build(pid)
             return False
         if not block:
             return False
@@ -650,8 +649,26 @@ def wait_for_packages(*, quiet: bool = True) -> int:
     pids = list(_BUILDING)
     if pids and not quiet:
         print(f"steersman: finishing {len(pids)} AOTInductor package(s) for the next run's warm start "
-              "(STEERSMAN_PRECOMPILE=dynamo skips them)", file=sys.stderr, flush=True)
-    return sum(_reap(pid, block=True) for pid in pids)
+              "(Ctrl-C skips them; STEERSMAN_PRECOMPILE=dynamo never builds them)", file=sys.stderr, flush=True)
+    saved = 0
+    try:
+        for pid in pids:
+            saved += _reap(pid, block=True)
+    except KeyboardInterrupt:  # skipped: the builds are dropped (their temporary files with them)
+        for pid in list(_BUILDING):
+            _kill_build(pid)
+    return saved
+
+
+def _kill_build(pid: int) -> None:
+    """Kills a package-building child and removes its temporary files."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    _BUILDING.pop(pid, None)
+    for leftover in glob.glob(os.path.join(_precompiled_dir(), f"*.{pid}.tmp*")):
+        with contextlib.suppress(OSError):
+            os.remove(leftover)
 
 
 atexit.register(functools.partial(wait_for_packages, quiet=False))
