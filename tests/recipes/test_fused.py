@@ -410,7 +410,7 @@ def test_precompiled_graph_is_saved_loaded_checked_and_equal(tmp_path, monkeypat
     import json
     import os
 
-    from steersman.recipes import fused as fused_mod
+    from steersman.recipes import precompiled as fused_mod
 
     monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
     monkeypatch.setenv("STEERSMAN_PRECOMPILE", "dynamo")  # torch's precompile only (packages: test_fused_package)

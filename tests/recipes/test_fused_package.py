@@ -1,4 +1,4 @@
-"""The fused graphs as AOTInductor packages (recipes/fused.py, ``Precompiled``): built after
+"""The fused graphs as AOTInductor packages (recipes/precompiled.py, ``Precompiled``): built after
 a graph compiles, kept only when bit-equal to it, loaded in a later process without dynamo."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from steersman.envs.native import CartPoleEnv
 from steersman.recipes import fused as fused_mod
+from steersman.recipes import precompiled
 from steersman.recipes.fused import FusedCollector, FusedGAE
 from steersman.recipes.ppo import PPOConfig, make_critic, make_policy
 
@@ -41,14 +42,16 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
     the package and gives the same numbers bit for bit; so does a new process, which never
     imports dynamo or inductor. A package others may write, or a corrupt one, is refused; a
     package whose outputs differ from the compiled graph's is not saved."""
-    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path))
     monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
     critic, batch = _batch()
 
     first = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
     out = first(batch.clone())
     assert first._fn.source == "saved"
-    assert fused_mod._BUILDING and fused_mod.wait_for_packages() == 1  # (built beside the caller)
+    assert (
+        precompiled._BUILDING and precompiled.wait_for_packages() == 1
+    )  # (built beside the caller)
     [name] = _packages(tmp_path)
     path = str(tmp_path / name)
     assert os.stat(path).st_mode & 0o077 == 0
@@ -74,8 +77,8 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
     script = textwrap.dedent(f"""
         import sys
         import torch
-        from steersman.recipes import fused
-        fused._precompiled_dir = lambda: {str(tmp_path)!r}
+        from steersman.recipes import fused, precompiled
+        precompiled._precompiled_dir = lambda: {str(tmp_path)!r}
         case = torch.load({str(tmp_path / "case.pt")!r}, weights_only=False)
         gae = fused.FusedGAE(case["critic"], gamma=0.98, lmbda=0.8, options={{}})
         outs = [gae(case["batch"].clone()) for _ in range(2)]
@@ -132,18 +135,18 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
             return False
         return True
 
-    monkeypatch.setattr(fused_mod, "_compile_package", copy)
-    monkeypatch.setattr(fused_mod, "_in_child", in_process)
+    monkeypatch.setattr(precompiled, "_compile_package", copy)
+    monkeypatch.setattr(precompiled, "_in_child", in_process)
     builder = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})._fn
     builder._reads = reads
-    same = fused_mod._same
+    same = precompiled._same
     rng = torch.get_rng_state()
-    monkeypatch.setattr(fused_mod, "_same", lambda a, b: False)
+    monkeypatch.setattr(precompiled, "_same", lambda a, b: False)
     assert (
         builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is not None
     )
     assert _packages(tmp_path) == [] and not index.exists()
-    monkeypatch.setattr(fused_mod, "_same", same)
+    monkeypatch.setattr(precompiled, "_same", same)
     assert builder._build_package(package_key, gae_args, tuple(out[k] for k in KEYS), rng) is None
     assert _packages(tmp_path) == [name] and index.exists()
     assert not list(tmp_path.glob("*.tmp*"))
@@ -153,7 +156,7 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
 def test_rollout_package_draws_the_compiled_rollouts_actions(tmp_path, monkeypatch):
     """The rollout's package (a ``scan`` with ``multinomial`` from torch's global generator)
     collects the same batches, bit for bit, as the compiled rollout it was built from."""
-    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path))
     monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
 
     def collect():
@@ -164,7 +167,7 @@ def test_rollout_package_draws_the_compiled_rollouts_actions(tmp_path, monkeypat
         return collector, [b.clone() for b in collector]
 
     compiled, batches = collect()
-    fused_mod.wait_for_packages()  # (built beside the collection)
+    precompiled.wait_for_packages()  # (built beside the collection)
     assert compiled._fn.source == "saved" and len(_packages(tmp_path)) == 1
     packaged, again = collect()
     assert packaged._fn.source == "package"
@@ -178,10 +181,10 @@ def test_package_child_dies_with_its_parent(tmp_path):
     child goes too (and a finished child is reaped by ``wait_for_packages``)."""
     script = textwrap.dedent("""
         import os, sys, time
-        from steersman.recipes import fused
-        assert fused._in_child(lambda: None) is True
-        assert fused._in_child(lambda: time.sleep(120), wait=False) is True
-        [pid] = fused._BUILDING
+        from steersman.recipes import fused, precompiled
+        assert precompiled._in_child(lambda: None) is True
+        assert precompiled._in_child(lambda: time.sleep(120), wait=False) is True
+        [pid] = precompiled._BUILDING
         print(pid, flush=True)
         time.sleep(120)
     """)
@@ -213,21 +216,21 @@ def _alive(pid):
 def test_ctrl_c_at_exit_drops_the_builds_and_their_files(tmp_path, monkeypatch):
     """A second Ctrl-C while the exit waits for package builds kills them and removes their
     temporary files; a build past its time limit goes the same way."""
-    monkeypatch.setattr(fused_mod, "_precompiled_dir", lambda: str(tmp_path))
-    assert fused_mod._in_child(lambda: time.sleep(120), wait=False)
-    [pid] = fused_mod._BUILDING
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path))
+    assert precompiled._in_child(lambda: time.sleep(120), wait=False)
+    [pid] = precompiled._BUILDING
     (tmp_path / f"abc.{pid}.tmp.pt2").write_bytes(b"partial")
     (tmp_path / "kept.pt2").write_bytes(b"a package")
 
     def interrupted(pid, *, block):
         raise KeyboardInterrupt
 
-    reap = fused_mod._reap
-    monkeypatch.setattr(fused_mod, "_reap", interrupted)
-    assert fused_mod.wait_for_packages() == 0
-    assert not fused_mod._BUILDING and not _alive(pid)
+    reap = precompiled._reap
+    monkeypatch.setattr(precompiled, "_reap", interrupted)
+    assert precompiled.wait_for_packages() == 0
+    assert not precompiled._BUILDING and not _alive(pid)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.pt2"]
 
-    monkeypatch.setattr(fused_mod, "_reap", reap)
-    assert not fused_mod._in_child(lambda: time.sleep(120), timeout=0.2)  # past its limit: killed
-    assert not fused_mod._BUILDING
+    monkeypatch.setattr(precompiled, "_reap", reap)
+    assert not precompiled._in_child(lambda: time.sleep(120), timeout=0.2)  # past its limit: killed
+    assert not precompiled._BUILDING

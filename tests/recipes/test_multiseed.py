@@ -117,11 +117,11 @@ def test_compiled_population_is_three_graphs_and_equals_the_runs_alone(singles, 
 def test_compiled_population_graphs_get_the_fused_graphs_inductor_options(monkeypatch, tmp_path, backend):
     """``Population.vmapped`` compiles with :data:`fused.INDUCTOR_OPTIONS` (the C++ wrapper)
     and the remembered ISA probe under inductor; other backends get no inductor options."""
-    from steersman.recipes import fused
+    from steersman.recipes import fused, precompiled
 
     seen, probes = [], []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
-    monkeypatch.setattr(fused, "remember_vec_isa", lambda: probes.append(1) or True)
+    monkeypatch.setattr(precompiled, "remember_vec_isa", lambda: probes.append(1) or True)
     pop = multiseed.Population("ppo", tiny(seeds=2, compile=True, compile_backend=backend), tmp_path / "run",
                                resume=False, batch_frames=16)
     pop.vmapped(lambda x: x + 1, "test function", vmap=False)

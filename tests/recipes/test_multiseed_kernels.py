@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from steersman.recipes import fused, multiseed
+from steersman.recipes import fused, multiseed, precompiled
 from steersman.recipes.config import EnvConfig, LoggerConfig
 from steersman.recipes.ppo import PPOConfig
 
@@ -93,7 +93,7 @@ def test_on_policy_graphs_compile_with_the_decomposed_tanh(monkeypatch, tmp_path
     (so dynamo's eager backend still equals the eager run bit for bit)."""
     seen, heads = [], []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
-    monkeypatch.setattr(fused, "remember_vec_isa", lambda: True)
+    monkeypatch.setattr(precompiled, "remember_vec_isa", lambda: True)
     real = multiseed._pure_ppo_loss
     monkeypatch.setattr(
         multiseed, "_pure_ppo_loss", lambda *a, **kw: heads.append(a[-1]) or real(*a, **kw)

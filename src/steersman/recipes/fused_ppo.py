@@ -63,8 +63,6 @@ from steersman.tensordict.nn import optim
 from steersman.tensordict.nn.optim import tree_from_leaves
 
 from .fused import (
-    TRAIN_OPTIONS,
-    _compile,
     _flat,
     _logits_net,
     _plain_net,
@@ -73,6 +71,7 @@ from .fused import (
     _stance,
     cacheable_scan,
 )
+from .precompiled import TRAIN_OPTIONS, _compile
 
 __all__ = ["FusedPPOUpdate", "categorical_log_prob_entropy", "clip_ppo_terms", "fusable_update"]
 
@@ -158,7 +157,7 @@ class FusedPPOUpdate:
             layout of ``optim.Adam.init``); read here, written by :meth:`sync`.
         compile: compile the iteration (False: the same body in a Python loop).
         backend: ``torch.compile``'s backend.
-        options: inductor's options (None: :data:`~steersman.recipes.fused.TRAIN_OPTIONS`,
+        options: inductor's options (None: :data:`~steersman.recipes.precompiled.TRAIN_OPTIONS`,
             the wrapper in C++, ``tanh`` decomposed).
 
     Raises:

@@ -92,8 +92,9 @@ from steersman.tensordict.nn.optim import clip_grad_norm, tree_from_leaves
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from .config import ConfigError, config_to_dict, diff_configs, validate_config, with_defaults
 from .envs import NATIVE_ENVS, action_spec_unbatched
-from .fused import INDUCTOR_OPTIONS, _compile, _program, _run_program
+from .fused import _program, _run_program
 from .fused_ppo import clip_ppo_terms
+from .precompiled import INDUCTOR_OPTIONS, _compile
 from .run import (
     EVAL_SEED_OFFSET,
     RUN_FILE,
@@ -394,7 +395,7 @@ class Population:
 
         With inductor the graphs get the fused PPO graphs' options
         (:data:`~steersman.recipes.fused.INDUCTOR_OPTIONS`: a C++ wrapper, the same kernels
-        and bits) and the remembered CPU ISA probe (:func:`~steersman.recipes.fused.remember_vec_isa`)."""
+        and bits) and the remembered CPU ISA probe (:func:`~steersman.recipes.precompiled.remember_vec_isa`)."""
         eager = torch.vmap(update) if vmap else update
         if not self.cfg.compile:
             return eager

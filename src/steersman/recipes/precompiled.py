@@ -1,0 +1,605 @@
+"""The fused graphs compiled once per machine: inductor's options for them, the CPU probe
+remembered, and :class:`Precompiled` (a graph saved whole after its first compile: torch's
+precompile, and an AOTInductor package that later processes run without importing dynamo
+or inductor).
+
+Used by :mod:`steersman.recipes.fused` (the rollout and GAE graphs),
+:mod:`steersman.recipes.fused_ppo` (the update) and :mod:`steersman.recipes.multiseed`
+(the population's graphs), all through :func:`_compile`::
+
+    graph = _compile(obj.method, "inductor")   # a Precompiled: loads, or compiles and saves
+    out = graph(*args)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import functools
+import glob
+import hashlib
+import json
+import os
+import pickle
+import platform
+import re
+import signal
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from steersman.objectives.functional_update import use_compile_cache
+
+__all__ = ["INDUCTOR_OPTIONS", "TRAIN_OPTIONS", "Precompiled", "compile_options", "remember_vec_isa",
+           "wait_for_packages"]
+
+
+@functools.cache
+def _isa_key() -> str:
+    """A hash of what inductor's CPU code depends on besides the graph: the compiler's
+    version string, torch's version and location, the machine and the CPU's flags."""
+    from torch._inductor import cpu_vec_isa
+
+    fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint("")
+    flags = sorted(cpu_vec_isa.x86_isa_checker()) if platform.machine() == "x86_64" else []
+    return hashlib.sha256(json.dumps([fingerprint, torch.__file__, platform.machine(), flags]).encode()).hexdigest()
+
+
+def remember_vec_isa() -> bool:
+    """Skips inductor's per-process probe of the CPU's vector ISAs when an earlier
+    process on this machine found every ISA the CPU flags list usable; returns whether
+    the probe is skipped.
+
+    In every new process inductor's first CPU compile dry-compiles a small program for
+    each ISA that ``/proc/cpuinfo`` lists (AVX512-VNNI, AVX512, AVX2 here) and checks each
+    ``.so`` by loading it in a child Python (6 children: 1.8-2.5 s of a ~8 s warm start at
+    load ~3). The answer depends only on the CPU, the compiler and torch, so it is kept
+    in :func:`~steersman.objectives.functional_update.use_compile_cache`'s directory
+    under a key of those three (the compiler's version string, torch's version and
+    location, the machine, the CPU's flags). When the stored probe found every listed
+    ISA usable, this sets inductor's documented ``cpp.vec_isa_ok = True`` ("force usage
+    without testing"), which yields that same list without the children. Otherwise (no
+    record yet: the probe runs here once and is recorded; some ISA failed; not x86-64
+    Linux; ``TORCHINDUCTOR_VEC_ISA_OK`` or ``cpp.vec_isa_ok`` already set) inductor
+    probes as usual."""
+    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is not None or sys.platform != "linux" \
+            or platform.machine() != "x86_64":
+        return False
+    try:
+        from torch._inductor import config, cpu_vec_isa
+        listed = cpu_vec_isa.valid_vec_isa_list
+        key = _isa_key()
+    except (ImportError, AttributeError):  # pragma: no cover - another torch layout: leave the probe on
+        return False
+    if config.cpp.vec_isa_ok is not None:
+        return config.cpp.vec_isa_ok is True
+    path = os.path.join(use_compile_cache(), "steersman-vec-isa", f"{key}.json")
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not {"probed", "listed"} <= record.keys():
+        listed.cache_clear()
+        probed = [str(isa) for isa in listed()]  # inductor's own probe, once per machine
+        with config.patch({"cpp.vec_isa_ok": True}):
+            listed.cache_clear()
+            unprobed = [str(isa) for isa in listed()]
+        listed.cache_clear()
+        record = {"probed": probed, "listed": unprobed}
+        with contextlib.suppress(OSError):  # a read-only cache: probe again next time
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+    if not record["probed"] or record["probed"] != record["listed"]:
+        return False
+    config.cpp.vec_isa_ok = True
+    listed.cache_clear()
+    return True
+
+
+#: inductor's options for the fused graphs. ``cpp_wrapper``: the graph's wrapper -- the
+#: calls of its kernels and, inside a ``scan`` (lowered to a while loop), the loop itself
+#: and the per-iteration buffer allocations -- is generated as C++ instead of Python. The
+#: scan bodies run 20 times (the update) and ``n_steps`` times (the rollout) per call,
+#: so their Python wrapper was a large share of the graphs' time (see
+#: benchmarks/README.md, issue 17 session 11). It costs a longer cold compile (one more
+#: C++ file per graph); warm starts load the cached ``.so``.
+INDUCTOR_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
+#: What the graphs that train (the fused PPO update) add to :data:`INDUCTOR_OPTIONS`:
+#: ``tanh(x)`` as ``2 / (1 + exp(-2x)) - 1`` (inductor's ``cpp.use_decompose_tanh``; within
+#: ~1.5e-7 of ``tanh``). Inductor's vectorized ``tanh`` costs 3-4x ATen's here. Not for the
+#: rollout: its actions equal the eager policy's bit for bit.
+TRAIN_OPTIONS: dict[str, Any] = {**INDUCTOR_OPTIONS, "cpp.use_decompose_tanh": True}
+
+
+def compile_options(backend: Any, options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``options`` for ``torch.compile``: None for a backend other than inductor
+    (they are inductor's), else ``options`` (None: :data:`INDUCTOR_OPTIONS`)."""
+    if backend != "inductor":
+        if options:
+            raise ValueError(f"compile options {sorted(options)} are inductor's; the backend is {backend!r}")
+        return None
+    return dict(INDUCTOR_OPTIONS if options is None else options)
+
+
+def _compile(fn: Any, backend: Any, options: dict[str, Any] | None = None) -> Any:
+    """``fn`` compiled ``fullgraph=True, dynamic=False`` with the on-disk caches and, under
+    inductor, :data:`INDUCTOR_OPTIONS` and the remembered ISA probe; a bound method under
+    inductor is a :class:`Precompiled` (saved and loaded whole) unless
+    ``STEERSMAN_PRECOMPILE=0``."""
+    use_compile_cache()
+    if backend == "inductor":
+        if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "0" and getattr(fn, "__self__", None) is not None:
+            return Precompiled(fn, options)  # (it probes the ISA only if it compiles)
+        remember_vec_isa()
+    return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
+                         options=compile_options(backend, options))
+
+
+def _precompiled_dir() -> str:
+    return os.path.join(use_compile_cache(), "steersman-precompiled")
+
+
+@functools.cache
+def _source_hash() -> str:
+    """A hash of steersman's own sources (every ``.py`` of the package): a graph traced from
+    other code is another graph."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode())
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+def _describe(value: Any) -> Any:
+    """What of ``value`` a traced graph depends on: a tensor's metadata (not its values, which
+    are the graph's inputs), a number's value, a module's architecture, a function's or an
+    object's qualified name."""
+    if isinstance(value, Tensor):
+        return ["tensor", list(value.shape), list(value.stride()), str(value.dtype), str(value.device),
+                value.requires_grad]
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__, [_describe(v) for v in value]]
+    if isinstance(value, dict):
+        return ["dict", [[repr(k), _describe(v)] for k, v in value.items()]]
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, nn.Module):
+        return repr(value)
+    kind = value if isinstance(value, type) or callable(value) and not hasattr(value, "__dict__") else type(value)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"
+
+
+class Precompiled:
+    """A fused graph (a bound method, compiled ``fullgraph=True, dynamic=False`` by inductor)
+    saved whole and loaded in later processes, skipping dynamo's trace and AOTAutograd.
+
+    Its file is found in two steps under :func:`_precompiled_dir`. The *structure key* hashes
+    what makes the graph apart from numbers: the method, its object's attributes (module
+    architectures, functions' and classes' names, tensors' shapes; numbers left out), the
+    arguments' shapes, strides and dtypes, steersman's sources, torch's version and
+    inductor's config, the options, the CPU (the ISA key of :func:`remember_vec_isa`) and
+    Python. A small index under that key lists the object's numbers the trace read (the
+    constants dynamo guards, e.g. ``self.gamma`` or the env's ``tau``); the file's name adds
+    their current values. So a run with another ``total_frames`` loads the same graph, one
+    with another ``gamma`` compiles its own.
+
+    A file found is loaded with ``torch.compiler.load_compiled_function`` and used only if
+    dynamo's saved guards (tensors' metadata and the constants read) pass on these
+    arguments. Otherwise the method is compiled with ``torch.compile(...).aot_compile`` and
+    saved (a temporary file, renamed). Any failure on the way (a torch without precompile, a
+    guard that cannot be saved, an unreadable file) falls back to the ordinary
+    ``torch.compile``. Later calls skip the guards (as :func:`_stance` does).
+
+    **AOTInductor packages.** Once a graph has been loaded or saved this way, it is also
+    exported (``make_fx`` then ``torch.export``, in a forked child) and compiled by
+    AOTInductor into a ``.pt2`` package. The package is kept only if, run on the first
+    call's arguments and random state, it returns the compiled graph's outputs bit for bit
+    and with the same strides. Its key is computed without dynamo or inductor (the
+    structure key's parts, with the ``TORCHINDUCTOR_*`` environment in place of inductor's
+    in-process config and the CPU's flags in place of the ISA probe), and the numbers the
+    graph reads name the file as above. A later process finds it first and runs it with
+    ``torch._C._aoti.AOTIModelPackageLoader``: no dynamo or inductor import, no guards.
+    Building one costs an AOTInductor compile per graph (10-25 s CPU), once per key.
+    ``STEERSMAN_PRECOMPILE=dynamo`` keeps to torch's precompile.
+
+    Trust: a saved function is a pickle (as torch's own FX-graph and AOTAutograd cache
+    entries in the same directory are) holding compiled kernels; loading it runs what it
+    holds. It is read only from the compile cache directory (torch's trust boundary too),
+    and only if the current user owns it and neither group nor others may write it.
+    ``STEERSMAN_PRECOMPILE=0`` turns it off (plain ``torch.compile``). Packages are read
+    under the same rules.
+    """
+
+    def __init__(self, fn: Any, options: dict[str, Any] | None = None) -> None:
+        self._fn, self._owner, self._options = fn, fn.__self__, compile_options("inductor", options)
+        self._compiled: Any = None
+        #: after the first call: "loaded", "saved", "compiled-unsaved" or "compiled" (plain torch.compile)
+        self.source: str | None = None
+        self.path: str | None = None
+        self._reads: list[str] = []
+        self._out_spec: Any = None  # the package's output structure
+
+    def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:
+            return self._first_call(args)
+        if self.source == "package":
+            return self._run_package(args)
+        if self.source == "compiled":
+            return self._compiled(*args)
+        return self._compiled(self._owner, *args)
+
+    def _run_package(self, args: tuple) -> Any:
+        flat = torch.utils._pytree.tree_leaves(args)
+        return torch.utils._pytree.tree_unflatten(self._compiled.run(flat), self._out_spec)
+
+    def structure_key(self, args: tuple) -> str:
+        """The key of everything but the object's numbers, for a call with ``args``."""
+        from torch._inductor import config
+
+        owner = {k: _describe(v) for k, v in sorted(vars(self._owner).items())
+                 if not isinstance(v, (bool, int, float, str)) and v is not None}
+        parts = [self._fn.__qualname__, _describe(self._owner), owner, _describe(args), _source_hash(),
+                 torch.__version__, torch.__file__, sys.version, repr(sorted(self._options.items())),
+                 repr(sorted(config.save_config_portable().items())), _isa_key(), torch.is_grad_enabled()]
+        return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+    def _file(self, structure: str, reads: list[str]) -> str:
+        values = [[path, repr(_resolve(self._owner, path))] for path in reads]
+        name = hashlib.sha256(json.dumps([structure, values]).encode()).hexdigest()
+        return os.path.join(_precompiled_dir(), f"{name}.bin")
+
+    def _first_call(self, args: tuple) -> Any:
+        package_key = None
+        with contextlib.suppress(Exception):  # any failure: the graph of dynamo's precompile below
+            if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "dynamo":
+                package_key = _package_key(self._fn, self._owner, args, self._options)
+                if self._load_package(package_key, args):
+                    return self._run_package(args)
+        rng = torch.get_rng_state()  # (the package built below reruns this first call)
+        out = self._compiled_call(args)
+        if package_key is not None and self.source in ("loaded", "saved"):
+            with contextlib.suppress(Exception):  # the graph stays dynamo's
+                self._build_package(package_key, args, out, rng, wait=False)
+        return out
+
+    def _compiled_call(self, args: tuple) -> Any:
+        remember_vec_isa()
+        try:
+            structure = self.structure_key(args)
+            index = os.path.join(_precompiled_dir(), f"{structure}.json")
+            fn = None
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, IndexError, KeyError):
+                with open(index) as f:
+                    self._reads = [str(r) for r in json.load(f)["reads"]]
+                self.path = self._file(structure, self._reads)
+                fn = self._load(args)
+            if fn is None:
+                fn = self._aot_compile(args, structure, index)
+        except Exception:  # noqa: BLE001 - any failure of the experimental path: the ordinary compile
+            fn = None
+        if fn is None:
+            self.source, self._compiled = "compiled", torch.compile(
+                self._fn, fullgraph=True, dynamic=False, backend="inductor", options=self._options)
+            return self._compiled(*args)
+        out = fn(self._owner, *args)
+        fn.disable_guard_check()
+        self._compiled = fn
+        return out
+
+    def _load(self, args: tuple) -> Any:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        try:
+            # unpickling the guards' sources installs guards, which needs a tracing context
+            with open(self.path, "rb") as f, torch._guards.tracing(torch._guards.TracingContext(None)):
+                fn = torch.compiler.load_compiled_function(f, external_data={"owner": self._owner})
+            if not fn.guard_check(self._owner, *args):
+                return None
+        except Exception:  # noqa: BLE001 - a stale or foreign file: compile again
+            return None
+        self.source = "loaded"
+        return fn
+
+    def _aot_compile(self, args: tuple, structure: str, index: str) -> Any:
+        read: set[str] = set()
+        compiled = torch.compile(self._fn, fullgraph=True, dynamic=False, backend="inductor",
+                                 options={**self._options, "guard_filter_fn": functools.partial(_savable_guards,
+                                                                                                 read=read)})
+        fn = compiled.aot_compile((args, {}))
+        self.source = "compiled-unsaved"
+        reads = sorted(read | set(self._reads))  # (an older index's entries too: its files stay reachable)
+        self._reads = reads
+        with contextlib.suppress(OSError, RuntimeError, pickle.PicklingError, AttributeError, IndexError,
+                                 KeyError, TypeError):  # used here even if not saved
+            self.path = self._file(structure, reads)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fn.save_compiled_function(self.path, external_data={"owner": self._owner})
+            tmp = f"{index}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"reads": reads}, f)
+            os.replace(tmp, index)
+            self.source = "saved"
+        return fn
+
+    # ------------------------------------------------------------ the AOTInductor package
+    def _package_file(self, key: str, reads: list[str]) -> str:
+        values = [[path, repr(_resolve(self._owner, path))] for path in reads]
+        name = hashlib.sha256(json.dumps([key, values]).encode()).hexdigest()
+        return os.path.join(_precompiled_dir(), f"{name}.pt2")
+
+    def _load_package(self, key: str, args: tuple) -> bool:
+        """Loads the graph's AOTInductor package if one was saved for ``key`` and the
+        object's current numbers (torch's C++ loader: no dynamo or inductor import)."""
+        with open(os.path.join(_precompiled_dir(), f"{key}.aoti.json")) as f:
+            index = json.load(f)
+        self._reads = [str(r) for r in index["reads"]]
+        out_spec = torch.utils._pytree.treespec_loads(index["outputs"])  # (the compiled graph's structure)
+        path = self._package_file(key, self._reads)
+        info = os.stat(path)
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return False
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        in_spec, outputs = (torch.utils._pytree.treespec_loads(spec) for spec in loader.get_call_spec())
+        if in_spec.num_leaves != len(torch.utils._pytree.tree_leaves(args)) or outputs.num_leaves != out_spec.num_leaves:
+            return False
+        self._compiled, self._out_spec, self.path, self.source = loader, out_spec, path, "package"
+        return True
+
+    def _build_package(self, key: str, args: tuple, out: Any, rng: Tensor, *, wait: bool = True) -> str | None:
+        """Saves this graph as an AOTInductor package for later processes, if its output on
+        the first call's ``args`` (with the first call's random state ``rng``) is ``out``'s,
+        bit for bit and layout for layout. A forked child does all of it (export, compile,
+        the check, the rename); ``wait=False`` leaves it running beside the training (see
+        :func:`wait_for_packages`). Returns why not (None: saved, or started)."""
+        flat, spec = torch.utils._pytree.tree_flatten(args)
+        if not all(isinstance(t, Tensor) and not t.requires_grad for t in flat):
+            return "an argument is not a tensor or requires grad"  # (a package's outputs carry no autograd)
+        want, out_spec = torch.utils._pytree.tree_flatten(out)
+        path = self._package_file(key, self._reads)
+        index = os.path.join(_precompiled_dir(), f"{key}.aoti.json")
+        options = {k: v for k, v in self._options.items() if k != "cpp_wrapper"}  # (AOTInductor's is C++)
+        job = functools.partial(_package_job, self._fn, spec, flat, options, path, index, self._reads, want,
+                                torch.utils._pytree.treespec_dumps(out_spec), rng)
+        if not _in_child(job, wait=wait):
+            return "export, AOTInductor or the bitwise check failed"
+        return None
+
+
+def _package_job(fn: Any, spec: Any, flat: list[Tensor], options: dict[str, Any], path: str, index: str,
+                 reads: list[str], want: list[Tensor], out_spec: str, rng: Tensor) -> None:
+    """(In the package-building child.) Exports and compiles ``fn`` to a temporary package,
+    runs it on the first call's ``flat`` arguments with random state ``rng``, and publishes
+    it (mode 0600, renamed into ``path``, then its ``index``) only if it returns ``want`` bit
+    for bit; raises otherwise."""
+    tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
+    try:
+        _compile_package(fn, spec, flat, tmp, options)
+        loader = torch._C._aoti.AOTIModelPackageLoader(tmp, "model", False, 1, -1)
+        before = torch.get_rng_state()
+        torch.set_rng_state(rng)
+        try:
+            got = loader.run(flat)
+        finally:
+            torch.set_rng_state(before)
+        if len(got) != len(want) or not all(_same(a, b) for a, b in zip(got, want)):
+            raise RuntimeError("the package's outputs differ from the compiled graph's")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+    with open(f"{index}.{os.getpid()}.tmp", "w") as f:
+        json.dump({"reads": reads, "outputs": out_spec}, f)
+    os.replace(f"{index}.{os.getpid()}.tmp", index)
+
+
+def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options: dict[str, Any]) -> None:
+    from torch._inductor import aoti_compile_and_package
+
+    aoti_compile_and_package(_export_flat(fn, spec, flat), package_path=path, inductor_configs=options)
+
+
+#: package-building children still running: pid -> deadline (time.monotonic())
+_BUILDING: dict[int, float] = {}
+
+
+def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True) -> bool:
+    """Runs ``work()`` in a forked child (Linux) and returns whether it succeeded, or, with
+    ``wait=False``, whether it started (the child then runs beside the caller until
+    :func:`wait_for_packages`, at the latest at exit).
+
+    Tracing for export leaves state behind in torch 2.13: after the rollout's trace, the
+    update's export fails ("missing val"), and the trace patches a dynamo helper while it
+    runs. A child keeps all of that out of the training process. The child dies with its
+    parent (``PR_SET_PDEATHSIG``), compiles in-process (no compile-worker pool shared with
+    the parent) on one thread (no OpenMP pool after a fork), and is killed after ``timeout``."""
+    if sys.platform != "linux":
+        return False
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
+        code = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # (the parent died before prctl)
+                os._exit(1)
+            torch.set_num_threads(1)
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+            if "torch._inductor.config" in sys.modules:
+                sys.modules["torch._inductor.config"].compile_threads = 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                work()
+            code = 0
+        finally:
+            os._exit(code)
+    _BUILDING[pid] = time.monotonic() + timeout
+    if not wait:
+        return True
+    return _reap(pid, block=True)
+
+
+def _reap(pid: int, *, block: bool) -> bool:
+    """Waits for (``block``) or polls one child of :func:`_in_child`; True if it exited with 0.
+    A child past its deadline is killed."""
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # (not ours: a forked copy of the process that started it)
+            _BUILDING.pop(pid, None)
+            return False
+        if done:
+            _BUILDING.pop(pid, None)
+            return os.waitstatus_to_exitcode(status) == 0
+        if time.monotonic() > _BUILDING[pid]:
+            _kill_build(pid)
+            return False
+        if not block:
+            return False
+        time.sleep(0.05)
+
+
+def wait_for_packages(*, quiet: bool = True) -> int:
+    """Waits for the AOTInductor packages still being built beside the training (each
+    :class:`Precompiled` graph starts one after its first compile) and returns how many
+    were saved. Called at exit, so a cold run leaves its packages for the next one."""
+    pids = list(_BUILDING)
+    if pids and not quiet:
+        print(f"steersman: finishing {len(pids)} AOTInductor package(s) for the next run's warm start "
+              "(Ctrl-C skips them; STEERSMAN_PRECOMPILE=dynamo never builds them)", file=sys.stderr, flush=True)
+    saved = 0
+    try:
+        for pid in pids:
+            saved += _reap(pid, block=True)
+    except KeyboardInterrupt:  # skipped: the builds are dropped (their temporary files with them)
+        for pid in list(_BUILDING):
+            _kill_build(pid)
+    return saved
+
+
+def _kill_build(pid: int) -> None:
+    """Kills a package-building child and removes its temporary files."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    _BUILDING.pop(pid, None)
+    for leftover in glob.glob(os.path.join(_precompiled_dir(), f"*.{pid}.tmp*")):
+        with contextlib.suppress(OSError):
+            os.remove(leftover)
+
+
+atexit.register(functools.partial(wait_for_packages, quiet=False))
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Bit for bit, with the same layout (a package's outputs are the next call's inputs)."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and \
+        bool((a.view(-1) if a.is_contiguous() else a.reshape(-1)).view(torch.uint8).equal(
+            (b.view(-1) if b.is_contiguous() else b.reshape(-1)).view(torch.uint8)))
+
+
+def _cpu_key() -> list:
+    """The CPU a package's kernels were built for: the machine and its flags."""
+    flags: list[str] = []
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            flags = sorted(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    return [platform.machine(), flags]
+
+
+def _package_key(fn: Any, owner: Any, args: tuple, options: dict[str, Any]) -> str:
+    """The key of a graph's AOTInductor package, computed without importing dynamo or
+    inductor: :meth:`Precompiled.structure_key`'s parts less inductor's in-process config
+    (its ``TORCHINDUCTOR_*`` environment instead) and with the CPU's flags for the ISA key."""
+    attrs = {k: _describe(v) for k, v in sorted(vars(owner).items())
+             if not isinstance(v, (bool, int, float, str)) and v is not None}
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))
+    parts = ["aoti", fn.__qualname__, _describe(owner), attrs, _describe(args), _source_hash(), torch.__version__,
+             torch.__file__, sys.version, repr(sorted(options.items())), env, _cpu_key(), torch.is_grad_enabled()]
+    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+
+def _export_flat(fn: Any, spec: Any, flat: list[Tensor]) -> Any:
+    """``fn`` on the leaves ``flat`` (of ``spec``) as an exported program of aten ops: traced
+    by ``make_fx`` without grad mode (the scans stay loops: ``torch.compiler.is_compiling()``
+    holds while it traces; ``torch.func.grad`` inside a scan traces to its backward ops),
+    then exported."""
+    from torch._dynamo import utils as dynamo_utils
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def flat_fn(*leaves: Tensor) -> Any:
+        return fn(*torch.utils._pytree.tree_unflatten(list(leaves), spec))
+
+    # torch 2.13's scan tracing clones its closed-over tensors with dynamo's clone_input, which
+    # reads data pointers and fails on a fake tensor: a plain clone has the same metadata
+    clone_input = dynamo_utils.clone_input
+
+    def clone(x: Tensor, *, dtype: Any = None) -> Tensor:
+        try:
+            return clone_input(x, dtype=dtype)
+        except RuntimeError:
+            return x.clone()
+
+    # fresh copies (same layout): tensors traced before in this process (dynamo's compile, another
+    # export) could leave their exported placeholders without metadata
+    flat = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t) for t in flat]
+    dynamo_utils.clone_input = clone
+    try:
+        with torch.no_grad(), torch.compiler._compile_session_context():
+            graph = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+        return torch.export.export(graph, tuple(flat), strict=False)
+    finally:
+        dynamo_utils.clone_input = clone_input
+
+
+_PATH_PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def _resolve(owner: Any, path: str) -> Any:
+    """The value at a guard's ``self.a.b[0]`` path, from ``owner`` (attributes and int indexes only)."""
+    if not path.startswith("self"):
+        raise KeyError(path)
+    value, rest = owner, path[4:]
+    while rest:
+        m = _PATH_PART.match(rest)
+        if m is None:
+            raise KeyError(path)
+        value = getattr(value, m.group(1)) if m.group(1) else value[int(m.group(2))]
+        rest = rest[m.end():]
+    if not isinstance(value, (bool, int, float, str, torch.dtype)) and value is not None:
+        raise TypeError(f"{path} is not a constant")
+    return value
+
+
+def _savable_guards(entries: Any, read: set[str] | None = None) -> list[bool]:
+    """The guards a saved function keeps: dynamo's own choice for precompile (no guards on
+    globals or object identities), also leaving out those derived from an unsavable kind
+    (pytree's registry: steersman's sources and torch's version are in the file's key).
+    Adds to ``read`` the paths of the constants on ``self`` that the kept guards check."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsavable = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    keep = [not (g.is_global or g.guard_type in unsavable or unsavable & set(g.derived_guard_types))
+            for g in entries]
+    if read is not None:
+        read.update(g.name for g, k in zip(entries, keep)
+                    if k and g.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH") and g.name.startswith("self."))
+    return keep
