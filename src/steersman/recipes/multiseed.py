@@ -94,7 +94,7 @@ from .config import ConfigError, config_to_dict, diff_configs, validate_config, 
 from .envs import NATIVE_ENVS, action_spec_unbatched
 from .fused import _program, _run_program
 from .fused_ppo import clip_ppo_terms
-from .precompiled import INDUCTOR_OPTIONS, _compile
+from .precompiled import INDUCTOR_OPTIONS, TRAIN_OPTIONS, _compile
 from .run import (
     EVAL_SEED_OFFSET,
     RUN_FILE,
@@ -113,13 +113,13 @@ SWEEPABLE = ("optim.lr", "optim.max_grad_norm")
 _GOLDEN = 0x9E3779B9
 _SALT_ACTIONS, _SALT_SHUFFLE, _SALT_NOISE = 1, 2, 3
 
-#: Inductor options the on-policy (PPO, A2C) population's graphs add to
-#: :data:`~steersman.recipes.fused.INDUCTOR_OPTIONS`: ``tanh(x)`` as ``2 / (1 + exp(-2x)) - 1``
-#: (inductor's own ``cpp.use_decompose_tanh``). Inductor's vectorized ``tanh`` (Sleef's,
-#: ~1 ms for a [32, 256, 64] activation here) is 3-4x slower than this and than ATen's; the
-#: decomposition is within ~1.5e-7 of ``tanh`` (absolute), and tanh's gradient still comes
-#: from its output. A 32-member PPO update: ~13 -> ~9.5 ms (benchmarks/README.md, session 13).
-ON_POLICY_OPTIONS: dict[str, Any] = {"cpp.use_decompose_tanh": True}
+#: Inductor options of the on-policy (PPO, A2C) population's graphs: the fused update's
+#: :data:`~steersman.recipes.precompiled.TRAIN_OPTIONS` (``tanh`` decomposed). Inductor's
+#: vectorized ``tanh`` (Sleef's, ~1 ms for a [32, 256, 64] activation here) is 3-4x slower
+#: than the decomposition and than ATen's; the decomposition is within ~1.5e-7 of ``tanh``
+#: (absolute), and tanh's gradient still comes from its output. A 32-member PPO update:
+#: ~13 -> ~9.5 ms (benchmarks/README.md, session 13).
+ON_POLICY_OPTIONS: dict[str, Any] = TRAIN_OPTIONS
 #: Under inductor the compiled PPO update runs its networks' narrow heads as products and sums
 #: (see :func:`_run_layers`): a 32-member update ~0.4 ms (~4%) shorter here.
 NARROW_HEADS = True
