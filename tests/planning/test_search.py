@@ -334,19 +334,19 @@ def test_compile_options_give_inductor_the_search_options():
     ``options`` (the user's keys win); other backends and ``mode=`` dicts are left alone."""
     from steersman.planning.search import SEARCH_INDUCTOR_OPTIONS, compile_options
 
-    assert SEARCH_INDUCTOR_OPTIONS == {"max_fusion_size": 1024}
-    assert compile_options(True) == {"backend": "inductor", "options": {"max_fusion_size": 1024}}
+    opts = {"max_fusion_size": 1024, "size_asserts": False, "alignment_asserts": False}
+    assert SEARCH_INDUCTOR_OPTIONS == opts
+    assert compile_options(True) == {"backend": "inductor", "options": opts}
     assert compile_options("inductor") == compile_options(True)
     assert compile_options("eager") == {"backend": "eager"}
-    assert compile_options({"options": {"cpp_wrapper": True}}) == \
-        {"options": {"max_fusion_size": 1024, "cpp_wrapper": True}}
-    assert compile_options({"backend": "inductor", "options": {"max_fusion_size": 8}})["options"] == \
-        {"max_fusion_size": 8}
+    assert compile_options({"options": {"cpp_wrapper": True}}) == {"options": {**opts, "cpp_wrapper": True}}
+    assert compile_options({"backend": "inductor", "options": {"max_fusion_size": 8, "size_asserts": True}})[
+        "options"] == {**opts, "max_fusion_size": 8, "size_asserts": True}
     assert compile_options({"backend": "inductor", "mode": "max-autotune"}) == \
         {"backend": "inductor", "mode": "max-autotune"}
     assert compile_options({"backend": "aot_eager"}) == {"backend": "aot_eager"}
     compile_options(True)["options"]["max_fusion_size"] = 2  # a copy: the module's dict stays
-    assert SEARCH_INDUCTOR_OPTIONS == {"max_fusion_size": 1024}
+    assert SEARCH_INDUCTOR_OPTIONS == opts
 
 
 def test_compiled_in_place_per_simulation_equals_eager(monkeypatch):

@@ -277,13 +277,21 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     else:
         # eager: only as deep as the deepest path; compiled: every level, unrolled (one
         # fused loop over the trees, no loop calls: cheaper than the loop for narrow paths)
-        top = levels if torch.compiler.is_compiling() else int(depth.max())
+        # (compiled, the columns are written by a chain of selects: one pointwise kernel,
+        # where a stack made one aliased view per column in inductor's wrapper)
+        compiling = torch.compiler.is_compiling()
+        top = levels if compiling else int(depth.max())
         ret = leaf_value
         rets = [leaf_value] * (levels - top)
+        returns = torch.zeros_like(rewards) if compiling else None
         for i in range(top - 1, -1, -1):
             ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
-            rets.append(ret)
-        returns = torch.stack(rets[::-1], -1)
+            if compiling:
+                returns = torch.where(cols == i, ret.unsqueeze(-1), returns)
+            else:
+                rets.append(ret)
+        if not compiling:
+            returns = torch.stack(rets[::-1], -1)
     count = tree.node_visits[br, path_nodes]
     new_values = (tree.node_values[br, path_nodes] * count + returns) / (count + 1.0)
     child_values = torch.cat([new_values[:, 1:], leaf_value.unsqueeze(-1)], -1) if levels > 1 \
@@ -378,8 +386,11 @@ def gc_paused() -> Any:
 # inductor options of the search's graphs (a user's ``options`` override them): a
 # descent level is ~100 pointwise nodes, so with inductor's default (64 nodes per fused
 # group) every unrolled level became its own loop nest, passing ~13 realized [B] buffers
-# (one allocation each per call) to the next; 1024 fuses the levels into one loop nest
-SEARCH_INDUCTOR_OPTIONS = {"max_fusion_size": 1024}
+# (one allocation each per call) to the next; 1024 fuses the levels into one loop nest.
+# No size/alignment asserts: the graphs' inputs are the search's own tree arrays (shapes
+# fixed by the key), and the wrapper checked every input of every subgraph call (~67
+# Python calls per simulation at B=64)
+SEARCH_INDUCTOR_OPTIONS = {"max_fusion_size": 1024, "size_asserts": False, "alignment_asserts": False}
 
 
 def compile_options(compile: bool | str | dict) -> dict:
