@@ -21,7 +21,7 @@ from steersman.planning.action_selection import (
     gumbel_muzero_interior_action_selection,
     muzero_action_selection,
 )
-from steersman.planning.search import simulate_once
+from steersman.planning.search import _backup_returns, simulate_once
 from steersman.planning.tree import instantiate_tree
 from steersman.tensordict import TensorDict
 
@@ -598,3 +598,23 @@ def test_inductor_cpp_wrapper_search_equals_eager(policy):
     torch.testing.assert_close(eager.action_weights, comp.action_weights)
     assert torch.equal(eager.action, comp.action)
     assert eager.search_tree.depth.amax().item() >= 2
+
+
+@pytest.mark.parametrize("discount", [1.0, -1.0, 0.9])
+def test_backup_returns_as_one_chain_equal_the_level_loop(discount):
+    # the compiled backup's [B, L] chain against the level-by-level loop (mctx's order):
+    # equal bits, leaf value past each path's depth, at every depth 1..L
+    g = torch.Generator().manual_seed(0)
+    b, levels = 40, 7
+    rewards = torch.randn(b, levels, generator=g)
+    discounts = torch.full((b, levels), discount) * torch.rand(b, levels, generator=g).add(0.5)
+    depth = torch.arange(b) % levels + 1
+    leaf = torch.randn(b, generator=g)
+    ret, want = leaf, [leaf] * levels
+    for i in range(levels - 1, -1, -1):
+        ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
+        want[i] = ret
+    got = _backup_returns(rewards, discounts, depth, leaf)
+    assert torch.equal(got, torch.stack(want, -1))
+    past = torch.arange(levels) >= depth.unsqueeze(-1)
+    assert torch.equal(got[past], leaf.unsqueeze(-1).expand(b, levels)[past])
