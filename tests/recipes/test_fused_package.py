@@ -66,8 +66,8 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
 
     # another gamma: another file
     other = FusedGAE(critic, gamma=0.9, lmbda=0.8, options={})
-    assert other._fn._package_file("key", ["self.gamma"]) != second._fn._package_file(
-        "key", ["self.gamma"]
+    assert other._fn._file("key", ["self.gamma"], ".pt2") != second._fn._file(
+        "key", ["self.gamma"], ".pt2"
     )
 
     # a new process: the package, no dynamo, the same numbers

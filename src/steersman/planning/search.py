@@ -280,9 +280,9 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
         if torch.compiler.is_compiling():
             returns = _backup_returns(rewards, discounts, depth, leaf_value)
         else:
-            ret = leaf_value
-            rets = [leaf_value] * (levels - int(depth.max()))
-            for i in range(int(depth.max()) - 1, -1, -1):
+            ret, top = leaf_value, int(depth.max())
+            rets = [leaf_value] * (levels - top)
+            for i in range(top - 1, -1, -1):
                 ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
                 rets.append(ret)
             returns = torch.stack(rets[::-1], -1)

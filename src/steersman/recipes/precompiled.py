@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from steersman.objectives.functional_update import use_compile_cache
+from steersman.tensordict.files import write_json_atomic
 
 __all__ = ["INDUCTOR_OPTIONS", "TRAIN_OPTIONS", "Precompiled", "compile_options", "remember_vec_isa",
            "wait_for_packages"]
@@ -94,10 +95,7 @@ def remember_vec_isa() -> bool:
         record = {"probed": probed, "listed": unprobed}
         with contextlib.suppress(OSError):  # a read-only cache: probe again next time
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, path)
+            write_json_atomic(path, record)
     if not record["probed"] or record["probed"] != record["listed"]:
         return False
     config.cpp.vec_isa_ok = True
@@ -257,10 +255,12 @@ class Precompiled:
                  repr(sorted(config.save_config_portable().items())), _isa_key(), torch.is_grad_enabled()]
         return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
 
-    def _file(self, structure: str, reads: list[str]) -> str:
+    def _file(self, key: str, reads: list[str], suffix: str = ".bin") -> str:
+        """The file of ``key`` (a structure or package key) and the current values of the
+        numbers ``reads`` names (``.bin``: torch's precompile, ``.pt2``: a package)."""
         values = [[path, repr(_resolve(self._owner, path))] for path in reads]
-        name = hashlib.sha256(json.dumps([structure, values]).encode()).hexdigest()
-        return os.path.join(_precompiled_dir(), f"{name}.bin")
+        name = hashlib.sha256(json.dumps([key, values]).encode()).hexdigest()
+        return os.path.join(_precompiled_dir(), f"{name}{suffix}")
 
     def _first_call(self, args: tuple) -> Any:
         package_key = None
@@ -332,19 +332,11 @@ class Precompiled:
             self.path = self._file(structure, reads)
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fn.save_compiled_function(self.path, external_data={"owner": self._owner})
-            tmp = f"{index}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"reads": reads}, f)
-            os.replace(tmp, index)
+            write_json_atomic(index, {"reads": reads})
             self.source = "saved"
         return fn
 
     # ------------------------------------------------------------ the AOTInductor package
-    def _package_file(self, key: str, reads: list[str]) -> str:
-        values = [[path, repr(_resolve(self._owner, path))] for path in reads]
-        name = hashlib.sha256(json.dumps([key, values]).encode()).hexdigest()
-        return os.path.join(_precompiled_dir(), f"{name}.pt2")
-
     def _load_package(self, key: str, args: tuple) -> bool:
         """Loads the graph's AOTInductor package if one was saved for ``key`` and the
         object's current numbers (torch's C++ loader: no dynamo or inductor import)."""
@@ -352,7 +344,7 @@ class Precompiled:
             index = json.load(f)
         self._reads = [str(r) for r in index["reads"]]
         out_spec = torch.utils._pytree.treespec_loads(index["outputs"])  # (the compiled graph's structure)
-        path = self._package_file(key, self._reads)
+        path = self._file(key, self._reads, ".pt2")
         info = os.stat(path)
         if info.st_uid != os.getuid() or info.st_mode & 0o022:
             return False
@@ -373,7 +365,7 @@ class Precompiled:
         if not all(isinstance(t, Tensor) and not t.requires_grad for t in flat):
             return "an argument is not a tensor or requires grad"  # (a package's outputs carry no autograd)
         want, out_spec = torch.utils._pytree.tree_flatten(out)
-        path = self._package_file(key, self._reads)
+        path = self._file(key, self._reads, ".pt2")
         index = os.path.join(_precompiled_dir(), f"{key}.aoti.json")
         options = {k: v for k, v in self._options.items() if k != "cpp_wrapper"}  # (AOTInductor's is C++)
         job = functools.partial(_package_job, self._fn, spec, flat, options, path, index, self._reads, want,
@@ -406,9 +398,7 @@ def _package_job(fn: Any, spec: Any, flat: list[Tensor], options: dict[str, Any]
     finally:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-    with open(f"{index}.{os.getpid()}.tmp", "w") as f:
-        json.dump({"reads": reads, "outputs": out_spec}, f)
-    os.replace(f"{index}.{os.getpid()}.tmp", index)
+    write_json_atomic(index, {"reads": reads, "outputs": out_spec})
 
 
 def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options: dict[str, Any]) -> None:
