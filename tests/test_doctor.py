@@ -176,6 +176,22 @@ def test_profile_stops_an_endless_loop_and_reports_errors() -> None:
     report = profile_callable(endless, seconds=0.3)
     assert report.stopped_early and 0.3 <= report.wall < 5 and report.calls["policy forward"] > 10
 
+    swallowed = []
+
+    def swallows_the_first_stop() -> None:  # as code catching BaseException would
+        lin = nn.Linear(2, 2)
+        while True:
+            try:
+                while True:
+                    lin(torch.zeros(1, 2))
+            except BaseException:  # noqa: BLE001
+                if swallowed:
+                    raise
+                swallowed.append(1)
+
+    report = profile_callable(swallows_the_first_stop, seconds=0.3)
+    assert swallowed == [1] and report.stopped_early and report.wall < 5
+
     def broken() -> None:
         nn.Linear(2, 2)(torch.zeros(1, 2))
         raise RuntimeError("boom")

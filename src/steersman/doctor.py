@@ -433,6 +433,9 @@ def _deadline(clock: _Clock, seconds: float) -> Iterator[None]:
         if remaining > 0.01 or any(entry[0] == "compiling" for entry in clock.stack):
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.1))
             return
+        # armed again first: code that swallows the exception (torch's own handlers catch
+        # BaseException in places) must not leave the script running with no alarm left
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
         raise _TimeUp
 
     previous = signal.signal(signal.SIGALRM, alarm)
