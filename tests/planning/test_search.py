@@ -21,7 +21,7 @@ from steersman.planning.action_selection import (
     gumbel_muzero_interior_action_selection,
     muzero_action_selection,
 )
-from steersman.planning.search import _backup_returns, simulate_once
+from steersman.planning.search import _backup_returns, first_ancestors, simulate_once
 from steersman.planning.tree import instantiate_tree
 from steersman.tensordict import TensorDict
 
@@ -618,3 +618,44 @@ def test_backup_returns_as_one_chain_equal_the_level_loop(discount):
     assert torch.equal(got, torch.stack(want, -1))
     past = torch.arange(levels) >= depth.unsqueeze(-1)
     assert torch.equal(got[past], leaf.unsqueeze(-1).expand(b, levels)[past])
+
+
+@pytest.mark.parametrize("levels", [3, 8])
+def test_descent_reading_the_path_from_ancestors_builds_the_same_tree(levels):
+    # the while_loop descent that carries only its last node and action (the path read
+    # from the ancestors array) against the one carrying the path: the same tree, bit
+    # for bit, and every expanded node's row is its path from the root, zeros below it
+    t = tables(3)
+    b, sims = 6, 24
+    root = root_for(t, torch.arange(b))
+    fn = model(t)
+    interior = functools.partial(muzero_action_selection, pb_c_init=1.25, pb_c_base=19652.0)
+    root_sel = functools.partial(interior, depth=0)
+    uniforms = torch.rand(sims, b, A, generator=torch.Generator().manual_seed(1))
+
+    def run(with_ancestors):
+        tree = instantiate_tree(root.prior_logits, root.value, TensorDict({"embedding": root.embedding}, [b]), sims,
+                                torch.zeros(b, A, dtype=torch.bool), TensorDict({}, [b]))
+        simulate_once((), None, tree, 0, uniforms[0], fn, root_sel, interior, levels, 1, tensor_embedding=True)
+        anc = first_ancestors(tree, levels) if with_ancestors else None
+        for sim in range(1, sims):
+            simulate_once((), None, tree, torch.tensor(sim), uniforms[sim], fn, root_sel, interior, levels, levels,
+                          tensor_embedding=True, use_while_loop=True, unroll=2, ancestors=anc)
+        return tree, anc
+
+    carried, _ = run(False)
+    tree, anc = run(True)
+    for name in ("children_index", "children_visits", "children_values", "node_values", "node_visits", "parents"):
+        assert torch.equal(getattr(carried, name), getattr(tree, name)), name
+    assert int(tree.depth.max()) >= 3
+    assert int((tree.parents >= 0).sum()) >= 4 * b
+    for bi in range(b):
+        for n in range(sims + 1):
+            if n and int(tree.parents[bi, n]) < 0:  # not expanded (max_depth re-evaluated a node instead)
+                continue
+            want, x = [], n
+            while x >= 0:
+                want.insert(0, x)
+                x = int(tree.parents[bi, x])
+            want += [0] * (levels + 1 - len(want))
+            assert anc[bi, n].tolist() == want, (bi, n)

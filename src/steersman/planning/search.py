@@ -166,7 +166,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
                   recurrent_fn: RecurrentFn, root_action_selection_fn: Callable,
                   interior_action_selection_fn: Callable, max_depth: int, depth_steps: int,
                   early_exit: bool = False, tensor_embedding: bool = False, use_while_loop: bool = False,
-                  unroll: int = 1, compact: int = 0) -> Tensor:
+                  unroll: int = 1, compact: int = 0, ancestors: Tensor | None = None) -> Tensor:
     """One simulation on every tree, updating ``tree`` in place: a descent of at most
     ``depth_steps`` levels (``<= max_depth``), one expansion (node ``sim + 1`` unless
     ``max_depth`` stopped the descent on an expanded node, which is then re-evaluated
@@ -182,7 +182,12 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     ``use_while_loop`` the interior selection gets ``depth`` as a 0-dim tensor, and
     each iteration of the descent and backup loops does ``unroll`` levels (masked past
     the end: the same result, fewer loop iterations, each of which costs a call of the
-    compiled loop body). Returns the ``[B]`` expanded node indices."""
+    compiled loop body). ``ancestors``: a ``[B, N, depth_steps + 1]`` int64 array, row
+    ``n`` the nodes from the root to node ``n`` (column ``c``: the node at depth ``c``;
+    zeros past node ``n``'s depth), kept up to date here; with it a ``use_while_loop``
+    descent without ``compact`` carries only the last node and action, not the path
+    (``[B, depth_steps]`` arrays rewritten at every level), and the path is that node's
+    row. Returns the ``[B]`` expanded node indices."""
     ar = tree.batch_range
     children_index = tree.children_index
     batch = ar.shape[0]
@@ -195,6 +200,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     nxt = children_index[ar, root, a]
     depth = torch.ones_like(ar)
     active = nxt != Tree.UNVISITED
+    last_step = None  # (parent, action) of the expansion, when the descent carried them
     if levels > 1:
         cols = torch.arange(levels, device=ar.device)
         node = torch.where(active, nxt, root)
@@ -202,7 +208,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
         def cond_from(start: Tensor | int) -> Callable:
             """Descend while a tree is active and ``d < levels``, and at ``d == start`` (the
             first iteration, a no-op if no tree is active: see :func:`_while`)."""
-            def cond(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> Tensor:
+            def cond(d: Tensor, node: Tensor, active: Tensor, *rest: Tensor) -> Tensor:
                 return (active.any() & (d < levels)) | (d == start)
             return cond
 
@@ -219,9 +225,19 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
                 return d + 1, torch.where(active, nxt, node), active, depth, pn, pa
             return body
 
+        def step_fn(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, parent: Tensor, action: Tensor) -> tuple:
+            """One level of the descent carrying the last node and action instead of the path."""
+            a = interior_action_selection_fn(uniform, tree, node, d)
+            nxt = children_index[ar, node, a]
+            parent = torch.where(active, node, parent)
+            action = torch.where(active, a, action)
+            depth = depth + active.long()
+            active = active & (nxt != Tree.UNVISITED)
+            return d + 1, torch.where(active, nxt, node), active, depth, parent, action
+
         def unrolled_fn(body: Callable, k: int = unroll) -> Callable:
-            def unrolled(d: Tensor, node: Tensor, active: Tensor, depth: Tensor, pn: Tensor, pa: Tensor) -> tuple:
-                carry = body(d, node, active & (d < levels), depth, pn, pa)
+            def unrolled(d: Tensor, node: Tensor, active: Tensor, *rest: Tensor) -> tuple:
+                carry = body(d, node, active & (d < levels), *rest)
                 for _ in range(k - 1):  # levels past the end are no-ops for every tree
                     d = carry[0]
                     carry = body(d, carry[1], carry[2] & (d < levels), *carry[3:])
@@ -239,6 +255,14 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
 
             carry = _while(cond_full, unrolled_fn(body), carry, True)
             carry = _descend_compacted(tree, uniform, carry, compact, cond_from, level_fn, unrolled_fn)
+        elif use_while_loop and ancestors is not None:
+            carry = _while(cond_from(1), unrolled_fn(step_fn), (*carry[:4], torch.zeros_like(ar), a), True)
+            last_step = carry[4:]
+            row = ancestors[ar, last_step[0]]  # the path to the parent, and zeros
+            below = row[:, 1:].clamp_min(1)  # the nodes one level down (a node's action from its parent)
+            carry = (*carry[:4], row[:, :levels],
+                     torch.where(cols < (carry[3] - 1).unsqueeze(-1), tree.action_from_parent[ar.unsqueeze(-1), below],
+                                 last_step[1].unsqueeze(-1)))
         elif use_while_loop:
             carry = _while(cond_from(1), unrolled_fn(body), carry, True)
         else:
@@ -248,10 +272,17 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
                 carry = body(d, *carry[1:])
         _, node, active, depth, path_nodes, path_actions = carry
     last = (depth - 1).unsqueeze(-1)
-    parent = path_nodes.gather(1, last).squeeze(-1)
-    action = path_actions.gather(1, last).squeeze(-1)
+    if last_step is None:
+        parent = path_nodes.gather(1, last).squeeze(-1)
+        action = path_actions.gather(1, last).squeeze(-1)
+    else:
+        parent, action = last_step
 
     nn, leaf_value = _expand(params, rng, tree, sim, parent, action, depth, recurrent_fn, tensor_embedding)
+    if last_step is not None:  # the new node's row: its parent's path, then itself
+        wide = torch.arange(levels + 1, device=ar.device)
+        ancestors[ar, nn] = torch.where(wide < depth.unsqueeze(-1), row,
+                                        torch.where(wide == depth.unsqueeze(-1), nn.unsqueeze(-1), 0))
 
     # backup: returns along the path from the leaf up (mctx's order of operations),
     # then one masked write per array. Unused path columns repeat column 0's write.
@@ -493,7 +524,7 @@ def path_widths(levels: int) -> tuple[int, ...]:
 def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, recurrent_fn: RecurrentFn,
                     root_action_selection_fn: Callable, interior_action_selection_fn: Callable, max_depth: int,
                     levels: int, tensor_embedding: bool, unroll: int = 1, compact: int = 0,
-                    width: int | None = None) -> Tensor:
+                    width: int | None = None, ancestors: Tensor | None = None) -> Tensor:
     """Simulations ``first .. len(uniforms) - 1`` on ``tree`` as one ``while_loop`` (the
     whole search in one graph under ``torch.compile(fullgraph=True)``).
 
@@ -507,7 +538,8 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
     ``width < levels``: paths of at most ``width`` edges (the descent's path arrays and
     the backup's writes are ``[B, width]``); the loop stops early, before the simulation
     that could descend deeper (once a node of depth ``width`` exists), and the caller
-    continues at the returned counter with the full width."""
+    continues at the returned counter with the full width. ``ancestors``: see
+    :func:`simulate_once` (``[B, N, width + 1]``)."""
     from torch._higher_order_ops.while_loop import while_loop
 
     num_simulations = uniforms.shape[0]
@@ -522,10 +554,21 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
         uniform = uniforms.index_select(0, sim.reshape(1)).squeeze(0)
         simulate_once(params, None, tree, sim, uniform, recurrent_fn, root_action_selection_fn,
                       interior_action_selection_fn, max_depth, width, tensor_embedding=tensor_embedding,
-                      use_while_loop=True, unroll=unroll, compact=compact)
+                      use_while_loop=True, unroll=unroll, compact=compact, ancestors=ancestors)
         return (sim + 1,)
 
     return while_loop(cond, body, (first,))[0]
+
+
+def first_ancestors(tree: Tree, width: int) -> Tensor:
+    """The ``[B, N, width + 1]`` ancestors array (see :func:`simulate_once`) of a tree
+    after its first simulation (the root and its child node 1); rows of nodes not yet
+    expanded are left uninitialized (each is written when its node is expanded)."""
+    batch, num_nodes = tree.parents.shape
+    out = torch.empty((batch, num_nodes, width + 1), dtype=torch.int64, device=tree.parents.device)
+    out[:, :2] = 0
+    out[:, 1, 1] = 1
+    return out
 
 
 def compiled_search(options: dict, key: tuple) -> Callable:
@@ -635,11 +678,12 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
                       interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
         out = sims[1]
-        for width in path_widths(levels):  # narrow paths while the trees are shallow, then full
+        for i, width in enumerate(path_widths(levels)):  # narrow paths while the trees are shallow, then full
             run = compiled_search(options, (*key, width))
             with torch.no_grad():  # the in-place loop is an inference graph
                 out = run(params, tree, uniforms, out, recurrent_fn, root_action_selection_fn,
-                          interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, compact, width)
+                          interior_action_selection_fn, max_depth, levels, tensor_embedding, unroll, compact, width,
+                          None if i or compact else first_ancestors(tree, min(width, levels)))
             if int(out) == num_simulations:
                 break
         if int(out) != num_simulations:  # the loop's output must be used (see run_simulations)
