@@ -637,7 +637,7 @@ def test_descent_reading_the_path_from_ancestors_builds_the_same_tree(levels):
         tree = instantiate_tree(root.prior_logits, root.value, TensorDict({"embedding": root.embedding}, [b]), sims,
                                 torch.zeros(b, A, dtype=torch.bool), TensorDict({}, [b]))
         simulate_once((), None, tree, 0, uniforms[0], fn, root_sel, interior, levels, 1, tensor_embedding=True)
-        anc = first_ancestors(tree, levels) if with_ancestors else None
+        anc = first_ancestors(tree, levels, expanded=2) if with_ancestors else None
         for sim in range(1, sims):
             simulate_once((), None, tree, torch.tensor(sim), uniforms[sim], fn, root_sel, interior, levels, levels,
                           tensor_embedding=True, use_while_loop=True, unroll=2, ancestors=anc)

@@ -560,14 +560,16 @@ def run_simulations(params: Any, tree: Tree, uniforms: Tensor, first: Tensor, re
     return while_loop(cond, body, (first,))[0]
 
 
-def first_ancestors(tree: Tree, width: int) -> Tensor:
+def first_ancestors(tree: Tree, width: int, expanded: int = 1) -> Tensor:
     """The ``[B, N, width + 1]`` ancestors array (see :func:`simulate_once`) of a tree
-    after its first simulation (the root and its child node 1); rows of nodes not yet
-    expanded are left uninitialized (each is written when its node is expanded)."""
+    with ``expanded`` nodes (the root only, or the root and its child node 1: a tree
+    after one simulation); rows of nodes not yet expanded are left uninitialized (each
+    is written when its node is expanded)."""
     batch, num_nodes = tree.parents.shape
     out = torch.empty((batch, num_nodes, width + 1), dtype=torch.int64, device=tree.parents.device)
-    out[:, :2] = 0
-    out[:, 1, 1] = 1
+    out[:, :expanded] = 0
+    if expanded > 1:
+        out[:, 1, 1] = 1
     return out
 
 
@@ -601,10 +603,11 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     root to a leaf (default: ``num_simulations``); ``loop_fn(lower, upper, body,
     tree)`` runs the simulations (default: a Python loop).
 
-    ``compile``: run every simulation after the first (which runs eagerly and checks
-    the recurrent function's outputs) compiled with ``torch.compile(fullgraph=True,
+    ``compile``: run the simulations compiled with ``torch.compile(fullgraph=True,
     dynamic=False)`` (True: inductor; or a backend name, or a dict of ``torch.compile``
-    keywords, see :func:`compile_options`). The simulations run as one graph: an outer
+    keywords, see :func:`compile_options`), after one eager call of the recurrent
+    function at the roots (with each root's first valid action) that checks its
+    outputs. The simulations run as one graph: an outer
     ``while_loop`` over the simulations, with the ``while_loop`` descent and backup
     inside, so the depth follows the tree without recompiling. Paths are recorded
     ``PATH_WIDTH`` (24) edges wide while every node is shallower; a search whose trees
@@ -612,7 +615,8 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     only the simulation counter and writes the tree arrays in place (an inference graph:
     the compiled simulations run under ``torch.no_grad()``, so the tree carries no
     autograd history), so no simulation copies the ``[B, N, A]`` arrays. A custom
-    ``loop_fn`` runs one in-place graph per simulation instead. From ``COMPACT_MIN_BATCH`` (256) trees on, with
+    ``loop_fn`` runs the first simulation eagerly (it checks the recurrent function)
+    and one in-place graph per later simulation instead. From ``COMPACT_MIN_BATCH`` (256) trees on, with
     the built-in selection functions, a descent continues on only the trees still
     descending once at most ``B // COMPACT_FRACTION`` (8) of them are (the deepest of many
     trees is several times their mean depth). One graph serves every search with the same
@@ -627,7 +631,8 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
 
     The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
     ``rng`` up front. Bad inputs raise before any simulation; the recurrent
-    function's output is checked on its first call (the first simulation, eager).
+    function's output is checked on its first call (eager: the first simulation, or
+    under ``compile`` the check call above).
     """
     check_root(root, num_simulations, invalid_actions, max_depth)
     options = compile_options(compile) if compile is not False else None
@@ -674,10 +679,10 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         sims = torch.arange(num_simulations, device=logits.device)
 
     if step is not None and loop_fn is fori_loop:
-        # the whole search as one graph (no per-simulation call overhead)
-        simulate_once(params, rng, tree, 0, uniforms[0], checked_fn, root_action_selection_fn,
-                      interior_action_selection_fn, max_depth, 1, tensor_embedding=tensor_embedding)
-        out = sims[1]
+        # the whole search as one graph (no per-simulation call overhead), after one
+        # eager call that checks the recurrent function (each root's first valid action)
+        checked_fn(params, rng, (~tree.root_invalid_actions).int().argmax(-1), emb)
+        out = sims[0]
         for i, width in enumerate(path_widths(levels)):  # narrow paths while the trees are shallow, then full
             run = compiled_search(options, (*key, width))
             with torch.no_grad():  # the in-place loop is an inference graph
