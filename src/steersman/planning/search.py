@@ -259,10 +259,7 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
             carry = _while(cond_from(1), unrolled_fn(step_fn), (*carry[:4], torch.zeros_like(ar), a), True)
             last_step = carry[4:]
             row = ancestors[ar, last_step[0]]  # the path to the parent, and zeros
-            below = row[:, 1:].clamp_min(1)  # the nodes one level down (a node's action from its parent)
-            carry = (*carry[:4], row[:, :levels],
-                     torch.where(cols < (carry[3] - 1).unsqueeze(-1), tree.action_from_parent[ar.unsqueeze(-1), below],
-                                 last_step[1].unsqueeze(-1)))
+            carry = (*carry[:4], row[:, :levels], None)  # the path's actions: after the expansion
         elif use_while_loop:
             carry = _while(cond_from(1), unrolled_fn(body), carry, True)
         else:
@@ -279,10 +276,16 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
         parent, action = last_step
 
     nn, leaf_value = _expand(params, rng, tree, sim, parent, action, depth, recurrent_fn, tensor_embedding)
-    if last_step is not None:  # the new node's row: its parent's path, then itself
+    if last_step is not None:
+        # the new node's row: its parent's path, then itself
         wide = torch.arange(levels + 1, device=ar.device)
         ancestors[ar, nn] = torch.where(wide < depth.unsqueeze(-1), row,
                                         torch.where(wide == depth.unsqueeze(-1), nn.unsqueeze(-1), 0))
+        # the path's actions: each node's action from its parent, one level down (read after
+        # the expansion's write of action_from_parent, so inductor writes that in place)
+        below = row[:, 1:].clamp_min(1)
+        path_actions = torch.where(cols < last, tree.action_from_parent[ar.unsqueeze(-1), below],
+                                   action.unsqueeze(-1))
 
     # backup: returns along the path from the leaf up (mctx's order of operations),
     # then one masked write per array. Unused path columns repeat column 0's write.
