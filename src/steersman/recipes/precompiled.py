@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from steersman.objectives.functional_update import use_compile_cache
 from steersman.tensordict.files import write_json_atomic
 
-__all__ = ["INDUCTOR_OPTIONS", "TRAIN_OPTIONS", "Precompiled", "compile_options", "remember_vec_isa",
-           "wait_for_packages"]
+__all__ = ["CPP_OPT_LEVEL", "INDUCTOR_OPTIONS", "TRAIN_OPTIONS", "Precompiled", "compile_options",
+           "cpp_opt_level", "remember_vec_isa", "wait_for_packages"]
 
 
 @functools.cache
@@ -87,7 +87,8 @@ def remember_vec_isa() -> bool:
         record = None
     if not isinstance(record, dict) or not {"probed", "listed"} <= record.keys():
         listed.cache_clear()
-        probed = [str(isa) for isa in listed()]  # inductor's own probe, once per machine
+        _probe_in_parallel(cpu_vec_isa)
+        probed = [str(isa) for isa in listed()]  # inductor's own probe (answered above), once per machine
         with config.patch({"cpp.vec_isa_ok": True}):
             listed.cache_clear()
             unprobed = [str(isa) for isa in listed()]
@@ -103,6 +104,20 @@ def remember_vec_isa() -> bool:
     return True
 
 
+def _probe_in_parallel(cpu_vec_isa: Any) -> None:
+    """Runs inductor's probe of each vector ISA the CPU lists (a compile of ATen's vector
+    headers and a load in a child Python per ISA, ~7 s in all here) in threads, so that the
+    compilers share the cores; each ISA object caches its answer, which
+    ``valid_vec_isa_list`` then reads. Any failure leaves the probe to inductor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with contextlib.suppress(Exception):
+        flags = cpu_vec_isa.x86_isa_checker()
+        listed = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+        with ThreadPoolExecutor(max(1, min(len(listed), os.cpu_count() or 1))) as pool:
+            list(pool.map(bool, listed))
+
+
 #: inductor's options for the fused graphs. ``cpp_wrapper``: the graph's wrapper -- the
 #: calls of its kernels and, inside a ``scan`` (lowered to a while loop), the loop itself
 #: and the per-iteration buffer allocations -- is generated as C++ instead of Python. The
@@ -116,6 +131,77 @@ INDUCTOR_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
 #: ~1.5e-7 of ``tanh``). Inductor's vectorized ``tanh`` costs 3-4x ATen's here. Not for the
 #: rollout: its actions equal the eager policy's bit for bit.
 TRAIN_OPTIONS: dict[str, Any] = {**INDUCTOR_OPTIONS, "cpp.use_decompose_tanh": True}
+
+
+#: g++'s optimisation level for the C++ of the graphs compiled here, in place of inductor's
+#: ``-O3`` (``STEERSMAN_CPP_OPT`` overrides it, e.g. ``O3``). The kernels are vectorized by
+#: inductor itself (``at::vec``), so ``-O3``'s extra passes buy nothing at run time, while
+#: they cost most of the compile: the fused PPO update's C++ (wrapper and 30 kernels, one
+#: file) takes g++ 10.6 s at ``-O3``, 4.4 s at ``-O2``, 3.6 s at ``-O1``, and the update
+#: runs 0.245 / 0.236 / 0.341 ms (benchmarks/README.md, issue 17 session 14).
+CPP_OPT_LEVEL = "O2"
+_LEVELS: list[str] = []  # the active levels of :func:`cpp_opt_level`, innermost last
+
+
+@contextlib.contextmanager
+def cpp_opt_level(level: str | None = None) -> Any:
+    """Inductor's C++ builds inside this block (and in children forked inside it) use
+    ``-O<level>`` instead of ``-O3`` (None: ``STEERSMAN_CPP_OPT`` or :data:`CPP_OPT_LEVEL`).
+    The flags are part of inductor's command line, hence of its cache keys: a build at
+    another level is another cache entry.
+
+    >>> with cpp_opt_level("O2"):
+    ...     out = torch.compile(lambda x: x.sin() + 1)(torch.ones(3))  # its C++ built at -O2
+    """
+    level = level or _opt_level()
+    if not re.fullmatch(r"O[0-3s]", level):
+        raise ValueError(f"STEERSMAN_CPP_OPT / cpp_opt_level: expected one of O0, O1, O2, O3, Os; got {level!r}")
+    _install_opt_level()
+    _LEVELS.append(level)
+    try:
+        yield
+    finally:
+        _LEVELS.pop()
+
+
+def _opt_level() -> str:
+    return os.environ.get("STEERSMAN_CPP_OPT") or CPP_OPT_LEVEL
+
+
+@functools.cache
+def _install_opt_level() -> None:
+    """Wraps inductor's ``cpp_builder._get_optimization_cflags`` (where its ``-O3`` comes
+    from) so that it yields the active :func:`cpp_opt_level`; outside one it is unchanged.
+    Another torch layout: nothing is wrapped and the builds stay at ``-O3``."""
+    try:
+        from torch._inductor import cpp_builder
+        original = cpp_builder._get_optimization_cflags
+    except (ImportError, AttributeError):  # pragma: no cover - another torch: inductor's flags
+        return
+
+    @functools.wraps(original)
+    def optimization_cflags(*args: Any, **kwargs: Any) -> Any:
+        cflags, ldflags = original(*args, **kwargs)
+        if _LEVELS:
+            cflags = [_LEVELS[-1] if flag == "O3" else flag for flag in cflags]
+        return cflags, ldflags
+
+    cpp_builder._get_optimization_cflags = optimization_cflags
+
+
+class _AtOptLevel:
+    """``fn`` (a ``torch.compile`` result) whose calls, and so its compiles, run under
+    :func:`cpp_opt_level`."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with cpp_opt_level():
+            return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
 
 
 def compile_options(backend: Any, options: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -138,8 +224,9 @@ def _compile(fn: Any, backend: Any, options: dict[str, Any] | None = None) -> An
         if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "0" and getattr(fn, "__self__", None) is not None:
             return Precompiled(fn, options)  # (it probes the ISA only if it compiles)
         remember_vec_isa()
-    return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
-                         options=compile_options(backend, options))
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
+                             options=compile_options(backend, options))
+    return _AtOptLevel(compiled) if backend == "inductor" else compiled
 
 
 def _precompiled_dir() -> str:
@@ -252,7 +339,8 @@ class Precompiled:
                  if not isinstance(v, (bool, int, float, str)) and v is not None}
         parts = [self._fn.__qualname__, _describe(self._owner), owner, _describe(args), _source_hash(),
                  torch.__version__, torch.__file__, sys.version, repr(sorted(self._options.items())),
-                 repr(sorted(config.save_config_portable().items())), _isa_key(), torch.is_grad_enabled()]
+                 repr(sorted(config.save_config_portable().items())), _isa_key(), torch.is_grad_enabled(),
+                 _opt_level()]
         return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
 
     def _file(self, key: str, reads: list[str], suffix: str = ".bin") -> str:
@@ -277,6 +365,10 @@ class Precompiled:
         return out
 
     def _compiled_call(self, args: tuple) -> Any:
+        with cpp_opt_level():
+            return self._compiled_call_at_level(args)
+
+    def _compiled_call_at_level(self, args: tuple) -> Any:
         remember_vec_isa()
         try:
             structure = self.structure_key(args)
@@ -404,7 +496,8 @@ def _package_job(fn: Any, spec: Any, flat: list[Tensor], options: dict[str, Any]
 def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options: dict[str, Any]) -> None:
     from torch._inductor import aoti_compile_and_package
 
-    aoti_compile_and_package(_export_flat(fn, spec, flat), package_path=path, inductor_configs=options)
+    with cpp_opt_level():
+        aoti_compile_and_package(_export_flat(fn, spec, flat), package_path=path, inductor_configs=options)
 
 
 #: package-building children still running: pid -> deadline (time.monotonic())
@@ -523,7 +616,8 @@ def _package_key(fn: Any, owner: Any, args: tuple, options: dict[str, Any]) -> s
              if not isinstance(v, (bool, int, float, str)) and v is not None}
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))
     parts = ["aoti", fn.__qualname__, _describe(owner), attrs, _describe(args), _source_hash(), torch.__version__,
-             torch.__file__, sys.version, repr(sorted(options.items())), env, _cpu_key(), torch.is_grad_enabled()]
+             torch.__file__, sys.version, repr(sorted(options.items())), env, _cpu_key(), torch.is_grad_enabled(),
+             _opt_level()]
     return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
 
 

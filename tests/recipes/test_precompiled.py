@@ -1,0 +1,157 @@
+"""The compile settings of recipes/precompiled.py: g++'s optimisation level for the graphs
+compiled there, and the CPU ISA probe run in parallel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from steersman.recipes import precompiled
+from steersman.recipes.precompiled import (
+    CPP_OPT_LEVEL,
+    Precompiled,
+    _compile,
+    _package_key,
+    cpp_opt_level,
+)
+
+
+def _levels(min_optimize: bool = False) -> list[str]:
+    from torch._inductor import cpp_builder
+
+    return [f for f in cpp_builder._get_optimization_cflags("g++", min_optimize)[0] if f.startswith("O")]
+
+
+def test_cpp_opt_level_replaces_inductors_O3_only_inside_the_block(monkeypatch):
+    monkeypatch.delenv("STEERSMAN_CPP_OPT", raising=False)
+    assert CPP_OPT_LEVEL == "O2"
+    with cpp_opt_level():
+        pass  # (installs the wrapper)
+    assert _levels() == ["O3"]
+    wrapper_level = _levels(min_optimize=True)  # (inductor's wrapper level: not ours to change)
+    with cpp_opt_level():
+        assert _levels() == ["O2"]
+        with cpp_opt_level("O1"):
+            assert _levels() == ["O1"]
+        assert _levels() == ["O2"]
+        assert _levels(min_optimize=True) == wrapper_level
+    assert _levels() == ["O3"]
+    monkeypatch.setenv("STEERSMAN_CPP_OPT", "O3")
+    with cpp_opt_level():
+        assert _levels() == ["O3"]
+
+
+@pytest.mark.parametrize("level", ["O4", "-O2", "fast", "O2 -g"])
+def test_cpp_opt_level_rejects_what_is_not_a_level(monkeypatch, level):
+    monkeypatch.setenv("STEERSMAN_CPP_OPT", level)
+    with pytest.raises(ValueError, match=r"STEERSMAN_CPP_OPT.*O0, O1, O2, O3, Os.*" + repr(level).replace("'", ".")):
+        with cpp_opt_level():
+            pass
+    assert _levels() == ["O3"]  # nothing left active
+
+
+def test_compiled_graphs_cpp_is_built_at_the_level(tmp_path, monkeypatch):
+    """A function through ``_compile`` (the population's path): every g++ command of its
+    compile carries ``-O2`` and none ``-O3``; a plain ``torch.compile`` next to it keeps -O3."""
+    from torch._inductor import cpp_builder
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("STEERSMAN_CPP_OPT", raising=False)
+    commands: list[str] = []
+    build = cpp_builder.CppBuilder.build
+
+    def recording(self):
+        commands.append(self.get_command_line())
+        return build(self)
+
+    monkeypatch.setattr(cpp_builder.CppBuilder, "build", recording)
+    x = torch.randn(37)
+    graph = _compile(lambda t: (t.sin() * 3.25 + 1.5).cumsum(0), "inductor")
+    commands.clear()  # (the ISA probe's builds, when this worker has no record yet: inductor's own)
+    assert torch.allclose(graph(x), (x.sin() * 3.25 + 1.5).cumsum(0), atol=1e-5)
+    ours = [c for c in commands if ".cpp" in c]
+    assert ours and all(" -O2 " in c and " -O3 " not in c for c in ours), ours
+    commands.clear()
+    plain = torch.compile(lambda t: (t.cos() * 2.75 - 1.25).cumsum(0), fullgraph=True)
+    plain(x)
+    assert any(" -O3 " in c for c in commands if ".cpp" in c)
+
+
+class _Owner:
+    def __init__(self):
+        self.scale = torch.ones(3)
+
+    def step(self, x):
+        return x * self.scale
+
+
+def test_the_level_is_part_of_the_precompiled_and_package_keys(monkeypatch):
+    owner, args = _Owner(), (torch.zeros(3),)
+    monkeypatch.delenv("STEERSMAN_CPP_OPT", raising=False)
+    keys = Precompiled(owner.step).structure_key(args), _package_key(owner.step, owner, args, {})
+    monkeypatch.setenv("STEERSMAN_CPP_OPT", "O2")
+    assert (Precompiled(owner.step).structure_key(args), _package_key(owner.step, owner, args, {})) == keys
+    monkeypatch.setenv("STEERSMAN_CPP_OPT", "O3")
+    other = Precompiled(owner.step).structure_key(args), _package_key(owner.step, owner, args, {})
+    assert other[0] != keys[0] and other[1] != keys[1]
+
+
+_PROBE = """
+import json, sys
+from torch._inductor import cpu_vec_isa
+from steersman.recipes.precompiled import _probe_in_parallel
+if sys.argv[1] == "parallel":
+    _probe_in_parallel(cpu_vec_isa)
+print(json.dumps([str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="inductor probes the ISAs on Linux (x86-64) here")
+def test_parallel_isa_probe_finds_what_inductors_own_probe_finds(tmp_path):
+    """Two fresh processes with empty caches: inductor's sequential probe, and the probe run in
+    threads first. Same ISAs (at least one on an x86-64 machine with a compiler)."""
+    found = {}
+    for mode in ("sequential", "parallel"):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / mode))
+        env.pop("TORCHINDUCTOR_VEC_ISA_OK", None)
+        out = subprocess.run([sys.executable, "-c", _PROBE, mode], env=env, capture_output=True, text=True,
+                             timeout=300, check=True)
+        found[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["parallel"] == found["sequential"]
+    if os.uname().machine == "x86_64":
+        assert found["sequential"], "no vector ISA found usable: is a C++ compiler installed?"
+
+
+def test_probe_in_parallel_asks_every_listed_isa_once(monkeypatch):
+    """Each ISA the CPU's flags list is probed (its ``bool``) once, in threads; ISAs the
+    flags do not list are not; a failing probe is left to inductor (no exception)."""
+    asked = []
+
+    class FakeIsa:
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def __str__(self):
+            return self.name
+
+        def __bool__(self):
+            asked.append(self.name)
+            if self.fail:
+                raise RuntimeError("compiler crashed")
+            return True
+
+    class FakeModule:
+        supported_vec_isa_list = [FakeIsa("avx512f avx512bw"), FakeIsa("avx2 fma", fail=True), FakeIsa("amx_tile")]
+
+        @staticmethod
+        def x86_isa_checker():
+            return ["avx2", "fma", "avx512f", "avx512bw"]
+
+    precompiled._probe_in_parallel(FakeModule)
+    assert sorted(asked) == ["avx2 fma", "avx512f avx512bw"]
