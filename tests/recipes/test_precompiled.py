@@ -155,3 +155,17 @@ def test_probe_in_parallel_asks_every_listed_isa_once(monkeypatch):
 
     precompiled._probe_in_parallel(FakeModule)
     assert sorted(asked) == ["avx2 fma", "avx512f avx512bw"]
+
+
+def test_stale_temporary_packages_of_dead_builders_are_removed(tmp_path):
+    """A builder killed with its parent leaves ``<name>.<pid>.tmp.pt2``; the next build removes
+    it if that pid is gone, and keeps a live builder's file and any other file."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"abc.{dead.pid}.tmp.pt2"
+    live = tmp_path / f"def.{os.getpid()}.tmp.pt2"
+    other = [tmp_path / "abc.pt2", tmp_path / "x.notapid.tmp.pt2"]
+    for f in [stale, live, *other]:
+        f.write_bytes(b"partial")
+    assert precompiled._remove_stale_builds(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and all(f.exists() for f in other)

@@ -474,6 +474,7 @@ def _package_job(fn: Any, spec: Any, flat: list[Tensor], options: dict[str, Any]
     it (mode 0600, renamed into ``path``, then its ``index``) only if it returns ``want`` bit
     for bit; raises otherwise."""
     tmp = f"{path[:-4]}.{os.getpid()}.tmp.pt2"
+    _remove_stale_builds(os.path.dirname(path))
     try:
         _compile_package(fn, spec, flat, tmp, options)
         loader = torch._C._aoti.AOTIModelPackageLoader(tmp, "model", False, 1, -1)
@@ -491,6 +492,26 @@ def _package_job(fn: Any, spec: Any, flat: list[Tensor], options: dict[str, Any]
         with contextlib.suppress(OSError):
             os.remove(tmp)
     write_json_atomic(index, {"reads": reads, "outputs": out_spec})
+
+
+def _remove_stale_builds(folder: str) -> list[str]:
+    """Removes the temporary packages (``<name>.<pid>.tmp.pt2``) in ``folder`` whose builder
+    is gone: a build killed with its parent (``kill -9``: the child gets ``SIGKILL`` too, so
+    its own clean-up never runs). Returns the paths removed."""
+    removed = []
+    for tmp in glob.glob(os.path.join(glob.escape(folder), "*.tmp.pt2")):
+        try:
+            pid = int(tmp.rsplit(".", 3)[-3])
+            os.kill(pid, 0)
+        except ValueError:  # (not one of ours)
+            continue
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+                removed.append(tmp)
+        except PermissionError:  # (a live process of another user)
+            continue
+    return removed
 
 
 def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options: dict[str, Any]) -> None:
