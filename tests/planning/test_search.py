@@ -600,12 +600,13 @@ def test_inductor_cpp_wrapper_search_equals_eager(policy):
     assert eager.search_tree.depth.amax().item() >= 2
 
 
+@pytest.mark.parametrize("levels, block", [(7, 16), (24, 16), (11, 3), (12, 4)])
 @pytest.mark.parametrize("discount", [1.0, -1.0, 0.9])
-def test_backup_returns_as_one_chain_equal_the_level_loop(discount):
-    # the compiled backup's [B, L] chain against the level-by-level loop (mctx's order):
-    # equal bits, leaf value past each path's depth, at every depth 1..L
+def test_backup_returns_as_one_chain_equal_the_level_loop(discount, levels, block):
+    # the compiled backup's chains (blocks of columns) against the level-by-level loop
+    # (mctx's order): equal bits, leaf value past each path's depth, at every depth 1..L
     g = torch.Generator().manual_seed(0)
-    b, levels = 40, 7
+    b = 5 * levels
     rewards = torch.randn(b, levels, generator=g)
     discounts = torch.full((b, levels), discount) * torch.rand(b, levels, generator=g).add(0.5)
     depth = torch.arange(b) % levels + 1
@@ -614,7 +615,7 @@ def test_backup_returns_as_one_chain_equal_the_level_loop(discount):
     for i in range(levels - 1, -1, -1):
         ret = torch.where(depth > i, rewards[:, i] + discounts[:, i] * ret, ret)
         want[i] = ret
-    got = _backup_returns(rewards, discounts, depth, leaf)
+    got = _backup_returns(rewards, discounts, depth, leaf, block)
     assert torch.equal(got, torch.stack(want, -1))
     past = torch.arange(levels) >= depth.unsqueeze(-1)
     assert torch.equal(got[past], leaf.unsqueeze(-1).expand(b, levels)[past])

@@ -336,19 +336,28 @@ def simulate_once(params: Any, rng: torch.Generator | None, tree: Tree, sim: int
     return nn
 
 
-def _backup_returns(rewards: Tensor, discounts: Tensor, depth: Tensor, leaf_value: Tensor) -> Tensor:
-    """The ``[B, L]`` returns of the backup as one ``[B, L]`` chain: column ``c`` holds the
+def _backup_returns(rewards: Tensor, discounts: Tensor, depth: Tensor, leaf_value: Tensor,
+                    block: int = 16) -> Tensor:
+    """The ``[B, L]`` returns of the backup as ``[B, block]`` chains: column ``c`` holds the
     running return from the leaf up to level ``c`` and stops updating below it, so each
     column sees the eager loop's operations in the same order (equal values). Every
     level has one reader (the next level), so inductor realizes no ``[B]`` buffer per
-    level (the per-level returns with two readers were 23 allocations per simulation)."""
+    level (the per-level returns with two readers were 23 allocations per simulation).
+    The columns go in blocks of ``block`` (a vector of floats), from the last: a block's
+    chain starts from the running return at the block above it (that block's first
+    column) and runs over its own levels only, not over all ``L`` for every column."""
     levels = rewards.shape[1]
-    cols = torch.arange(levels, device=rewards.device)
-    ret = leaf_value.unsqueeze(-1).expand_as(rewards)
-    for i in range(levels - 1, -1, -1):
-        ret = torch.where((cols <= i) & (depth.unsqueeze(-1) > i), rewards[:, i:i + 1] + discounts[:, i:i + 1] * ret,
-                          ret)
-    return ret
+    depth = depth.unsqueeze(-1)
+    ret_in, blocks = leaf_value, []
+    for start in range((levels - 1) // block * block, -1, -block):
+        stop = min(start + block, levels)
+        cols = torch.arange(start, stop, device=rewards.device)
+        ret = ret_in.unsqueeze(-1).expand(-1, stop - start)
+        for i in range(stop - 1, start - 1, -1):
+            ret = torch.where((cols <= i) & (depth > i), rewards[:, i:i + 1] + discounts[:, i:i + 1] * ret, ret)
+        blocks.insert(0, ret)
+        ret_in = ret[:, 0]
+    return torch.cat(blocks, -1) if len(blocks) > 1 else blocks[0]
 
 
 def _expand(params: Any, rng: torch.Generator | None, tree: Tree, sim: int | Tensor, parent: Tensor, action: Tensor,
