@@ -128,7 +128,7 @@ def test_gae_package_is_built_equal_and_loaded_without_dynamo(tmp_path, monkeypa
         with open(path, "wb") as f:
             f.write(good)
 
-    def in_process(work, timeout=600.0, *, wait=True):
+    def in_process(work, timeout=600.0, *, wait=True, nice=0, jobs=None):
         try:
             work()
         except RuntimeError:
@@ -234,3 +234,83 @@ def test_ctrl_c_at_exit_drops_the_builds_and_their_files(tmp_path, monkeypatch):
     monkeypatch.setattr(precompiled, "_reap", reap)
     assert not precompiled._in_child(lambda: time.sleep(120), timeout=0.2)  # past its limit: killed
     assert not precompiled._BUILDING
+
+
+def _zeros_like(batch):
+    return batch.apply(torch.zeros_like)  # (the same layout, other values)
+
+
+def test_compile_ahead_compiles_in_a_child_and_the_first_call_loads_it(tmp_path, monkeypatch):
+    """A child makes the graph's first call on a batch of the same layout (other values) and
+    saves it; the first call here waits, loads it, and gives what an ordinary first call
+    gives, bit for bit. The child builds no package; this process does, as usual."""
+    monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
+    critic, batch = _batch()
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path / "plain"))
+    plain = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    want = plain(batch.clone())
+    assert plain._fn.source == "saved"
+    precompiled.wait_for_packages()
+
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path / "ahead"))
+    gae = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    layout = _zeros_like(batch)
+    assert precompiled.compile_ahead(gae._fn, lambda: gae(layout))
+    assert not precompiled.compile_ahead(gae._fn, lambda: gae(layout))  # (one child per graph)
+    [child] = precompiled._AHEAD
+    got = gae(batch.clone())
+    assert gae._fn.source == "loaded" and not precompiled._AHEAD and not _alive(child)
+    for k in KEYS:
+        assert torch.equal(got[k], want[k]), k
+    assert list(precompiled._BUILDING) and precompiled.wait_for_packages() == 1  # (the parent's package)
+    assert len(_packages(tmp_path / "ahead")) == 1
+
+
+def test_compile_ahead_yields_to_a_package_a_mismatch_or_a_failure(tmp_path, monkeypatch):
+    """A package found for the first call: the child is killed. A child that called with
+    another layout, or failed: the first call compiles here, with the right numbers."""
+    monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path))
+    critic, batch = _batch()
+    first = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    want = first(batch.clone())
+    assert precompiled.wait_for_packages() == 1
+
+    packaged = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    assert precompiled.compile_ahead(packaged._fn, lambda: time.sleep(120))
+    [child] = precompiled._AHEAD
+    got = packaged(batch.clone())
+    assert packaged._fn.source == "package" and not precompiled._AHEAD and not _alive(child)
+    assert all(torch.equal(got[k], want[k]) for k in KEYS)
+
+    monkeypatch.setenv("STEERSMAN_PRECOMPILE", "dynamo")  # (no packages: the .bin path)
+    _, short = _batch(T=8)  # another layout: the child saves a graph this call cannot use
+    for first_call in (lambda gae: gae(_zeros_like(short)), lambda gae: 1 / 0):
+        for f in tmp_path.iterdir():
+            f.unlink()
+        gae = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+        assert precompiled.compile_ahead(gae._fn, lambda gae=gae, f=first_call: f(gae))
+        got = gae(batch.clone())
+        assert gae._fn.source == "saved" and not precompiled._AHEAD
+        assert all(torch.equal(got[k], want[k]) for k in KEYS)
+
+
+def test_ppo_compiles_its_update_ahead_and_loads_it(tmp_path, monkeypatch):
+    """``compile=true`` PPO: the fused update compiles in a child beside the rollout and GAE,
+    and the loop's first update loads what the child saved."""
+    from steersman.recipes import fused_ppo
+    from steersman.recipes.ppo import train
+
+    monkeypatch.setenv("STEERSMAN_PRECOMPILE", "dynamo")
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path / "pre"))
+    graphs = []
+    real = fused_ppo.compile_ahead
+
+    def recording(graph, first_call):
+        graphs.append(graph)
+        return real(graph, first_call)
+
+    monkeypatch.setattr(fused_ppo, "compile_ahead", recording)
+    train(PPOConfig(total_frames=512, compile=True, quiet=True, export_format="none"), tmp_path / "run")
+    [graph] = graphs
+    assert graph.source == "loaded" and not precompiled._AHEAD

@@ -248,6 +248,11 @@ class FusedCollector(SyncDataCollector):
         self._fn = _compile(self._rollout_fn, backend, options) if compile else self._rollout_fn
         self._warm = False  # the rollout has compiled: later calls skip dynamo's guards
 
+    def use_eager(self) -> None:
+        """Runs the rollout eagerly from now on (the same steps; for a process that must not
+        compile it, e.g. a :func:`~steersman.recipes.precompiled.compile_ahead` child)."""
+        self._fn, self.compiled = self._rollout_fn, False
+
     def _call(self, *args: Any) -> tuple:
         if not self.compiled:
             return self._fn(*args)
@@ -370,6 +375,10 @@ class FusedGAE:
         adv, target = vec_generalized_advantage_estimate(self.gamma, self.lmbda, value, next_value, reward, done,
                                                          terminated, time_dim=-2)
         return adv, target, value, next_value
+
+    def use_eager(self) -> None:
+        """Computes GAE eagerly from now on (see :meth:`FusedCollector.use_eager`)."""
+        self._fn = self._gae
 
     def __call__(self, batch: TensorDict) -> TensorDict:
         _, params = _flat(self._net)

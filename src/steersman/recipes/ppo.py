@@ -24,6 +24,7 @@ checkpoint, log.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +249,10 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
             else CompiledUpdate(functional, optimizer, backend=cfg.compile_backend)  # one call per minibatch
     else:
         lr = optimizer.param_groups[0]["lr"]  # the group's own tensor (a restored one on resume)
+    if fused and isinstance(collector, FusedCollector):  # the update compiles beside the rollout and GAE,
+        # in a child that collects a first batch eagerly (a native env: all in this process, nothing shared)
+        compiled.compile_ahead(functools.partial(_first_update, cfg, collector, gae, compiled, minibatch_keys,
+                                                 frames_per_batch))
 
     def update(flat, idx):
         if compiled is not None:  # flat[idx] is gathered inside the compiled graph
@@ -276,8 +281,7 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
             gae(batch)
         flat = batch.select(*minibatch_keys).reshape(-1)  # only what the loss reads: cheaper indexing
         if fused:  # the same shuffles as the loop below, drawn up front: one compiled call for all updates
-            indices = torch.stack([torch.randperm(frames_per_batch) for _ in range(cfg.epochs)])
-            indices = indices.reshape(-1, cfg.minibatch_size)
+            indices = _shuffles(cfg, frames_per_batch)
             grad_norm, idx = compiled(flat, indices)[-1], indices[-1]
         else:
             for _ in range(cfg.epochs):
@@ -300,6 +304,27 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
             run.save()
         if run.stop_requested:
             break
+
+
+def _shuffles(cfg: PPOConfig, frames_per_batch: int) -> torch.Tensor:
+    """Every epoch's shuffle of the batch, as minibatch index rows ``[updates, minibatch]``."""
+    indices = torch.stack([torch.randperm(frames_per_batch) for _ in range(cfg.epochs)])
+    return indices.reshape(-1, cfg.minibatch_size)
+
+
+def _first_update(cfg: PPOConfig, collector: Any, gae: Any, update: FusedPPOUpdate, minibatch_keys: tuple,
+                  frames_per_batch: int) -> None:
+    """(In a :func:`~steersman.recipes.precompiled.compile_ahead` child.) The loop's first
+    fused update on an eagerly collected first batch: its graph compiles and is saved, on
+    inputs laid out as the loop's."""
+    for part in (collector, gae):
+        if hasattr(part, "use_eager"):
+            part.use_eager()
+    batch = next(iter(collector))
+    batch = batch.reshape(-1, batch.shape[-1])
+    with torch.no_grad():
+        gae(batch)
+    update(batch.select(*minibatch_keys).reshape(-1), _shuffles(cfg, frames_per_batch))
 
 
 if __name__ == "__main__":  # pragma: no cover

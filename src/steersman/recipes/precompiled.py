@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from steersman.objectives.functional_update import use_compile_cache
 from steersman.tensordict.files import write_json_atomic
 
-__all__ = ["CPP_OPT_LEVEL", "INDUCTOR_OPTIONS", "TRAIN_OPTIONS", "Precompiled", "compile_options",
-           "cpp_opt_level", "remember_vec_isa", "wait_for_packages"]
+__all__ = ["CPP_OPT_LEVEL", "INDUCTOR_OPTIONS", "TRAIN_OPTIONS", "Precompiled", "compile_ahead",
+           "compile_options", "cpp_opt_level", "remember_vec_isa", "wait_for_packages"]
 
 
 @functools.cache
@@ -317,6 +317,7 @@ class Precompiled:
         self.path: str | None = None
         self._reads: list[str] = []
         self._out_spec: Any = None  # the package's output structure
+        self._ahead: int | None = None  # the pid of a child compiling this graph (compile_ahead)
 
     def __call__(self, *args: Any) -> Any:
         if self._compiled is None:
@@ -356,10 +357,14 @@ class Precompiled:
             if os.environ.get("STEERSMAN_PRECOMPILE", "1") != "dynamo":
                 package_key = _package_key(self._fn, self._owner, args, self._options)
                 if self._load_package(package_key, args):
+                    if self._ahead is not None:  # (its work is moot)
+                        _kill_build(self._ahead, _AHEAD)
                     return self._run_package(args)
+        if self._ahead is not None:  # it compiles this graph: wait, then load what it saved
+            _reap(self._ahead, block=True, jobs=_AHEAD)
         rng = torch.get_rng_state()  # (the package built below reruns this first call)
         out = self._compiled_call(args)
-        if package_key is not None and self.source in ("loaded", "saved"):
+        if _BUILD_PACKAGES and package_key is not None and self.source in ("loaded", "saved"):
             with contextlib.suppress(Exception):  # the graph stays dynamo's
                 self._build_package(package_key, args, out, rng, wait=False)
         return out
@@ -423,7 +428,13 @@ class Precompiled:
                                  KeyError, TypeError):  # used here even if not saved
             self.path = self._file(structure, reads)
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fn.save_compiled_function(self.path, external_data={"owner": self._owner})
+            tmp = f"{self.path}.{os.getpid()}.tmp"  # (renamed whole: a process killed mid-write leaves no half file)
+            try:
+                fn.save_compiled_function(tmp, external_data={"owner": self._owner})
+                os.replace(tmp, self.path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
             write_json_atomic(index, {"reads": reads})
             self.source = "saved"
         return fn
@@ -462,7 +473,7 @@ class Precompiled:
         options = {k: v for k, v in self._options.items() if k != "cpp_wrapper"}  # (AOTInductor's is C++)
         job = functools.partial(_package_job, self._fn, spec, flat, options, path, index, self._reads, want,
                                 torch.utils._pytree.treespec_dumps(out_spec), rng)
-        if not _in_child(job, wait=wait):
+        if not _in_child(job, wait=wait, nice=0 if wait else 10):  # (beside the training: behind it)
             return "export, AOTInductor or the bitwise check failed"
         return None
 
@@ -525,7 +536,8 @@ def _compile_package(fn: Any, spec: Any, flat: list[Tensor], path: str, options:
 _BUILDING: dict[int, float] = {}
 
 
-def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True) -> bool:
+def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True, nice: int = 0,
+              jobs: dict[int, float] | None = None) -> bool:
     """Runs ``work()`` in a forked child (Linux) and returns whether it succeeded, or, with
     ``wait=False``, whether it started (the child then runs beside the caller until
     :func:`wait_for_packages`, at the latest at exit).
@@ -534,7 +546,9 @@ def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True) -> bool:
     update's export fails ("missing val"), and the trace patches a dynamo helper while it
     runs. A child keeps all of that out of the training process. The child dies with its
     parent (``PR_SET_PDEATHSIG``), compiles in-process (no compile-worker pool shared with
-    the parent) on one thread (no OpenMP pool after a fork), and is killed after ``timeout``."""
+    the parent) on one thread (no OpenMP pool after a fork), at ``nice`` (added to the
+    parent's), and is killed after ``timeout``. It is registered in ``jobs`` (default:
+    :data:`_BUILDING`, the package builds)."""
     if sys.platform != "linux":
         return False
     parent = os.getpid()
@@ -545,6 +559,8 @@ def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True) -> bool:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
             if os.getppid() != parent:  # (the parent died before prctl)
                 os._exit(1)
+            if nice:
+                os.nice(nice)
             torch.set_num_threads(1)
             os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
             if "torch._inductor.config" in sys.modules:
@@ -555,26 +571,31 @@ def _in_child(work: Any, timeout: float = 600.0, *, wait: bool = True) -> bool:
             code = 0
         finally:
             os._exit(code)
-    _BUILDING[pid] = time.monotonic() + timeout
+    jobs = _BUILDING if jobs is None else jobs
+    jobs[pid] = time.monotonic() + timeout
     if not wait:
         return True
-    return _reap(pid, block=True)
+    return _reap(pid, block=True, jobs=jobs)
 
 
-def _reap(pid: int, *, block: bool) -> bool:
-    """Waits for (``block``) or polls one child of :func:`_in_child`; True if it exited with 0.
-    A child past its deadline is killed."""
+def _reap(pid: int, *, block: bool, jobs: dict[int, float] | None = None) -> bool:
+    """Waits for (``block``) or polls one child of :func:`_in_child` registered in ``jobs``
+    (default :data:`_BUILDING`); True if it exited with 0. A child past its deadline is
+    killed; one no longer registered (reaped already) gives False."""
+    jobs = _BUILDING if jobs is None else jobs
     while True:
+        if pid not in jobs:
+            return False
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:  # (not ours: a forked copy of the process that started it)
-            _BUILDING.pop(pid, None)
+            jobs.pop(pid, None)
             return False
         if done:
-            _BUILDING.pop(pid, None)
+            jobs.pop(pid, None)
             return os.waitstatus_to_exitcode(status) == 0
-        if time.monotonic() > _BUILDING[pid]:
-            _kill_build(pid)
+        if time.monotonic() > jobs[pid]:
+            _kill_build(pid, jobs)
             return False
         if not block:
             return False
@@ -599,18 +620,63 @@ def wait_for_packages(*, quiet: bool = True) -> int:
     return saved
 
 
-def _kill_build(pid: int) -> None:
-    """Kills a package-building child and removes its temporary files."""
+def _kill_build(pid: int, jobs: dict[int, float] | None = None) -> None:
+    """Kills a child of :func:`_in_child` (registered in ``jobs``, default :data:`_BUILDING`)
+    and removes its temporary files."""
+    jobs = _BUILDING if jobs is None else jobs
+    if jobs.pop(pid, None) is None:  # (reaped already: the pid may be another process's now)
+        return
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    _BUILDING.pop(pid, None)
     for leftover in glob.glob(os.path.join(_precompiled_dir(), f"*.{pid}.tmp*")):
         with contextlib.suppress(OSError):
             os.remove(leftover)
 
 
 atexit.register(functools.partial(wait_for_packages, quiet=False))
+
+#: compile-ahead children (:func:`compile_ahead`) still running: pid -> deadline
+_AHEAD: dict[int, float] = {}
+#: False in a compile-ahead child: it saves its graph; the packages are the parent's to build
+_BUILD_PACKAGES = True
+
+
+def compile_ahead(graph: Any, first_call: Any) -> bool:
+    """Compiles ``graph`` (a :class:`Precompiled`) in a forked child while this process goes
+    on (e.g. compiling the graphs whose outputs are ``graph``'s arguments): the child runs
+    ``first_call()``, which must call ``graph`` once with arguments laid out as the first
+    real call's (the same shapes, strides and dtypes; the values do not matter), and so
+    compiles and saves it. ``graph``'s first call here then loads that file, waiting for the
+    child if it is still at it. A package found for that call makes the child's work moot:
+    it is killed.
+
+    The child runs on its copy of the process (its random state, envs and parameters), so
+    nothing it does changes this process's numbers, and a file it saved is used only if it
+    matches the call (the usual keys and guards; otherwise the graph compiles here). Returns
+    whether a child started (Linux; never with ``STEERSMAN_PRECOMPILE=0``)."""
+    if not isinstance(graph, Precompiled) or graph._compiled is not None or graph._ahead is not None \
+            or os.environ.get("STEERSMAN_PRECOMPILE", "1") == "0":
+        return False
+    remember_vec_isa()  # (probed once, here, not in both processes)
+
+    def work() -> None:
+        global _BUILD_PACKAGES
+        _BUILD_PACKAGES = False
+        first_call()
+
+    if not _in_child(work, wait=False, jobs=_AHEAD):
+        return False
+    graph._ahead = next(reversed(_AHEAD))
+    return True
+
+
+def _drop_ahead() -> None:
+    for pid in list(_AHEAD):  # (optional work: never waited for at exit)
+        _kill_build(pid, _AHEAD)
+
+
+atexit.register(_drop_ahead)
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
