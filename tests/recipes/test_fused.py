@@ -362,7 +362,7 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
     with config.patch({"cpp.vec_isa_ok": None}):
         monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=False))
         assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 1
-        (record,) = (tmp_path / "steersman-vec-isa").iterdir()
+        (record,) = (tmp_path / "steersman-vec-isa").glob("*.json")
         assert json.loads(record.read_text()) == {"probed": ["avx2"], "listed": ["avx512", "avx2"]}
         assert remember_vec_isa() is False and len(probes) == 1  # recorded: not probed again, still on
 
@@ -376,6 +376,25 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
         config.cpp.vec_isa_ok = None
         record.write_text("not json")  # unreadable: probed and recorded again
         assert remember_vec_isa() is True and len(probes) == 3
+
+        # another process probing holds the record's lock: this one waits and reads its record
+        import threading
+
+        from torch.utils._filelock import FileLock
+
+        config.cpp.vec_isa_ok = None
+        os.remove(record)
+        other = FileLock(f"{record}.lock")
+        other.acquire()
+        answer = []
+        waiter = threading.Thread(target=lambda: answer.append(remember_vec_isa()))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not answer  # (blocked on the lock)
+        record.write_text(json.dumps({"probed": ["avx512", "avx2"], "listed": ["avx512", "avx2"]}))
+        other.release()
+        waiter.join(30)
+        assert answer == [True] and len(probes) == 3  # the other's record: no probe here
 
         config.cpp.vec_isa_ok = None
         monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")  # the user's word wins

@@ -296,8 +296,9 @@ def test_compile_ahead_yields_to_a_package_a_mismatch_or_a_failure(tmp_path, mon
 
 
 def test_ppo_compiles_its_update_ahead_and_loads_it(tmp_path, monkeypatch):
-    """``compile=true`` PPO: the fused update compiles in a child beside the rollout and GAE,
-    and the loop's first update loads what the child saved."""
+    """``compile=true`` PPO, cold: the fused update compiles in a child (started when the
+    rollout compiles) beside the rollout and GAE, and the loop's first update loads what the
+    child saved."""
     from steersman.recipes import fused_ppo
     from steersman.recipes.ppo import train
 
@@ -306,11 +307,44 @@ def test_ppo_compiles_its_update_ahead_and_loads_it(tmp_path, monkeypatch):
     graphs = []
     real = fused_ppo.compile_ahead
 
-    def recording(graph, first_call):
+    def recording(graph, first_call, when=None):
         graphs.append(graph)
-        return real(graph, first_call)
+        return real(graph, first_call, when=when)
 
     monkeypatch.setattr(fused_ppo, "compile_ahead", recording)
     train(PPOConfig(total_frames=512, compile=True, quiet=True, export_format="none"), tmp_path / "run")
     [graph] = graphs
     assert graph.source == "loaded" and not precompiled._AHEAD
+
+
+def test_compile_ahead_when_starts_only_if_that_graph_compiles(tmp_path, monkeypatch):
+    """``when=``: nothing forks until that graph's first call; a package found there (a warm
+    cache) forks nothing; a compile there starts the child first, and the graph it compiled
+    is then loaded."""
+    monkeypatch.delenv("STEERSMAN_PRECOMPILE", raising=False)
+    monkeypatch.setattr(precompiled, "_precompiled_dir", lambda: str(tmp_path))
+    critic, batch = _batch()
+    FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})(batch.clone())
+    assert precompiled.wait_for_packages() == 1  # (gamma 0.98 has a package now)
+
+    warm = FusedGAE(critic, gamma=0.98, lmbda=0.8, options={})
+    later = FusedGAE(critic, gamma=0.9, lmbda=0.8, options={})
+    layout = _zeros_like(batch)
+    assert precompiled.compile_ahead(later._fn, lambda: later(layout), when=warm._fn)
+    assert not precompiled._AHEAD and len(warm._fn._before_compile) == 1
+    warm(batch.clone())
+    assert warm._fn.source == "package" and not precompiled._AHEAD  # warm: no child
+
+    monkeypatch.setenv("STEERSMAN_PRECOMPILE", "dynamo")  # (no packages: both graphs compile)
+    cold = FusedGAE(critic, gamma=0.95, lmbda=0.8, options={})
+    started = []
+    real = precompiled._in_child
+    monkeypatch.setattr(precompiled, "_in_child", lambda *a, **k: started.append(1) or real(*a, **k))
+    assert precompiled.compile_ahead(later._fn, lambda: later(layout), when=cold._fn)
+    cold(batch.clone())
+    assert started and cold._fn.source == "saved" and not cold._fn._before_compile
+    got = later(batch.clone())
+    assert later._fn.source == "loaded" and not precompiled._AHEAD
+    want = FusedGAE(critic, gamma=0.9, lmbda=0.8, compile=False)(batch.clone())
+    for k in KEYS:
+        assert torch.allclose(got[k], want[k], atol=1e-5), k

@@ -248,6 +248,12 @@ class FusedCollector(SyncDataCollector):
         self._fn = _compile(self._rollout_fn, backend, options) if compile else self._rollout_fn
         self._warm = False  # the rollout has compiled: later calls skip dynamo's guards
 
+    @property
+    def graph(self) -> Any:
+        """The compiled rollout (a :class:`~steersman.recipes.precompiled.Precompiled` under
+        inductor), or the eager function."""
+        return self._fn
+
     def use_eager(self) -> None:
         """Runs the rollout eagerly from now on (the same steps; for a process that must not
         compile it, e.g. a :func:`~steersman.recipes.precompiled.compile_ahead` child)."""

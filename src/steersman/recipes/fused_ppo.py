@@ -273,12 +273,13 @@ class FusedPPOUpdate:
         self._exp_avg = tuple(state.get(("exp_avg", *n.split("."))) for n in self._names)
         self._exp_avg_sq = tuple(state.get(("exp_avg_sq", *n.split("."))) for n in self._names)
 
-    def compile_ahead(self, first_call: Any) -> bool:
+    def compile_ahead(self, first_call: Any, *, when: Any = None) -> bool:
         """Compiles the update in a forked child that runs ``first_call()`` (a first call of
         this object on a batch laid out as the real first one), beside this process's other
-        compiles; see :func:`~steersman.recipes.precompiled.compile_ahead`. Returns whether a
-        child started (only a graph of :class:`~steersman.recipes.precompiled.Precompiled`)."""
-        return compile_ahead(self._fn, first_call)
+        compiles, once ``when``'s first call compiles (see
+        :func:`~steersman.recipes.precompiled.compile_ahead`). Returns whether a child
+        started or is scheduled (only a graph of :class:`~steersman.recipes.precompiled.Precompiled`)."""
+        return compile_ahead(self._fn, first_call, when=when)
 
     def __call__(self, batch: TensorDictBase, indices: Tensor) -> Tensor:
         """``len(indices)`` updates on ``batch[indices[i]]`` (the whole batch flat ``[N]``,

@@ -249,10 +249,10 @@ def _loop(cfg: PPOConfig, run: Run, collector: Any, actor: nn.Module, policy: nn
             else CompiledUpdate(functional, optimizer, backend=cfg.compile_backend)  # one call per minibatch
     else:
         lr = optimizer.param_groups[0]["lr"]  # the group's own tensor (a restored one on resume)
-    if fused and isinstance(collector, FusedCollector):  # the update compiles beside the rollout and GAE,
-        # in a child that collects a first batch eagerly (a native env: all in this process, nothing shared)
+    if fused and isinstance(collector, FusedCollector):  # a cold cache: the update compiles beside the rollout
+        # and GAE, in a child that collects a first batch eagerly (a native env: in this process, nothing shared)
         compiled.compile_ahead(functools.partial(_first_update, cfg, collector, gae, compiled, minibatch_keys,
-                                                 frames_per_batch))
+                                                 frames_per_batch), when=collector.graph)
 
     def update(flat, idx):
         if compiled is not None:  # flat[idx] is gathered inside the compiled graph

@@ -80,28 +80,47 @@ def remember_vec_isa() -> bool:
     if config.cpp.vec_isa_ok is not None:
         return config.cpp.vec_isa_ok is True
     path = os.path.join(use_compile_cache(), "steersman-vec-isa", f"{key}.json")
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        record = None
-    if not isinstance(record, dict) or not {"probed", "listed"} <= record.keys():
-        listed.cache_clear()
-        _probe_in_parallel(cpu_vec_isa)
-        probed = [str(isa) for isa in listed()]  # inductor's own probe (answered above), once per machine
-        with config.patch({"cpp.vec_isa_ok": True}):
-            listed.cache_clear()
-            unprobed = [str(isa) for isa in listed()]
-        listed.cache_clear()
-        record = {"probed": probed, "listed": unprobed}
-        with contextlib.suppress(OSError):  # a read-only cache: probe again next time
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_json_atomic(path, record)
+    record = _read_isa_record(path)
+    if record is None:
+        with contextlib.ExitStack() as stack:
+            with contextlib.suppress(OSError):  # another process probing (a compile-ahead child): wait for its record
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                from torch.utils._filelock import FileLock
+
+                stack.enter_context(FileLock(f"{path}.lock", timeout=120))
+            record = _read_isa_record(path)
+            if record is None:
+                record = _probe_and_record(cpu_vec_isa, listed, config, path)
     if not record["probed"] or record["probed"] != record["listed"]:
         return False
     config.cpp.vec_isa_ok = True
     listed.cache_clear()
     return True
+
+
+def _read_isa_record(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and {"probed", "listed"} <= record.keys() else None
+
+
+def _probe_and_record(cpu_vec_isa: Any, listed: Any, config: Any, path: str) -> dict:
+    """Inductor's probe (once per machine), and what the CPU's flags list, recorded at ``path``."""
+    listed.cache_clear()
+    _probe_in_parallel(cpu_vec_isa)
+    probed = [str(isa) for isa in listed()]  # inductor's own probe (answered above)
+    with config.patch({"cpp.vec_isa_ok": True}):
+        listed.cache_clear()
+        unprobed = [str(isa) for isa in listed()]
+    listed.cache_clear()
+    record = {"probed": probed, "listed": unprobed}
+    with contextlib.suppress(OSError):  # a read-only cache: probe again next time
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, record)
+    return record
 
 
 def _probe_in_parallel(cpu_vec_isa: Any) -> None:
@@ -318,6 +337,7 @@ class Precompiled:
         self._reads: list[str] = []
         self._out_spec: Any = None  # the package's output structure
         self._ahead: int | None = None  # the pid of a child compiling this graph (compile_ahead)
+        self._before_compile: list[Any] = []  # run once if the first call compiles (compile_ahead's when=)
 
     def __call__(self, *args: Any) -> Any:
         if self._compiled is None:
@@ -360,6 +380,8 @@ class Precompiled:
                     if self._ahead is not None:  # (its work is moot)
                         _kill_build(self._ahead, _AHEAD)
                     return self._run_package(args)
+        while self._before_compile:  # (no package: this call compiles, or loads dynamo's file)
+            self._before_compile.pop(0)()
         if self._ahead is not None:  # it compiles this graph: wait, then load what it saved
             _reap(self._ahead, block=True, jobs=_AHEAD)
         rng = torch.get_rng_state()  # (the package built below reruns this first call)
@@ -642,33 +664,45 @@ _AHEAD: dict[int, float] = {}
 _BUILD_PACKAGES = True
 
 
-def compile_ahead(graph: Any, first_call: Any) -> bool:
+def compile_ahead(graph: Any, first_call: Any, *, when: Any = None) -> bool:
     """Compiles ``graph`` (a :class:`Precompiled`) in a forked child while this process goes
     on (e.g. compiling the graphs whose outputs are ``graph``'s arguments): the child runs
     ``first_call()``, which must call ``graph`` once with arguments laid out as the first
     real call's (the same shapes, strides and dtypes; the values do not matter), and so
     compiles and saves it. ``graph``'s first call here then loads that file, waiting for the
     child if it is still at it. A package found for that call makes the child's work moot:
-    it is killed.
+    it is killed. With ``when`` (another :class:`Precompiled`, not called yet) the child
+    starts only when ``when``'s first call finds no package (a cold cache), just before that
+    call compiles: a warm start forks nothing.
 
     The child runs on its copy of the process (its random state, envs and parameters), so
     nothing it does changes this process's numbers, and a file it saved is used only if it
     matches the call (the usual keys and guards; otherwise the graph compiles here). Returns
-    whether a child started (Linux; never with ``STEERSMAN_PRECOMPILE=0``)."""
+    whether a child started or is scheduled (Linux; never with ``STEERSMAN_PRECOMPILE=0``)."""
     if not isinstance(graph, Precompiled) or graph._compiled is not None or graph._ahead is not None \
             or os.environ.get("STEERSMAN_PRECOMPILE", "1") == "0":
         return False
-    remember_vec_isa()  # (probed once, here, not in both processes)
+    grad = torch.is_grad_enabled()  # (the child may start inside ``when``'s call, e.g. under no_grad)
+    if isinstance(when, Precompiled) and when._compiled is None:
+        when._before_compile.append(functools.partial(compile_ahead, graph, functools.partial(
+            _with_grad_mode, grad, first_call)))
+        return True
 
     def work() -> None:
         global _BUILD_PACKAGES
         _BUILD_PACKAGES = False
-        first_call()
+        with torch.set_grad_enabled(grad):
+            first_call()
 
     if not _in_child(work, wait=False, jobs=_AHEAD):
         return False
     graph._ahead = next(reversed(_AHEAD))
     return True
+
+
+def _with_grad_mode(grad: bool, fn: Any) -> Any:
+    with torch.set_grad_enabled(grad):
+        return fn()
 
 
 def _drop_ahead() -> None:
