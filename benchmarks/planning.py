@@ -53,6 +53,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import traceback
 
 import numpy as np
 
@@ -161,7 +162,8 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
                                 times.append(dt)
                             else:
                                 first, first_tree = dt, out.search_tree
-                except Exception as e:  # noqa: BLE001  (report the failure as the row)
+                except Exception as e:  # noqa: BLE001  (report the failure as the row, its traceback on stderr)
+                    traceback.print_exc()
                     rows.append({"impl": name, "policy": pol_name, "batch": b, "error": f"{type(e).__name__}: "
                                  f"{str(e).strip().splitlines()[-1][:120]}"})
                     continue
