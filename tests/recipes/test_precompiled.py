@@ -187,14 +187,18 @@ def test_the_wrapper_header_built_ahead_is_the_one_inductor_uses(tmp_path, monke
         return build(self)
 
     monkeypatch.setattr(cpp_builder.CppBuilder, "build", recording)
-    with cpp_opt_level():
-        thread = precompiled._prebuild_wrapper_header.__wrapped__()
-    assert thread is not None
-    thread.join(300)
-    headers = [c for c in commands if "c++-header" in c]
-    assert len(headers) == 1 and " -O2 " in headers[0]
-    commands.clear()
-    graph = _compile(lambda t: (t.tanh() * 1.5).cumsum(0), "inductor", {"cpp_wrapper": True})
-    x = torch.randn(29)
-    assert torch.allclose(graph(x), (x.tanh() * 1.5).cumsum(0), atol=1e-5)
-    assert any(".cpp" in c for c in commands) and not any("c++-header" in c for c in commands)
+    codecache._precompile_header.cache_clear()  # (inductor remembers each header it built in-process)
+    try:
+        with cpp_opt_level():
+            thread = precompiled._prebuild_wrapper_header.__wrapped__()
+        assert thread is not None
+        thread.join(300)
+        headers = [c for c in commands if "c++-header" in c]
+        assert len(headers) == 1 and " -O2 " in headers[0]
+        commands.clear()
+        graph = _compile(lambda t: (t.tanh() * 1.5).cumsum(0), "inductor", {"cpp_wrapper": True})
+        x = torch.randn(29)
+        assert torch.allclose(graph(x), (x.tanh() * 1.5).cumsum(0), atol=1e-5)
+        assert any(".cpp" in c for c in commands) and not any("c++-header" in c for c in commands)
+    finally:
+        codecache._precompile_header.cache_clear()  # (its entries name headers in this test's folder)
