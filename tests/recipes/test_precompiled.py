@@ -169,36 +169,3 @@ def test_stale_temporary_packages_of_dead_builders_are_removed(tmp_path):
         f.write_bytes(b"partial")
     assert precompiled._remove_stale_builds(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and all(f.exists() for f in other)
-
-
-def test_the_wrapper_header_built_ahead_is_the_one_inductor_uses(tmp_path, monkeypatch):
-    """The header prebuilt in a thread (at -O2) is the one a C++-wrapper graph compiled
-    afterwards at the same level asks for: inductor builds no header of its own."""
-    from torch._inductor import codecache, cpp_builder
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(codecache, "_HEADER_DIR", str(tmp_path / "headers"))
-    monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", str(tmp_path / "headers" / "locks"))
-    commands: list[str] = []
-    build = cpp_builder.CppBuilder.build
-
-    def recording(self):
-        commands.append(self.get_command_line())
-        return build(self)
-
-    monkeypatch.setattr(cpp_builder.CppBuilder, "build", recording)
-    codecache._precompile_header.cache_clear()  # (inductor remembers each header it built in-process)
-    try:
-        with cpp_opt_level():
-            thread = precompiled._prebuild_wrapper_header.__wrapped__()
-        assert thread is not None
-        thread.join(300)
-        headers = [c for c in commands if "c++-header" in c]
-        assert len(headers) == 1 and " -O2 " in headers[0]
-        commands.clear()
-        graph = _compile(lambda t: (t.tanh() * 1.5).cumsum(0), "inductor", {"cpp_wrapper": True})
-        x = torch.randn(29)
-        assert torch.allclose(graph(x), (x.tanh() * 1.5).cumsum(0), atol=1e-5)
-        assert any(".cpp" in c for c in commands) and not any("c++-header" in c for c in commands)
-    finally:
-        codecache._precompile_header.cache_clear()  # (its entries name headers in this test's folder)

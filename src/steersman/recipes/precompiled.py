@@ -123,41 +123,6 @@ def _probe_and_record(cpu_vec_isa: Any, listed: Any, config: Any, path: str) -> 
     return record
 
 
-@functools.cache
-def _prebuild_wrapper_header() -> Any:
-    """Starts building inductor's precompiled header of the C++ wrapper graphs
-    (``cpp_wrapper/cpu.h`` at this process's flags: 3.4 s of g++ here) in a thread, so that
-    it is ready when the first graph's C++ needs it instead of being built then, after
-    dynamo's trace. Inductor's own request for it waits on the same lock and finds it built;
-    any difference in the flags only costs the build (inductor then makes its own). Once
-    per process; the header stays in inductor's header folder for later processes. Returns
-    the thread (None: not started)."""
-    import threading
-
-    from torch._inductor import codecache, config
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    def build(header: str, cmd_line: str, command: dict[str, Any], level: str) -> None:
-        with contextlib.suppress(Exception), cpp_opt_level(level):  # (a failure: inductor builds it then)
-            codecache._precompile_header(header, cmd_line, min_optimize=False, **command)
-
-    with contextlib.suppress(Exception):  # another torch layout: inductor's own header build
-        if not config.cpp_cache_precompile_headers:
-            return None
-        cache = codecache.CppWrapperCodeCache  # (what load_async passes for a graph's main C++)
-        command = {**cache.cpp_compile_command_flags, "device_type": "cpu", "extra_flags": (),
-                   "use_relative_path": config.is_fbcode(), "vec_isa": pick_vec_isa()}
-        level = _LEVELS[-1] if _LEVELS else "O3"  # (the caller's: its graphs' flags)
-        option = CppTorchDeviceOptions(compile_only=False, min_optimize=False, **command)
-        cmd_line = CppBuilder(name="o", sources="i", BuildOption=option).get_command_line()
-        header = cache._get_uncompiled_header("cpu")
-        thread = threading.Thread(target=build, args=(header, cmd_line, command, level), daemon=True)
-        thread.start()
-        return thread
-    return None
-
-
 def _probe_in_parallel(cpu_vec_isa: Any) -> None:
     """Runs inductor's probe of each vector ISA the CPU lists (a compile of ATen's vector
     headers and a load in a child Python per ISA, ~7 s in all here) in threads, so that the
@@ -432,8 +397,6 @@ class Precompiled:
 
     def _compiled_call_at_level(self, args: tuple) -> Any:
         remember_vec_isa()
-        if self._options.get("cpp_wrapper"):
-            _prebuild_wrapper_header()
         try:
             structure = self.structure_key(args)
             index = os.path.join(_precompiled_dir(), f"{structure}.json")
