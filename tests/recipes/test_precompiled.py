@@ -169,3 +169,16 @@ def test_stale_temporary_packages_of_dead_builders_are_removed(tmp_path):
         f.write_bytes(b"partial")
     assert precompiled._remove_stale_builds(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and all(f.exists() for f in other)
+
+
+def test_a_compiled_function_through_compile_keeps_its_attributes_and_copies(monkeypatch):
+    """``_compile``'s wrapper (its calls at the C++ level) reads through to torch.compile's
+    object and survives a copy (no recursion on a half-made instance)."""
+    import copy
+
+    graph = _compile(lambda t: t + 1, "inductor")
+    assert isinstance(graph, precompiled._AtOptLevel)
+    assert graph._torchdynamo_orig_callable is graph._fn._torchdynamo_orig_callable
+    twin = copy.copy(graph)
+    assert twin._fn is graph._fn
+    assert _compile(lambda t: t + 1, "aot_eager").__class__ is not precompiled._AtOptLevel

@@ -220,6 +220,8 @@ class _AtOptLevel:
             return self._fn(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_fn":  # (not set yet: a copy being made)
+            raise AttributeError(name)
         return getattr(self._fn, name)
 
 
