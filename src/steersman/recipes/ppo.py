@@ -312,14 +312,14 @@ def _shuffles(cfg: PPOConfig, frames_per_batch: int) -> torch.Tensor:
     return indices.reshape(-1, cfg.minibatch_size)
 
 
-def _first_update(cfg: PPOConfig, collector: Any, gae: Any, update: FusedPPOUpdate, minibatch_keys: tuple,
+def _first_update(cfg: PPOConfig, collector: FusedCollector, gae: Any, update: FusedPPOUpdate, minibatch_keys: tuple,
                   frames_per_batch: int) -> None:
     """(In a :func:`~steersman.recipes.precompiled.compile_ahead` child.) The loop's first
     fused update on an eagerly collected first batch: its graph compiles and is saved, on
     inputs laid out as the loop's."""
-    for part in (collector, gae):
-        if hasattr(part, "use_eager"):
-            part.use_eager()
+    collector.use_eager()
+    if isinstance(gae, FusedGAE):
+        gae.use_eager()
     batch = next(iter(collector))
     batch = batch.reshape(-1, batch.shape[-1])
     with torch.no_grad():

@@ -686,25 +686,24 @@ def compile_ahead(graph: Any, first_call: Any, *, when: Any = None) -> bool:
         return False
     grad = torch.is_grad_enabled()  # (the child may start inside ``when``'s call, e.g. under no_grad)
     if isinstance(when, Precompiled) and when._compiled is None:
-        when._before_compile.append(functools.partial(compile_ahead, graph, functools.partial(
-            _with_grad_mode, grad, first_call)))
+        when._before_compile.append(functools.partial(_start_ahead, graph, first_call, grad))
         return True
+    return _start_ahead(graph, first_call, grad)
 
+
+def _start_ahead(graph: Precompiled, first_call: Any, grad: bool) -> bool:
+    """Forks :func:`compile_ahead`'s child: ``first_call()`` with grad mode ``grad`` (the
+    caller's when it asked) and no package builds."""
     def work() -> None:
         global _BUILD_PACKAGES
         _BUILD_PACKAGES = False
         with torch.set_grad_enabled(grad):
             first_call()
 
-    if not _in_child(work, wait=False, jobs=_AHEAD):
+    if graph._compiled is not None or graph._ahead is not None or not _in_child(work, wait=False, jobs=_AHEAD):
         return False
     graph._ahead = next(reversed(_AHEAD))
     return True
-
-
-def _with_grad_mode(grad: bool, fn: Any) -> Any:
-    with torch.set_grad_enabled(grad):
-        return fn()
 
 
 def _drop_ahead() -> None:
