@@ -28,9 +28,11 @@ from steersman.recipes.checkpoint import latest_checkpoint, load_checkpoint
 from tests.recipes._tiny import cli_overrides
 
 REPO = Path(__file__).resolve().parents[2]
-#: frames of the runs: long enough for several checkpoints (one per batch)
+#: frames of the runs: long enough for several checkpoints (one per batch), and PPO's for the
+#: kill after checkpoint k <= 5 to land before its last (32 of them: with 8, a loaded machine
+#: polled past the end once, "assert 512 < 512")
 RUNS = {
-    "ppo": {"total_frames": 512, "checkpoint.interval": 64},
+    "ppo": {"total_frames": 2048, "checkpoint.interval": 64},
     "sac": {"total_frames": 160, "checkpoint.interval": 16},
 }
 
