@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -58,18 +59,25 @@ def run(case: dict, **overrides):
 # tracing is slow; test_search.py checks compiled == eager for PUCT with TensorDict
 # embeddings, invalid actions and two players
 COMPILED = ["gumbel_max_depth"]
-PARAMS = [(n, False) for n in sorted(CASES)] + [(n, True) for n in COMPILED]
+# the native tree loops (native_tree.c) on every case whose selection they implement (not
+# the min-max Q transform)
+NATIVE = [n for n in sorted(CASES) if CASES[n].get("qtransform") != "min_max"]
+PARAMS = [(n, "eager") for n in sorted(CASES)] + [(n, "compiled") for n in COMPILED] + [(n, "native") for n in NATIVE]
 
 
-@pytest.mark.parametrize(("name", "compiled"), PARAMS, ids=[f"{n}-{'compiled' if c else 'eager'}" for n, c in PARAMS])
-def test_matches_mctx(name, compiled):
+@pytest.mark.parametrize(("name", "mode"), PARAMS, ids=[f"{n}-{m}" for n, m in PARAMS])
+def test_matches_mctx(name, mode):
     case = CASES[name]
     exp = case["expected"]
-    if compiled:
+    if mode == "compiled":
         torch._dynamo.utils.counters.clear()
         out = run(case, compile="eager")
         # one graph for all simulations (the first runs eagerly: it checks the model's outputs)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    elif mode == "native":
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback to the inductor path would warn
+            out = run(case, compile="native")
     else:
         out = run(case)
     tree = out.search_tree

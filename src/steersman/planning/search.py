@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import gc
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -452,6 +453,8 @@ def compile_options(compile: bool | str | dict) -> dict:
     Inductor gets :data:`SEARCH_INDUCTOR_OPTIONS` under the dict's own ``options``."""
     if compile is True or compile == "inductor":
         return {"backend": "inductor", "options": dict(SEARCH_INDUCTOR_OPTIONS)}
+    if compile == "native":
+        return {"native": True}
     if isinstance(compile, str):
         return {"backend": compile}
     if isinstance(compile, dict):
@@ -459,6 +462,8 @@ def compile_options(compile: bool | str | dict) -> dict:
         if bad:
             raise ValueError(f"search: compile= sets fullgraph=True and dynamic=False itself; remove {sorted(bad)}")
         out = dict(compile)
+        if out.get("native") and set(out) == {"native"}:
+            return out
         if out.get("backend", "inductor") == "inductor" and "mode" not in out:  # torch.compile: mode or options
             out["options"] = {**SEARCH_INDUCTOR_OPTIONS, **out.get("options", {})}
         return out
@@ -648,6 +653,8 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     """
     check_root(root, num_simulations, invalid_actions, max_depth)
     options = compile_options(compile) if compile is not False else None
+    if compile is True or compile == "inductor":
+        options["native"] = "auto"
     with gc_paused():
         return _search(params, rng, root, recurrent_fn, root_action_selection_fn, interior_action_selection_fn,
                        num_simulations, max_depth, invalid_actions, extra_data, loop_fn, options)
@@ -677,6 +684,15 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         out = recurrent_fn(p, g, a, e)
         _check_step(out, emb, batch, num_actions)
         return out
+
+    native = options.pop("native", None) if options is not None else None
+    if native and not compiling and num_simulations > 1 and \
+            _run_native(native, options, params, rng, tree, uniforms, recurrent_fn, checked_fn,
+                        root_action_selection_fn, interior_action_selection_fn, max_depth, tensor_embedding,
+                        loop_fn):
+        return tree
+    if native is True and not options:  # compile="native" where the native loops cannot run
+        options = compile_options(True)
 
     step = None
     if options is not None and not compiling and num_simulations > 1:
@@ -719,3 +735,46 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
         return tree
 
     return loop_fn(0, num_simulations, body, tree)
+
+
+# compile=True runs the native tree loops (see native.py) up to this many trees
+NATIVE_MAX_BATCH = 1 << 30
+
+
+def _run_native(native: bool | str, options: dict, params: Any, rng: torch.Generator | None, tree: Tree,
+                uniforms: Tensor, recurrent_fn: RecurrentFn, checked_fn: Callable, root_fn: Callable,
+                interior_fn: Callable, max_depth: int, tensor_embedding: bool, loop_fn: Callable) -> bool:
+    """The search's simulations with the native tree loops (``native``: True to force them,
+    ``"auto"`` where they are the faster path), the model compiled with ``options``.
+    Returns False (the caller runs the inductor path) where they cannot run, with a
+    warning saying why if they were forced or failed to build."""
+    from . import native as nat
+
+    selection = nat.native_selection(root_fn, interior_fn)
+    why = nat.supported(tree, selection) or (None if loop_fn is fori_loop else "a custom loop_fn")
+    if native == "auto" and (why is not None or tree.batch_size > NATIVE_MAX_BATCH):
+        return False
+    if why is None:
+        try:
+            lib = nat.load()
+        except nat.NativeUnavailable as err:
+            why = str(err)
+    if why is not None:
+        warnings.warn(f"search: native tree loops not used ({why}); running the inductor path", stacklevel=4)
+        return False
+    model = None
+    if native is True and options:  # compile={"native": True, <torch.compile keywords>}: the model compiled
+        key = ("native", tuple(sorted((k, repr(v)) for k, v in options.items())), tree.batch_size,
+               tree.num_actions, tensor_embedding,
+               tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
+        model = _COMPILED.get(key)
+        if model is None:
+            if len(_COMPILED) >= _MAX_COMPILED:
+                _COMPILED.pop(next(iter(_COMPILED)))
+            code = nat.model_step.__code__.replace(co_name=f"model_step_{abs(hash(key)) % 10**8}")
+            f = types.FunctionType(code, nat.model_step.__globals__, code.co_name)
+            model = _COMPILED[key] = torch.compile(f, fullgraph=True, dynamic=False, **options)
+    with torch.no_grad():
+        nat.run_native(lib, tree, selection, params, rng, uniforms, recurrent_fn, checked_fn, model, max_depth,
+                       tensor_embedding)
+    return True
