@@ -37,8 +37,8 @@ SOURCE = Path(__file__).with_name("native_tree.c")
 COMPILER: str | None = None
 # no -ffast-math, no fused multiply-adds: the same float32 results as torch's ops (vector
 # instructions round each operation as the scalar ones do); -march=native: the cache key
-# holds the CPU's flags
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
+# holds the CPU's flags; -O2, not -O3 (see native_tree.c)
+FLAGS = ("-O2", "-march=native", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 
 
 def _cpu_flags() -> str:
@@ -136,7 +136,7 @@ class _Search(ctypes.Structure):  # native_tree.c's Search
                 ("children_values", _P), ("root_invalid", _P), ("root_gumbel", _P), ("table", _P),
                 ("table_cols", _I), ("max_considered", _I), ("root_q", _QParams), ("interior_q", _QParams),
                 ("pb_c_init", ctypes.c_float), ("pb_c_base", ctypes.c_float), ("puct_epsilon", ctypes.c_float),
-                ("uniforms", _P), ("prior_probs", _P), ("out", _P), ("work", _P), ("step", _P * 4),
+                ("uniforms", _P), ("prior_probs", _P), ("out", _P), ("work", _P), ("qvalues", _P), ("step", _P * 4),
                 ("step_stride", _I * 4), ("next", _P), ("expanded", _P), ("exp8", _P), ("num_leaves", _I), ("emb_store", _P), ("emb_buf", _P),
                 ("emb_row_bytes", _P)]
 
@@ -251,6 +251,7 @@ def run_native(lib: ctypes.CDLL, tree: Tree, selection: dict, params: Any, rng: 
     work = torch.empty((2, batch), dtype=torch.int64)
     invalid = tree.root_invalid_actions.to(torch.uint8).contiguous()
     probs = torch.empty_like(tree.children_prior_logits)
+    qvalues = tree.children_rewards + tree.children_discounts * tree.children_values  # kept up to date in C
     t = tree
     arrays = [t.node_visits, t.raw_values, t.node_values, t.parents, t.action_from_parent, t.depth, t.children_index,
               t.children_prior_logits, t.children_visits, t.children_rewards, t.children_discounts,
@@ -261,14 +262,14 @@ def run_native(lib: ctypes.CDLL, tree: Tree, selection: dict, params: Any, rng: 
     leaf_ptrs = (ctypes.c_void_p * max(1, len(keys)))
     store_ptrs, buf_ptrs = leaf_ptrs(*map(ptr, stores)), leaf_ptrs(*map(ptr, bufs))
     row_bytes = (ctypes.c_int64 * max(1, len(keys)))(*(x[0, 0].numel() * x.element_size() for x in stores))
-    keep: list = [invalid, out, work, bufs, probs, store_ptrs, buf_ptrs, row_bytes]
+    keep: list = [invalid, out, work, qvalues, bufs, probs, store_ptrs, buf_ptrs, row_bytes]
     s = _Search(batch=batch, nodes=num_nodes, actions=t.num_actions, max_depth=max_depth, kind=selection["kind"],
                 node_visits=ptr(t.node_visits), raw_values=ptr(t.raw_values), node_values=ptr(t.node_values),
                 parents=ptr(t.parents), action_from_parent=ptr(t.action_from_parent), depth=ptr(t.depth),
                 children_index=ptr(t.children_index), children_prior_logits=ptr(t.children_prior_logits),
                 children_visits=ptr(t.children_visits), children_rewards=ptr(t.children_rewards),
                 children_discounts=ptr(t.children_discounts), children_values=ptr(t.children_values),
-                root_invalid=ptr(invalid), prior_probs=ptr(probs), out=ptr(out), work=ptr(work), num_leaves=len(keys),
+                root_invalid=ptr(invalid), prior_probs=ptr(probs), out=ptr(out), work=ptr(work), qvalues=ptr(qvalues), num_leaves=len(keys),
                 emb_store=ctypes.addressof(store_ptrs), emb_buf=ctypes.addressof(buf_ptrs),
                 emb_row_bytes=ctypes.addressof(row_bytes))
     if selection["kind"] == _GUMBEL:

@@ -7,7 +7,8 @@
  * visits). Every float is computed with the float32 operations of the compiled path's
  * column formulas (action_selection._completed_columns and friends), in the same order:
  * chains left to right, ties to the first index. Build without -ffast-math and with
- * -ffp-contract=off (no fused multiply-adds).
+ * -ffp-contract=off (no fused multiply-adds), at -O2 (gcc 12 at -O3 with AVX2 changed one
+ * root selection in a test, cause not found).
  */
 #include <math.h>
 #include <stdint.h>
@@ -45,6 +46,7 @@ typedef struct {
     float *prior_probs;            /* [B, N, A]: softmax(prior logits) of the expanded nodes (Gumbel: clamped to tiny) */
     int64_t *out;                  /* [3, B]: parent, action, depth of each descent */
     int64_t *work;                 /* [2, B] scratch: the (tree, node) pairs still descending */
+    float *qvalues;                /* [B, N, A] zeros, then r + discount * value of each child written (backup) */
     const float *step[4];          /* the model's reward, discount, prior logits, value of this simulation */
     int64_t step_stride[4];        /* their strides (elements) along the batch; logits' rows are contiguous */
     char **next;                   /* per leaf: [B, row], the next embeddings (contiguous) */
@@ -108,94 +110,16 @@ static void cache_prior_probs(const Search *s, int64_t b, int64_t n) {
         for (int64_t a = 0; a < A; a++) probs[a] = probs[a] < 1.17549435e-38f ? 1.17549435e-38f : probs[a];
 }
 
-/* Q-values r + discount * value of the children of node n of tree b */
-static void qvalues(const Search *s, int64_t base, float *q) {
-    for (int64_t a = 0; a < s->actions; a++)
-        q[a] = s->children_rewards[base + a] + s->children_discounts[base + a] * s->children_values[base + a];
-}
-
-/* qtransform_completed_by_mix_value at node n of tree b (base = (b * N + n) * A);
- * returns the visit total */
-static int32_t completed_q(const Search *s, int64_t b, int64_t n, const QParams *p, float *out) {
-    const int64_t A = s->actions, base = (b * s->nodes + n) * A;
-    const int32_t *vis = s->children_visits + base;
-    float q[MAX_ACTIONS];
-    int32_t total = vis[0], maxv = vis[0];
-    float value = s->raw_values[b * s->nodes + n];
-    qvalues(s, base, q);
-    for (int64_t a = 1; a < A; a++) {
-        total = total + vis[a];
-        maxv = vis[a] > maxv ? vis[a] : maxv;
-    }
-    if (p->use_mixed_value) {
-        const float *probs = s->prior_probs + base;
-        float sum_probs, weighted, tot;
-        sum_probs = vis[0] > 0 ? probs[0] : 0.0f;
-        for (int64_t a = 1; a < A; a++) sum_probs = sum_probs + (vis[a] > 0 ? probs[a] : 0.0f);
-        weighted = vis[0] > 0 ? probs[0] * q[0] / sum_probs : 0.0f;
-        for (int64_t a = 1; a < A; a++) weighted = weighted + (vis[a] > 0 ? probs[a] * q[a] / sum_probs : 0.0f);
-        tot = (float)total;
-        value = (value + tot * weighted) / (tot + 1.0f);
-    }
-    for (int64_t a = 0; a < A; a++) out[a] = vis[a] > 0 ? q[a] : value;
-    if (p->rescale_values) {
-        float lo = out[0], hi = out[0], span;
-        for (int64_t a = 1; a < A; a++) { lo = fmin_chain(lo, out[a]); hi = fmax_chain(hi, out[a]); }
-        span = hi - lo;
-        span = span < p->epsilon ? p->epsilon : span;
-        for (int64_t a = 0; a < A; a++) out[a] = (out[a] - lo) / span;
-    }
-    {
-        const float scale = (p->maxvisit_init + (float)maxv) * p->value_scale;
-        for (int64_t a = 0; a < A; a++) out[a] = scale * out[a];
-    }
-    return total;
-}
-
-static int64_t gumbel_interior(const Search *s, int64_t b, int64_t n) {
-    const int64_t A = s->actions, base = (b * s->nodes + n) * A;
-    const int32_t *vis = s->children_visits + base;
-    const float *logits = s->children_prior_logits + base;
-    float c[MAX_ACTIONS], probs[MAX_ACTIONS];
-    const int32_t total = completed_q(s, b, n, &s->interior_q, c);
-    const float denom = (float)(1 + (int64_t)total);
-    for (int64_t a = 0; a < A; a++) c[a] = logits[a] + c[a];
-    softmax_columns(s->exp8, c, A, probs);
-    for (int64_t a = 0; a < A; a++) probs[a] = probs[a] - (float)vis[a] / denom;
-    return argmax_columns(probs, A);
-}
-
-static int64_t gumbel_root(const Search *s, int64_t b) {
-    const int64_t A = s->actions, base = b * s->nodes * A;
-    const int32_t *vis = s->children_visits + base;
-    const float *logits = s->children_prior_logits + base;
-    const uint8_t *invalid = s->root_invalid + b * A;
-    const float *gumbel = s->root_gumbel + b * A;
-    float c[MAX_ACTIONS], top = logits[0];
-    const int32_t total = completed_q(s, b, 0, &s->root_q, c);
-    int64_t num_valid = 0, considered;
-    for (int64_t a = 0; a < A; a++) num_valid += !invalid[a];
-    considered = s->table[(num_valid < s->max_considered ? num_valid : s->max_considered) * s->table_cols + total];
-    for (int64_t a = 1; a < A; a++) top = fmax_chain(top, logits[a]);
-    for (int64_t a = 0; a < A; a++) {
-        float x = gumbel[a] + (logits[a] - top) + c[a];
-        x = x < -1e9f ? -1e9f : x;
-        x = x + (vis[a] == considered ? 0.0f : -INFINITY);
-        c[a] = invalid[a] ? -INFINITY : x;
-    }
-    return argmax_columns(c, A);
-}
 
 /* muzero_action_selection with qtransform_by_parent_and_siblings (action_selection._muzero_columns) */
 static int64_t puct(const Search *s, int64_t b, int64_t n, int64_t d, const float *uniform) {
     const int64_t A = s->actions, base = (b * s->nodes + n) * A;
     const int32_t *vis = s->children_visits + base;
-    const float *probs = s->prior_probs + base;
-    float q[MAX_ACTIONS];
+    const float *probs = s->prior_probs + base, *q = s->qvalues + base;
+    float score[MAX_ACTIONS];
     const float node_value = s->node_values[b * s->nodes + n];
     const int32_t node_visit = s->node_visits[b * s->nodes + n];
     float lo, hi, span, pb_c, scale;
-    qvalues(s, base, q);
     lo = vis[0] > 0 ? q[0] : node_value;
     hi = lo;
     for (int64_t a = 1; a < A; a++) {
@@ -212,9 +136,9 @@ static int64_t puct(const Search *s, int64_t b, int64_t n, int64_t d, const floa
     for (int64_t a = 0; a < A; a++) {
         float x = ((vis[a] > 0 ? q[a] : lo) - lo) / span + scale * probs[a] / (float)(vis[a] + 1);
         x = x + 1e-7f * uniform[a];
-        q[a] = (d == 0 && s->root_invalid[b * A + a]) ? -INFINITY : x;
+        score[a] = (d == 0 && s->root_invalid[b * A + a]) ? -INFINITY : x;
     }
-    return argmax_columns(q, A);
+    return argmax_columns(score, A);
 }
 
 /* Gumbel MuZero's selections for G (tree, node) lanes at once, the lane loop innermost:
@@ -223,23 +147,25 @@ static int64_t puct(const Search *s, int64_t b, int64_t n, int64_t d, const floa
 #define G 16
 
 /* completed Q of the lanes (base[l] = (b * N + n) * A, raw[l] the node's raw value) */
-static void completed_group(const Search *s, const int64_t *base, const float *raw, const QParams *p,
-                            float c[][G], int32_t vis[][G], int32_t *total) {
-    const int64_t A = s->actions;
-    float value[G], lo[G], hi[G], span[G], scale[G], r[MAX_ACTIONS][G], d[MAX_ACTIONS][G], v[MAX_ACTIONS][G];
-    float probs[MAX_ACTIONS][G];
-    int32_t maxv[G];
-    for (int l = 0; l < G; l++)  /* gather the lanes' rows, lane-major */
+/* the lanes' rows of the Q-values, visits and prior probabilities, lane-major */
+static inline void gather_group(int64_t A, const int64_t *base, const float *qvalues, const int32_t *visits,
+                         const float *prior_probs, float (*c)[G], int32_t (*vis)[G], float (*probs)[G]) {
+    for (int l = 0; l < G; l++)
         for (int64_t a = 0; a < A; a++) {
             const int64_t e = base[l] + a;
-            r[a][l] = s->children_rewards[e];
-            d[a][l] = s->children_discounts[e];
-            v[a][l] = s->children_values[e];
-            vis[a][l] = s->children_visits[e];
-            probs[a][l] = s->prior_probs[e];
+            c[a][l] = qvalues[e];
+            vis[a][l] = visits[e];
+            probs[a][l] = prior_probs[e];
         }
-    for (int64_t a = 0; a < A; a++)
-        for (int l = 0; l < G; l++) c[a][l] = r[a][l] + d[a][l] * v[a][l];
+}
+
+static inline void completed_group(const Search *s, const int64_t *base, const float *raw, const QParams *p,
+                                   float (*c)[G], int32_t (*vis)[G], int32_t *total) {
+    const int64_t A = s->actions;
+    const float epsilon = p->epsilon, maxvisit_init = p->maxvisit_init, value_scale = p->value_scale;
+    float value[G], lo[G], hi[G], span[G], scale[G], probs[MAX_ACTIONS][G];
+    int32_t maxv[G];
+    gather_group(A, base, s->qvalues, s->children_visits, s->prior_probs, c, vis, probs);
     for (int l = 0; l < G; l++) { total[l] = vis[0][l]; maxv[l] = vis[0][l]; value[l] = raw[l]; }
     for (int64_t a = 1; a < A; a++)
         for (int l = 0; l < G; l++) {
@@ -266,16 +192,16 @@ static void completed_group(const Search *s, const int64_t *base, const float *r
         for (int l = 0; l < G; l++) { lo[l] = c[0][l]; hi[l] = c[0][l]; }
         for (int64_t a = 1; a < A; a++)
             for (int l = 0; l < G; l++) { lo[l] = fmin_chain(lo[l], c[a][l]); hi[l] = fmax_chain(hi[l], c[a][l]); }
-        for (int l = 0; l < G; l++) { span[l] = hi[l] - lo[l]; span[l] = span[l] < p->epsilon ? p->epsilon : span[l]; }
+        for (int l = 0; l < G; l++) { span[l] = hi[l] - lo[l]; span[l] = span[l] < epsilon ? epsilon : span[l]; }
         for (int64_t a = 0; a < A; a++)
             for (int l = 0; l < G; l++) c[a][l] = (c[a][l] - lo[l]) / span[l];
     }
-    for (int l = 0; l < G; l++) scale[l] = (p->maxvisit_init + (float)maxv[l]) * p->value_scale;
+    for (int l = 0; l < G; l++) scale[l] = (maxvisit_init + (float)maxv[l]) * value_scale;
     for (int64_t a = 0; a < A; a++)
         for (int l = 0; l < G; l++) c[a][l] = scale[l] * c[a][l];
 }
 
-static void argmax_group(const Search *s, float x[][G], int64_t *action) {
+static inline void argmax_group(const Search *s, float (*restrict x)[G], int64_t *restrict action) {
     float best[G];
     for (int l = 0; l < G; l++) { best[l] = x[0][l]; action[l] = 0; }
     for (int64_t a = 1; a < s->actions; a++)
@@ -449,6 +375,7 @@ void steersman_expand_backup(const Search *s, int64_t sim) {
             const int32_t count = s->node_visits[b * N + node];
             ret = s->children_rewards[e] + s->children_discounts[e] * ret;
             s->children_values[e] = child_value;
+            s->qvalues[e] = s->children_rewards[e] + s->children_discounts[e] * child_value;
             s->children_visits[e] += 1;
             child_value = (s->node_values[b * N + node] * (float)count + ret) / ((float)count + 1.0f);
             s->node_values[b * N + node] = child_value;
