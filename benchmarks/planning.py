@@ -11,7 +11,12 @@ Rows:
   steersman fn      the policy with a plain recurrent function on a tensor embedding.
   steersman tdm     the policy with ``recurrent_fn_from_model`` over two
                     ``TensorDictModule``\\ s (TensorDict embeddings).
-  steersman compiled  the plain-fn policy with ``compile=True``: the whole search (every
+  steersman native  the plain-fn policy with ``compile="native"``: the descent, expansion
+                    writes and backup as C loops over the trees (planning/native_tree.c),
+                    the recurrent function called eagerly once per simulation in between
+                    (``compile=True`` takes this path on the CPU since session 15).
+  steersman compiled  the plain-fn policy with ``compile={"native": False}`` (before
+                    session 15: ``compile=True``): the whole search (every
                     simulation after the first) as one inductor graph (inductor options
                     ``search.SEARCH_INDUCTOR_OPTIONS``; paths ``PATH_WIDTH`` wide while the
                     trees are shallower, then a full-width graph), an outer
@@ -27,7 +32,7 @@ Rows:
                     12: every compiled loop runs its body at least once, around a torch
                     2.13 bug of that wrapper; see ``search._while``).
 
-Compiled rows are checked against the eager search (the eager row of the same batch, or
+Compiled and native rows are checked against the eager search (the eager row of the same batch, or
 else one untimed eager search; ``--no-check`` skips those): same seed, same root visit
 counts and parents (``equals eager``), or ``WRONG``.
   mctx jit          mctx's policy under ``jax.jit`` (compile time excluded), run in a
@@ -39,7 +44,7 @@ Timing: one thread on each side (torch.set_num_threads(1); XLA's CPU client with
 call, then the median of ``--repeats`` calls in process CPU time (``--wall``: wall
 clock).
 
-    python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--no-cpp]
+    python benchmarks/planning.py [--batches 1,64,256,1024] [--repeats 5] [--no-compile] [--no-cpp] [--no-native]
                                   [--eager-max-batch 64] [--policies muzero,gumbel_muzero] [--json out.json]
     MCTX_PYTHON=<venv with jax, mctx>/bin/python python benchmarks/planning.py
 """
@@ -85,7 +90,7 @@ CPP = {"backend": "inductor", "options": {"cpp_wrapper": True}}
 
 def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compiled: bool = True,
                    eager_max_batch: int = 1 << 30, cpp: bool = True, check_all: bool = True,
-                   policies: tuple[str, ...] = ("muzero", "gumbel_muzero")) -> list[dict]:
+                   policies: tuple[str, ...] = ("muzero", "gumbel_muzero"), native: bool = True) -> list[dict]:
     import torch
     from torch import nn
 
@@ -142,8 +147,10 @@ def steersman_rows(w: dict, batches: list[int], repeats: int, wall: bool, compil
             variants["steersman fn"] = (plain_fn, RootFnOutput(logits, value, latent), False)
             variants["steersman tdm"] = (tdm_fn, RootFnOutput(logits, value, TensorDict({"latent": latent},
                                                                                          batch_size=[b])), False)
+        if native:
+            variants["steersman native"] = (plain_fn, RootFnOutput(logits, value, latent), "native")
         if compiled:
-            variants["steersman compiled"] = (plain_fn, RootFnOutput(logits, value, latent), True)
+            variants["steersman compiled"] = (plain_fn, RootFnOutput(logits, value, latent), {"native": False})
             if cpp:
                 variants["steersman compiled cpp"] = (plain_fn, RootFnOutput(logits, value, latent), CPP)
         for name, (fn, root, comp) in variants.items():
@@ -262,6 +269,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64,256,1024")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
     ap.add_argument("--no-cpp", action="store_true", help="skip the cpp_wrapper rows")
+    ap.add_argument("--no-native", action="store_true", help="skip the native rows")
     ap.add_argument("--eager-max-batch", type=int, default=1 << 30, help="skip the eager rows above this batch")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the untimed eager search that checks compiled rows without an eager row")
@@ -282,7 +290,7 @@ def main() -> None:
     w = make_weights()
     rows, note = mctx_rows(w, batches, args.repeats, args.wall, policies)
     rows = steersman_rows(w, batches, args.repeats, args.wall, not args.no_compile, args.eager_max_batch,
-                          not args.no_cpp, not args.no_check, policies) + rows
+                          not args.no_cpp, not args.no_check, policies, not args.no_native) + rows
     print(f"{'impl':<23} {'policy':<14} {'batch':>6} {'sims/s':>12} {'ms/call':>10} {'compile s':>10}")
     for r in sorted(rows, key=lambda r: (r["policy"], r["batch"], r["impl"])):
         if "error" in r:

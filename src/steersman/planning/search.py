@@ -450,7 +450,9 @@ def compile_options(compile: bool | str | dict) -> dict:
     """``torch.compile`` keywords for :func:`search`'s ``compile=``: True is inductor,
     a string a backend name (``"eager"``, ``"aot_eager"``, ``"inductor"``), a dict the
     keywords themselves (``fullgraph=True`` and ``dynamic=False`` are always set).
-    Inductor gets :data:`SEARCH_INDUCTOR_OPTIONS` under the dict's own ``options``."""
+    Inductor gets :data:`SEARCH_INDUCTOR_OPTIONS` under the dict's own ``options``.
+    ``"native"`` and a dict's ``"native"`` key (the native tree loops, see :func:`search`)
+    are passed through: ``{"native": True}`` alone has no ``torch.compile`` keywords."""
     if compile is True or compile == "inductor":
         return {"backend": "inductor", "options": dict(SEARCH_INDUCTOR_OPTIONS)}
     if compile == "native":
@@ -646,10 +648,26 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     and computes the same tree (each compiled loop runs its body at least once, see
     :func:`_while`, around a torch 2.13 bug of that wrapper).
 
+    Native tree loops (:mod:`~steersman.planning.native`): ``compile="native"`` runs the
+    descent, the expansion writes and the backup as C loops over the trees (built with the
+    system C compiler on first use and cached), with one eager call of the recurrent
+    function per simulation between them (no ``torch.compile``, no compile time; the
+    recurrent function gets ``rng`` as in the eager search). For CPU float32 trees with the
+    built-in selection functions (Gumbel MuZero's with
+    ``qtransform_completed_by_mix_value``, PUCT with ``qtransform_by_parent_and_siblings``,
+    as the policies bind them) and the default ``loop_fn``; the tree is the eager search's,
+    values included, bit for bit. ``compile={"native": True, <torch.compile keywords>}``
+    also compiles the recurrent function's call (one graph per simulation).
+    ``compile=True`` (or ``"inductor"``) takes the native loops wherever they apply (they
+    were faster at every batch measured, 1 to 1024, benchmarks/README.md) and the graph
+    above elsewhere; ``compile={"native": False}`` asks for the graph. Where the native
+    loops were asked for but cannot run (another selection function, another device or
+    dtype, a custom ``loop_fn``, no C compiler), a warning says why and the graph runs.
+
     The ``[num_simulations, B, A]`` uniforms for the action selection are drawn from
     ``rng`` up front. Bad inputs raise before any simulation; the recurrent
     function's output is checked on its first call (eager: the first simulation, or
-    under ``compile`` the check call above).
+    under ``compile`` the check call above; native: the first simulation).
     """
     check_root(root, num_simulations, invalid_actions, max_depth)
     options = compile_options(compile) if compile is not False else None
@@ -737,7 +755,8 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
     return loop_fn(0, num_simulations, body, tree)
 
 
-# compile=True runs the native tree loops (see native.py) up to this many trees
+# compile=True runs the native tree loops (see native.py) up to this many trees (they
+# were faster than the inductor graph at every batch measured, 1 to 1024)
 NATIVE_MAX_BATCH = 1 << 30
 
 
