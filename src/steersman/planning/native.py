@@ -1,10 +1,11 @@
 """The search's tree loops as native CPU code: ``native_tree.c`` built with the system C
-compiler, cached by source hash, loaded with ``ctypes``.
+compiler (cached by source, compiler, flags and CPU), loaded with ``ctypes``.
 
 A tree search's descent and backup are per-tree scalar loops (a few hundred flops per tree
-and simulation); in C they cost microseconds for 64 trees, where inductor's full-width
-masked kernels and loop wrappers cost tens. The model (the recurrent function) stays
-torch: one compiled graph per simulation, called from a Python loop between the C calls.
+and simulation); in C they cost about 15 us per simulation for 64 trees, where inductor's
+full-width masked kernels and loop wrappers cost about 60. The model (the recurrent
+function) stays torch: called eagerly (or compiled, on request) from a Python loop between
+the C calls.
 
 Used by :func:`~steersman.planning.search.search` for CPU float32 trees with the built-in
 selection functions (Gumbel MuZero's with ``qtransform_completed_by_mix_value``, MuZero's
@@ -136,9 +137,9 @@ class _Search(ctypes.Structure):  # native_tree.c's Search
                 ("children_values", _P), ("root_invalid", _P), ("root_gumbel", _P), ("table", _P),
                 ("table_cols", _I), ("max_considered", _I), ("root_q", _QParams), ("interior_q", _QParams),
                 ("pb_c_init", ctypes.c_float), ("pb_c_base", ctypes.c_float), ("puct_epsilon", ctypes.c_float),
-                ("uniforms", _P), ("prior_probs", _P), ("out", _P), ("work", _P), ("qvalues", _P), ("step", _P * 4),
-                ("step_stride", _I * 4), ("next", _P), ("expanded", _P), ("exp8", _P), ("num_leaves", _I), ("emb_store", _P), ("emb_buf", _P),
-                ("emb_row_bytes", _P)]
+                ("uniforms", _P), ("prior_probs", _P), ("out", _P), ("work", _P), ("qvalues", _P),
+                ("step", _P * 4), ("step_stride", _I * 4), ("next", _P), ("expanded", _P), ("exp8", _P),
+                ("num_leaves", _I), ("emb_store", _P), ("emb_buf", _P), ("emb_row_bytes", _P)]
 
 
 MAX_ACTIONS = 64  # native_tree.c's MAX_ACTIONS
@@ -269,7 +270,8 @@ def run_native(lib: ctypes.CDLL, tree: Tree, selection: dict, params: Any, rng: 
                 children_index=ptr(t.children_index), children_prior_logits=ptr(t.children_prior_logits),
                 children_visits=ptr(t.children_visits), children_rewards=ptr(t.children_rewards),
                 children_discounts=ptr(t.children_discounts), children_values=ptr(t.children_values),
-                root_invalid=ptr(invalid), prior_probs=ptr(probs), out=ptr(out), work=ptr(work), qvalues=ptr(qvalues), num_leaves=len(keys),
+                root_invalid=ptr(invalid), prior_probs=ptr(probs), out=ptr(out), work=ptr(work),
+                qvalues=ptr(qvalues), num_leaves=len(keys),
                 emb_store=ctypes.addressof(store_ptrs), emb_buf=ctypes.addressof(buf_ptrs),
                 emb_row_bytes=ctypes.addressof(row_bytes))
     if selection["kind"] == _GUMBEL:

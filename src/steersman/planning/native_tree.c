@@ -43,7 +43,7 @@ typedef struct {
     QParams root_q, interior_q;    /* Gumbel: the transforms' keywords */
     float pb_c_init, pb_c_base, puct_epsilon;  /* PUCT */
     float *uniforms;               /* [S, B, A] (PUCT's tie-breaking noise) */
-    float *prior_probs;            /* [B, N, A]: softmax(prior logits) of the expanded nodes (Gumbel: clamped to tiny) */
+    float *prior_probs;            /* [B, N, A]: softmax(prior logits) of expanded nodes (Gumbel: clamped to tiny) */
     int64_t *out;                  /* [3, B]: parent, action, depth of each descent */
     int64_t *work;                 /* [2, B] scratch: the (tree, node) pairs still descending */
     float *qvalues;                /* [B, N, A] zeros, then r + discount * value of each child written (backup) */

@@ -87,6 +87,12 @@ def _log_gamma_sample(alpha: float, shape: tuple, like: Tensor, rng: torch.Gener
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _considered_table(max_num_considered_actions: int, num_simulations: int, device: torch.device) -> Tensor:
+    """:func:`table_of_considered_visits`, made once per arguments (the policy only reads it)."""
+    return table_of_considered_visits(max_num_considered_actions, num_simulations, device)
+
+
 def _apply_temperature(logits: Tensor, temperature: float) -> Tensor:
     logits = logits - logits.amax(-1, keepdim=True)
     return logits / max(torch.finfo(logits.dtype).tiny, temperature)
@@ -140,7 +146,7 @@ def gumbel_muzero_policy(params: Any, rng: torch.Generator | None, root: RootFnO
     else:
         gumbel = gumbel_scale * _gumbel(logits.shape, logits, rng)
     extra = TensorDict({"root_gumbel": gumbel}, batch_size=logits.shape[:1])
-    table = table_of_considered_visits(max_num_considered_actions, num_simulations, logits.device)
+    table = _considered_table(max_num_considered_actions, num_simulations, logits.device)
     root_fn = functools.partial(gumbel_muzero_root_action_selection, table=table,
                                 max_num_considered_actions=max_num_considered_actions, qtransform=qtransform)
     interior = functools.partial(gumbel_muzero_interior_action_selection, qtransform=qtransform)

@@ -793,7 +793,9 @@ def _run_native(native: bool | str, options: dict, params: Any, rng: torch.Gener
             code = nat.model_step.__code__.replace(co_name=f"model_step_{abs(hash(key)) % 10**8}")
             f = types.FunctionType(code, nat.model_step.__globals__, code.co_name)
             model = _COMPILED[key] = torch.compile(f, fullgraph=True, dynamic=False, **options)
-    with torch.no_grad():
+    # inference mode: the model's outputs are only copied into the tree (~10% less per-op overhead
+    # than no_grad for a small eager model); a compiled model runs under no_grad as the graph does
+    with torch.inference_mode() if model is None else torch.no_grad():
         nat.run_native(lib, tree, selection, params, rng, uniforms, recurrent_fn, checked_fn, model, max_depth,
                        tensor_embedding)
     return True
