@@ -8,6 +8,9 @@ Measures, on one machine (a local Ray instance):
 2. the weight broadcast of a 1M-parameter policy to 4 actors (median and p90 of 30
    updates: the learner's ``update_policy_weights_``, each actor's fetch and copy, and the
    standalone round trip with the actors' wake-up);
+   ``--only ratios [--batch-sizes 1024,2048,4096]``: that ratio in sync mode and in async
+   mode (the default of both packages: RayCollector(sync=False) against the local
+   ``MultiaSyncDataCollector``) per batch size, with the local collector's time per batch;
 3. ``RayReplayBuffer.sample(256)`` and ``extend(1000 transitions)`` round trips (ms);
 4. ``--pendulum``: frames/s of RayCollector on an unbatched Pendulum (2 actors, a linear
    policy, 256 frames per batch), the setting ``--torchrl`` runs with TorchRL's
@@ -294,6 +297,39 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
     return out
 
 
+def bench_ratio(n: int, frames: int, fpb: int, sync: bool, reps: int = 5) -> dict[str, Any]:
+    """RayCollector / local frames/s in one mode (``sync``: against ``MultiSyncDataCollector``;
+    async, the default mode of both packages: against ``MultiaSyncDataCollector``, each
+    actor / worker delivering whole batches of ``fpb`` frames), alternating windows of
+    ``frames`` frames, as :func:`bench_collect`; no weight updates. Also the local
+    collector's time per batch (the work Ray's ~1 ms of CPU per message is spread over)."""
+    from steersman.collectors import MultiaSyncDataCollector
+
+    out: dict[str, Any] = {"load_before": _load()}
+    local_cls = MultiSyncDataCollector if sync else MultiaSyncDataCollector
+    local = local_cls([make_env] * n, Greedy(), frames_per_batch=fpb, total_frames=-1)
+    remote = RayCollector(make_env, Greedy(), frames_per_batch=fpb, total_frames=-1, num_collectors=n, sync=sync)
+    try:
+        ratios, fps_local, fps_ray = [], [], []
+        for _ in range(reps):
+            fps_local.append(fps(local, frames))
+            fps_ray.append(fps(remote, frames))
+            ratios.append(fps_ray[-1] / fps_local[-1])
+        out.update(ratio=statistics.median(ratios), ratios=ratios, local_fps=statistics.median(fps_local),
+                   ray_fps=statistics.median(fps_ray))
+        it, t_local = iter(local), []
+        for _ in range(20):
+            t = time.perf_counter()
+            next(it)
+            t_local.append(time.perf_counter() - t)
+        out["local_batch_ms"] = 1e3 * statistics.median(t_local)
+    finally:
+        local.shutdown()
+        remote.shutdown()
+    out["load_after"] = _load()
+    return out
+
+
 def _old_apply(actor, weights: list) -> float:
     """An actor taking a flat weight buffer as before session 10 (run in the actor with
     ``__ray_call__``): views of the buffer in a ``state_dict``, loaded through the
@@ -406,7 +442,9 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=20_000)
     p.add_argument("--frames-per-batch", type=int, default=1024)
     p.add_argument("--reps", type=int, default=5, help="alternating measurement windows per collector")
-    p.add_argument("--only", choices=["collect", "broadcast", "buffer"], default=None)
+    p.add_argument("--only", choices=["collect", "broadcast", "buffer", "ratios"], default=None)
+    p.add_argument("--batch-sizes", default="1024,2048,4096",
+                   help="--only ratios: frames per batch of the sync and async ratio rows")
     p.add_argument("--pendulum", action="store_true", help="only the Pendulum setting of --torchrl")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -441,6 +479,16 @@ def main() -> None:
         print(f"  Ray's share alone (the actors send their last batch again: no env work), ms median (p90) of 100 "
               f"alternating steps, requests to stacked batch: before session 10 {pr['old']:.2f} ({pr['old_p90']:.2f}), "
               f"now {pr['new']:.2f} ({pr['new_p90']:.2f})")
+    if args.only == "ratios":
+        for fpb in [int(x) for x in args.batch_sizes.split(",")]:
+            for sync in (True, False):
+                r = bench_ratio(args.collectors, args.frames, fpb, sync, args.reps)
+                local = "MultiSync" if sync else "MultiaSync"
+                print(f"{'sync ' if sync else 'async'} {fpb:5d} frames/batch: RayCollector / local {local} median "
+                      f"{r['ratio']:.2f} (windows: {', '.join(f'{x:.2f}' for x in r['ratios'])}; "
+                      f"{r['ray_fps']:,.0f} vs {r['local_fps']:,.0f} frames/s; local batch {r['local_batch_ms']:.1f} ms; "
+                      f"load {r['load_before']} -> {r['load_after']})", flush=True)
+        return
     if args.only in (None, "broadcast"):
         b = bench_broadcast()
         print(f"weight broadcast, {b['params'] / 1e6:.2f}M params to 4 actors, ms median (p90) of 30 updates each, "

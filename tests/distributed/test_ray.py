@@ -161,7 +161,9 @@ def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_o
       total_frames are delivered; the episode returns computed in the actors equal those
       computed locally from the same batches; without updates the requests are sent ahead,
       and those an update made stale are dropped (the next batch has the new version);
-    * async (the same actors; each reply is an actor's 32 frames): SIGKILL of actor 0 mid-run:
+    * async (the same actors; each reply is an actor's 32 frames): without updates each actor's
+      next request is queued behind the one it collects, an update drops those;
+    * async: SIGKILL of actor 0 mid-run:
       restarted, its lost batch collected again, exactly total_frames delivered, and every
       batch requested after the k-th update (the restarted actor's included) has version k;
     * killed once more (no restart left): an error naming the actor.
@@ -199,6 +201,22 @@ def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_o
         collector.pop_episode_returns()
 
         collector.sync = False  # the same actors, batches as they arrive
+        # still no update: each actor has its next request queued behind the one it collects
+        # (sent ahead in async mode too); an update drops the queued ones: version 6 after it
+        collector.total_frames += 12 * per_actor  # (requests in flight are bounded by the batches left)
+        dropped, seen = collector.dropped_batches, []
+        for k, batch in enumerate(collector):
+            seen.append(int(batch["version"].unique()))
+            in_flight = [sum(1 for i, *_ in collector._pending.values() if i == a) for a in range(n)]
+            if k < 3:
+                assert sorted(in_flight) == [1, 2], (k, in_flight)  # the delivering actor's next one, and 2
+            if k == 2:
+                _set(policy, 6)
+                assert collector.update_policy_weights_() == 6
+        assert seen[:3] == [5, 5, 5] and seen[-1] == 6 and seen == sorted(seen), seen
+        assert collector.dropped_batches > dropped and collector.frames == 9 * fpb + 12 * per_actor
+        collector.pop_episode_returns()
+
         batches = 8
         collector.total_frames += batches * per_actor
         victim = collector.actor_info[0]["pid"]
@@ -221,7 +239,7 @@ def test_two_nodes_sync_then_async_killed_actor_restarted_frames_once_then_out_o
         with pytest.warns(UserWarning, match=r"collector actor 0 .* was restarted \(1/1\) after: .*collected again"):
             frames = _run_checking_versions(collector, policy, batches, n=n, on_batch=on_batch)
         assert from_0  # (the warning above: a reply of the restarted actor arrived)
-        assert frames == batches * per_actor and collector.frames == 9 * fpb + batches * per_actor
+        assert frames == batches * per_actor and collector.frames == 9 * fpb + (12 + batches) * per_actor
         assert list(collector) == []  # exactly total_frames: nothing more
         assert collector.actor_info[0]["pid"] != victim and not _alive(victim)
 
@@ -398,3 +416,26 @@ def test_lazy_import_then_killed_driver_leaves_no_worker(ray_cluster):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)]
+
+
+def test_collector_started_while_other_actors_hold_the_cpus_shares_them_and_an_unplaceable_one_times_out(
+        ray_cluster):
+    """A second collector on a cluster whose CPUs another collector's actors hold: a warning
+    with the numbers, then its actor gets a share of a CPU and collects (before: it waited
+    for a free CPU forever). An actor that can never be placed (a resource no node has): a
+    RayCollectorError naming it within ``start_timeout``, not a hang."""
+    first = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=-1, num_collectors=2, sync=True)
+    try:
+        with pytest.warns(UserWarning, match=r"1 actors x 1 CPU = 1 CPUs requested, the Ray cluster has 2 \(0 free: "
+                                             r"other actors hold the rest\); each actor gets 0 CPU"):
+            second = RayCollector(CartPoleEnv, None, frames_per_batch=16, total_frames=32, num_collectors=1)
+        with second:
+            assert [b.numel() for b in second] == [16, 16]
+    finally:
+        first.shutdown()
+    t = time.monotonic()
+    with pytest.raises(RayCollectorError, match=r"collector actors \[0\] did not start within 3 s \(each asks 0 CPU; "
+                                                r"the Ray cluster has 2 CPUs, \d+ free\)"):
+        RayCollector(CartPoleEnv, None, frames_per_batch=16, total_frames=32, num_collectors=1, start_timeout=3,
+                     remote_configs={"num_cpus": 0, "resources": {"no_such_node": 1}})
+    assert time.monotonic() - t < 30

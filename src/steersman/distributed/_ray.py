@@ -122,15 +122,25 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0.0))
 
 
+def free_cpus() -> float:
+    """CPUs of the Ray cluster not held by an actor or task right now."""
+    import ray
+
+    return float(ray.available_resources().get("CPU", 0.0))
+
+
 def fit_actors_to_cpus(owner: str, n: int, num_cpus: float) -> float:
-    """``num_cpus`` per actor, or a share small enough that ``n`` actors all get placed
-    (with a warning giving the numbers) when the cluster has fewer CPUs than they ask."""
-    total = cluster_cpus()
-    if n * num_cpus <= total or num_cpus == 0:
+    """``num_cpus`` per actor, or a share small enough that ``n`` actors all get placed now
+    (with a warning giving the numbers) when the cluster has fewer CPUs free than they ask:
+    fewer CPUs than that in all, or CPUs held by other actors (another collector's: actors
+    asking for more than is free would wait for them forever)."""
+    total, free = cluster_cpus(), free_cpus()
+    if n * num_cpus <= free or num_cpus == 0:
         return num_cpus
-    # 1/m of a CPU each: nodes with whole CPUs then hold m actors per CPU, m * total >= n
-    share = 1.0 / math.ceil(n / total) if total >= 1 else 0.0
+    # 1/m of a CPU each: nodes with whole CPUs then hold m actors per CPU, m * free >= n
+    share = 1.0 / math.ceil(n / free) if free >= 1 else 0.0
+    held = f" ({free:g} free: other actors hold the rest)" if free < total else ""
     warnings.warn(f"{owner}: {n} actors x {num_cpus:g} CPU = {n * num_cpus:g} CPUs requested, the Ray cluster "
-                  f"has {total:g}; each actor gets {share:.3g} CPU instead (they share cores: expect fewer "
-                  "frames/s per actor). Add nodes or lower num_collectors.")
+                  f"has {total:g}{held}; each actor gets {share:.3g} CPU instead (they share cores: expect fewer "
+                  "frames/s per actor). Add nodes, lower num_collectors or shut down the other actors.")
     return share

@@ -43,7 +43,7 @@ from torch import nn
 from steersman.collectors import Collector
 from steersman.tensordict import TensorDictBase
 
-from ._ray import fit_actors_to_cpus, init_ray, require_ray
+from ._ray import cluster_cpus, fit_actors_to_cpus, free_cpus, init_ray, require_ray
 from ._wire import FlatLayout, flat_layout, pack, pack_flat, unpack, unpack_flat
 
 __all__ = ["RayCollector", "RayCollectorError"]
@@ -341,11 +341,14 @@ class RayCollector:
         max_restarts: times each actor is restarted after dying (then :class:`RayCollectorError`
             names it and its last error).
         seed: seeds actor ``i``'s envs with ``seed + 1000 * i`` (None: the env factory's own seeding).
+        start_timeout: seconds the actors may take to start (placed, env and policy built);
+            then :class:`RayCollectorError` names the ones that did not, with the cluster's
+            free CPUs (e.g. CPUs held by other actors, or nodes that never came).
 
     Metrics: :meth:`pop_episode_returns` gives the returns of the episodes that ended in the
     batches delivered since the last call (computed in the actors, also with a remote buffer).
 
-    Requests sent ahead (``sync=True``, no ``replay_buffer``): while the caller does not
+    Requests sent ahead (no ``replay_buffer``; both modes): while the caller does not
     update the policy between batches, two requests per actor are kept in flight (the next
     one queued at the actor), so an actor starts its next batch without waiting for Ray's
     round trip, the driver's stacking or the loop body. An update after such a yield makes
@@ -373,7 +376,8 @@ class RayCollector:
                  num_workers_per_collector: int = 1, sync: bool = False, ray_init_config: dict | None = None,
                  remote_configs: dict | Sequence[dict] | None = None, num_collectors: int | None = None,
                  update_after_each_batch: bool = False, max_weight_update_interval: int = -1,
-                 replay_buffer: Any = None, max_restarts: int = 3, seed: int | None = None) -> None:
+                 replay_buffer: Any = None, max_restarts: int = 3, seed: int | None = None,
+                 start_timeout: float = 120.0) -> None:
         ray = require_ray()
         fns = list(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else None
         n = num_collectors if num_collectors is not None else (len(fns) if fns else 1)
@@ -441,7 +445,7 @@ class RayCollector:
                     i, n, collector_class, fns[i], policy_ref, policy_factory, per_actor, dict(collector_kwargs or {}),
                     num_workers_per_collector if multi else None, replay_buffer,
                     None if seed is None else seed + 1000 * i))
-            self.actor_info = self._gather([a.ping.remote() for a in self._actors], "start")
+            self.actor_info = self._gather([a.ping.remote() for a in self._actors], "start", start_timeout)
         except BaseException:
             self.shutdown()
             raise
@@ -461,9 +465,19 @@ class RayCollector:
         info = self.actor_info[i] if i < len(getattr(self, "actor_info", [])) else {}
         return f"collector actor {i} (node {info.get('node', '?')}, pid {info.get('pid', '?')})"
 
-    def _gather(self, refs: list, what: str) -> list:
+    def _gather(self, refs: list, what: str, timeout: float | None = None) -> list:
+        """The replies of ``refs`` (one per actor); a RayCollectorError naming the actor that
+        failed, or the ones that did not answer within ``timeout`` seconds."""
         import ray
 
+        if timeout is not None:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            if len(ready) < len(refs):
+                late = [i for i, ref in enumerate(refs) if ref not in ready]
+                raise RayCollectorError(
+                    f"RayCollector: collector actors {late} did not {what} within {timeout:g} s (each asks "
+                    f"{self._cpus:g} CPU; the Ray cluster has {cluster_cpus():g} CPUs, {free_cpus():g} free); "
+                    "shut down other actors, add nodes or lower num_collectors / remote_configs['num_cpus']")
         out = []
         for i, ref in enumerate(refs):
             try:
@@ -663,20 +677,35 @@ class RayCollector:
             self._quiet = self._quiet + 1 if self._version == version else 0
 
     def _async_iterator(self) -> Iterator[TensorDictBase | None]:
+        """Batches in the order they arrive, one request in flight per actor; while the
+        policy is not being updated, a second one queued at each actor (sent ahead, as in
+        :meth:`_sync_iterator`: dropped if an update makes it stale), never more requests
+        than batches left to deliver."""
         import ray
 
         while self._frames < self.total_frames:
             self._drop_outdated()
-            busy = {i for i, *_ in self._pending.values()}
+            left = (self.total_frames - self._frames) / self.frames_per_batch
+            count = [0] * self.num_collectors
+            for i, *_ in self._pending.values():
+                count[i] += 1
             for i in range(self.num_collectors):
-                if i not in busy and self._frames + self.frames_per_batch * len(self._pending) < self.total_frames:
+                if not count[i] and len(self._pending) < left:
                     self._submit(i)
+                    count[i] += 1
+            if self._may_send_ahead():
+                for i in range(self.num_collectors):
+                    while count[i] < self._ahead and len(self._pending) < left:
+                        self._submit(i, ahead=True)
+                        count[i] += 1
             ready, _ = ray.wait(list(self._pending), num_returns=1)
             got = self._receive(ready[0])
             if got is None:
                 continue
             self._accept(got[0])
+            version = self._version
             yield self._batch_of(got[0]["index"], got[1])
+            self._quiet = self._quiet + 1 if self._version == version else 0
 
     def __len__(self) -> int:
         if self.total_frames == math.inf:
