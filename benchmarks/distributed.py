@@ -126,6 +126,16 @@ class Greedy(nn.Module):
         return td
 
 
+def batch_ms(collector, batches: int = 20) -> float:
+    """Median ms per batch of ``collector`` over ``batches`` batches."""
+    it, times = iter(collector), []
+    for _ in range(batches):
+        t = time.perf_counter()
+        next(it)
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
 def _q(xs: list[float], q: float) -> float:
     """The q-quantile (nearest rank) of ``xs``."""
     xs = sorted(xs)
@@ -284,12 +294,7 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
             out[f"{m}_overhead_ms"] = 1e3 * statistics.median([w - b for w, b in zip(d["wall"], d["busy"])])
             out[f"{m}_unpack_ms"] = 1e3 * statistics.median(d["unpack"])
         out["protocol"] = bench_protocol(remote)
-        it, t_local = iter(local), []
-        for _ in range(20):
-            t = time.perf_counter()
-            next(it)
-            t_local.append(time.perf_counter() - t)
-        out["local_batch_ms"] = 1e3 * statistics.median(t_local)
+        out["local_batch_ms"] = batch_ms(local)
     finally:
         local.shutdown()
         remote.shutdown()
@@ -317,12 +322,7 @@ def bench_ratio(n: int, frames: int, fpb: int, sync: bool, reps: int = 5) -> dic
             ratios.append(fps_ray[-1] / fps_local[-1])
         out.update(ratio=statistics.median(ratios), ratios=ratios, local_fps=statistics.median(fps_local),
                    ray_fps=statistics.median(fps_ray))
-        it, t_local = iter(local), []
-        for _ in range(20):
-            t = time.perf_counter()
-            next(it)
-            t_local.append(time.perf_counter() - t)
-        out["local_batch_ms"] = 1e3 * statistics.median(t_local)
+        out["local_batch_ms"] = batch_ms(local)
     finally:
         local.shutdown()
         remote.shutdown()
