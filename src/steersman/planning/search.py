@@ -652,7 +652,8 @@ def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurre
     descent, the expansion writes and the backup as C loops over the trees (built with the
     system C compiler on first use and cached), with one eager call of the recurrent
     function per simulation between them (no ``torch.compile``, no compile time; the
-    recurrent function gets ``rng`` as in the eager search). For CPU float32 trees with the
+    recurrent function gets ``rng`` as in the eager search and runs under
+    ``torch.inference_mode``: the tree carries no autograd history). For CPU float32 trees with the
     built-in selection functions (Gumbel MuZero's with
     ``qtransform_completed_by_mix_value``, PUCT with ``qtransform_by_parent_and_siblings``,
     as the policies bind them) and the default ``loop_fn``; the tree is the eager search's,
