@@ -230,5 +230,14 @@ def test_native_checks_the_recurrent_function():
         out, nxt = fn(params, rng, action, emb)
         return (out._replace(prior_logits=out.prior_logits[:, :2]) if len(calls) == 3 else out), nxt
 
-    with pytest.raises(ValueError, match=r"prior_logits of shape \[3, 2\] at simulation 2"):
+    with pytest.raises(ValueError, match=r"prior_logits of shape \[3, 2\] on cpu at simulation 2"):
         gumbel_muzero_policy((), None, root, late, 8, compile="native")
+    calls.clear()
+
+    def elsewhere(params, rng, action, emb):  # a tensor not in CPU memory: never read as such
+        calls.append(1)
+        out, nxt = fn(params, rng, action, emb)
+        return (out._replace(value=out.value.to("meta")) if len(calls) == 3 else out), nxt
+
+    with pytest.raises(ValueError, match=r"value of shape \[3\] on meta at simulation 2, expected \[3\] on the CPU"):
+        gumbel_muzero_policy((), None, root, elsewhere, 8, compile="native")

@@ -312,9 +312,9 @@ def run_native(lib: ctypes.CDLL, tree: Tree, selection: dict, params: Any, rng: 
         held = []  # converted outputs, alive until the C call returns
         for i in range(4):
             x = outs[i]
-            if x.shape != want[i]:  # the C code indexes them by the shapes checked on the first call
-                raise ValueError(f"search: recurrent_fn returned {names[i]} of shape {list(x.shape)} at simulation "
-                                 f"{sim}, expected {list(want[i])}")
+            if x.shape != want[i] or x.device.type != "cpu":  # the C code reads them by these shapes
+                raise ValueError(f"search: recurrent_fn returned {names[i]} of shape {list(x.shape)} on "
+                                 f"{x.device} at simulation {sim}, expected {list(want[i])} on the CPU")
             if x.dtype != f32 or x.stride(-1) != 1 and i == 2:
                 x = x.to(f32).contiguous()
                 held.append(x)
@@ -322,9 +322,9 @@ def run_native(lib: ctypes.CDLL, tree: Tree, selection: dict, params: Any, rng: 
             step_strides[i] = x.stride(0)
         for k in range(len(keys)):
             x = outs[4 + k]
-            if x.shape != emb_shapes[k]:
-                raise ValueError(f"search: recurrent_fn's next embedding {keys[k]!r} has shape {list(x.shape)} at "
-                                 f"simulation {sim}, expected {list(emb_shapes[k])}")
+            if x.shape != emb_shapes[k] or x.device.type != "cpu":
+                raise ValueError(f"search: recurrent_fn's next embedding {keys[k]!r} has shape {list(x.shape)} on "
+                                 f"{x.device} at simulation {sim}, expected {list(emb_shapes[k])} on the CPU")
             if x.dtype != dtypes[k] or not x.is_contiguous():
                 x = x.to(dtypes[k]).contiguous()
                 held.append(x)
