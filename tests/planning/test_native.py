@@ -160,19 +160,18 @@ def test_native_selection_recognises_only_the_builtin_functions():
     assert torch.equal(tree.children_visits, ref.children_visits)
 
 
-def test_compile_true_uses_the_native_loops_up_to_native_max_batch(monkeypatch):
+def test_compile_true_uses_the_native_loops_and_native_false_the_graph(monkeypatch):
     calls = []
     real = nat.run_native
     monkeypatch.setattr(nat, "run_native", lambda *a, **k: calls.append(a[1].batch_size) or real(*a, **k))
-    monkeypatch.setattr(search_module, "NATIVE_MAX_BATCH", 4)
     eager = policy_run("gumbel", 2, 3, None, True, False, False, False)
     native = policy_run("gumbel", 2, 3, None, True, False, False, True)
     assert calls == [3]
     assert_same(eager, native)
-    monkeypatch.setattr(search_module, "NATIVE_MAX_BATCH", 2)  # above it: the inductor path (not run here)
+    # compile={"native": False}: the inductor path (not run here)
     monkeypatch.setattr(search_module, "compiled_search", lambda *a: (_ for _ in ()).throw(RuntimeError("inductor")))
     with pytest.raises(RuntimeError, match="inductor"):
-        policy_run("gumbel", 2, 3, None, True, False, False, True)
+        policy_run("gumbel", 2, 3, None, True, False, False, {"native": False})
     assert calls == [3]
 
 

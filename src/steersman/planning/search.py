@@ -473,21 +473,27 @@ def compile_options(compile: bool | str | dict) -> dict:
                     f"got {type(compile).__name__}")
 
 
-def compiled_simulation(options: dict, key: tuple) -> Callable:
-    """:func:`simulate_once` compiled with ``fullgraph=True`` for one ``key`` (shapes,
-    depth, options). Each key gets its own copy of the function's code object, so
-    dynamo's per-code cache (and recompile limit) holds one entry per copy: the
-    batch sizes and depths a program uses do not evict each other."""
-    fn = _COMPILED.get(key)
-    if fn is None:
+def compiled_per_key(fn: Callable, key: tuple, options: dict) -> Callable:
+    """``fn`` compiled with ``fullgraph=True, dynamic=False`` and ``options`` for one
+    ``key`` (shapes, depth, options), cached (the oldest of :data:`_MAX_COMPILED` dropped).
+    Each key gets its own copy of ``fn``'s code object, so dynamo's per-code cache (and
+    recompile limit) holds one entry per copy: the batch sizes and depths a program uses
+    do not evict each other."""
+    key = (fn.__name__, *key)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.pop(next(iter(_COMPILED)))
-        code = simulate_once.__code__.replace(co_name=f"simulate_once_{abs(hash(key)) % 10**8}")
-        f = types.FunctionType(code, simulate_once.__globals__, code.co_name, simulate_once.__defaults__)
-        f.__kwdefaults__ = simulate_once.__kwdefaults__
-        fn = torch.compile(f, fullgraph=True, dynamic=False, **options)
-        _COMPILED[key] = fn
-    return fn
+        code = fn.__code__.replace(co_name=f"{fn.__name__}_{abs(hash(key)) % 10**8}")
+        f = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+        f.__kwdefaults__ = fn.__kwdefaults__
+        compiled = _COMPILED[key] = torch.compile(f, fullgraph=True, dynamic=False, **options)
+    return compiled
+
+
+def compiled_simulation(options: dict, key: tuple) -> Callable:
+    """:func:`simulate_once` compiled for one ``key`` (see :func:`compiled_per_key`)."""
+    return compiled_per_key(simulate_once, key, options)
 
 
 # the tree arrays a simulation writes (in place; the tests check their storage)
@@ -593,19 +599,8 @@ def first_ancestors(tree: Tree, width: int, expanded: int = 1) -> Tensor:
 
 
 def compiled_search(options: dict, key: tuple) -> Callable:
-    """:func:`run_simulations` compiled with ``fullgraph=True`` for one ``key`` (shapes,
-    depth, options; own code object per key, as :func:`compiled_simulation`)."""
-    key = ("search", *key)
-    fn = _COMPILED.get(key)
-    if fn is None:
-        if len(_COMPILED) >= _MAX_COMPILED:
-            _COMPILED.pop(next(iter(_COMPILED)))
-        code = run_simulations.__code__.replace(co_name=f"run_simulations_{abs(hash(key)) % 10**8}")
-        f = types.FunctionType(code, run_simulations.__globals__, code.co_name, run_simulations.__defaults__,
-                               run_simulations.__closure__)
-        fn = torch.compile(f, fullgraph=True, dynamic=False, **options)
-        _COMPILED[key] = fn
-    return fn
+    """:func:`run_simulations` compiled for one ``key`` (see :func:`compiled_per_key`)."""
+    return compiled_per_key(run_simulations, key, options)
 
 
 def search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurrent_fn: RecurrentFn,
@@ -756,10 +751,6 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
     return loop_fn(0, num_simulations, body, tree)
 
 
-# compile=True runs the native tree loops (see native.py) up to this many trees (they
-# were faster than the inductor graph at every batch measured, 1 to 1024)
-NATIVE_MAX_BATCH = 1 << 30
-
 
 def _run_native(native: bool | str, options: dict, params: Any, rng: torch.Generator | None, tree: Tree,
                 uniforms: Tensor, recurrent_fn: RecurrentFn, checked_fn: Callable, root_fn: Callable,
@@ -772,7 +763,7 @@ def _run_native(native: bool | str, options: dict, params: Any, rng: torch.Gener
 
     selection = nat.native_selection(root_fn, interior_fn)
     why = nat.supported(tree, selection) or (None if loop_fn is fori_loop else "a custom loop_fn")
-    if native == "auto" and (why is not None or tree.batch_size > NATIVE_MAX_BATCH):
+    if native == "auto" and why is not None:
         return False
     if why is None:
         try:
@@ -784,16 +775,9 @@ def _run_native(native: bool | str, options: dict, params: Any, rng: torch.Gener
         return False
     model = None
     if native is True and options:  # compile={"native": True, <torch.compile keywords>}: the model compiled
-        key = ("native", tuple(sorted((k, repr(v)) for k, v in options.items())), tree.batch_size,
-               tree.num_actions, tensor_embedding,
-               tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
-        model = _COMPILED.get(key)
-        if model is None:
-            if len(_COMPILED) >= _MAX_COMPILED:
-                _COMPILED.pop(next(iter(_COMPILED)))
-            code = nat.model_step.__code__.replace(co_name=f"model_step_{abs(hash(key)) % 10**8}")
-            f = types.FunctionType(code, nat.model_step.__globals__, code.co_name)
-            model = _COMPILED[key] = torch.compile(f, fullgraph=True, dynamic=False, **options)
+        key = (tuple(sorted((k, repr(v)) for k, v in options.items())), tree.batch_size, tree.num_actions,
+               tensor_embedding, tuple((k, tuple(x.shape[2:]), x.dtype) for k, x in tree.embeddings.items(True, True)))
+        model = compiled_per_key(nat.model_step, key, options)
     # inference mode: the model's outputs are only copied into the tree (~10% less per-op overhead
     # than no_grad for a small eager model); a compiled model runs under no_grad as the graph does
     with torch.inference_mode() if model is None else torch.no_grad():
