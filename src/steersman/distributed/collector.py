@@ -529,14 +529,18 @@ class RayCollector:
         """Keeps ``_ahead`` (2) requests in flight per actor (one collecting, the next queued at the
         actor: it starts the next batch without waiting for a round trip), never more than
         the batches left to deliver."""
-        left = (self.total_frames - self._frames) / self.frames_per_batch
-        count = [0] * self.num_collectors
-        for i, *_ in self._pending.values():
-            count[i] += 1
+        left, count = self._left_and_in_flight()
         for i in range(self.num_collectors):
             while count[i] < min(self._ahead, left):
                 self._submit(i, ahead=True)
                 count[i] += 1
+
+    def _left_and_in_flight(self) -> tuple[float, list[int]]:
+        """The batches left to deliver, and the requests in flight per actor."""
+        count = [0] * self.num_collectors
+        for i, *_ in self._pending.values():
+            count[i] += 1
+        return (self.total_frames - self._frames) / self.frames_per_batch, count
 
     def _oldest(self, i: int) -> Any:
         """Actor ``i``'s pending request with the lowest number (None if none)."""
@@ -685,10 +689,7 @@ class RayCollector:
 
         while self._frames < self.total_frames:
             self._drop_outdated()
-            left = (self.total_frames - self._frames) / self.frames_per_batch
-            count = [0] * self.num_collectors
-            for i, *_ in self._pending.values():
-                count[i] += 1
+            left, count = self._left_and_in_flight()
             for i in range(self.num_collectors):
                 if not count[i] and len(self._pending) < left:
                     self._submit(i)
