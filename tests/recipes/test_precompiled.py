@@ -82,6 +82,71 @@ def test_compiled_graphs_cpp_is_built_at_the_level(tmp_path, monkeypatch):
     assert any(" -O3 " in c for c in commands if ".cpp" in c)
 
 
+def test_wrapper_at_o1_marks_only_the_wrapper_function():
+    code = ("#include <torch/csrc/inductor/cpp_wrapper/cpu.h>\nextern \"C\" void cpp_fused_0(float* out);"
+            "\nvoid inductor_entry_impl(\n    AtenTensorHandle* input_handles)\n{\n}\n"
+            "#include <torch/csrc/inductor/cpp_prefix.h>\nextern \"C\" void cpp_fused_0(float* out)\n{\n}\n")
+    marked = precompiled._wrapper_at_o1(code)
+    assert marked == code.replace("\nvoid inductor_entry_impl(",
+                                  '\n__attribute__((optimize("O1"))) void inductor_entry_impl(')
+    assert marked.count("optimize") == 1
+    no_wrapper = "#include <torch/csrc/inductor/cpp_prefix.h>\nextern \"C\" void kernel(float* out) {}\n"
+    assert precompiled._wrapper_at_o1(no_wrapper) == no_wrapper
+
+
+def _built_sources(monkeypatch) -> list[str]:
+    """The command lines of inductor's C++ builds from now on (recorded, then built)."""
+    from torch._inductor import cpp_builder
+
+    commands: list[str] = []
+    build = cpp_builder.CppBuilder.build
+
+    def recording(self):
+        commands.append(self.get_command_line())
+        return build(self)
+
+    monkeypatch.setattr(cpp_builder.CppBuilder, "build", recording)
+    return commands
+
+
+def test_cpp_wrapper_graphs_precompile_the_kernels_prefix_and_build_the_wrapper_at_O1(tmp_path, monkeypatch):
+    """A C++-wrapper graph through ``_compile``: its file's build includes the precompiled
+    header of :data:`WRAPPER_AND_PREFIX_HEADER` (the wrapper's header and the kernels'
+    prefix), its wrapper function carries ``optimize("O1")`` and nothing else does, and its
+    outputs equal bit for bit those of the same graph built without either change."""
+    import re
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.delenv("STEERSMAN_CPP_OPT", raising=False)
+    commands = _built_sources(monkeypatch)
+    x = torch.randn(301)
+
+    def fn(t):
+        return (t.exp() * 1.75 - t.tanh()).cumsum(0) / (t * t).sum()
+
+    out = _compile(fn, "inductor")(x)
+    mains = [c for c in commands if ".main.cpp" in c]
+    assert len(mains) == 1 and " -O2 " in mains[0], commands
+    header = re.search(r"-include (\S+)", mains[0]).group(1)
+    with open(header) as f:
+        assert os.path.abspath(precompiled.WRAPPER_AND_PREFIX_HEADER) in f.read()
+    with open(re.search(r"(\S+\.main\.cpp)", mains[0]).group(1)) as f:
+        source = f.read()
+    assert source.count('__attribute__((optimize("O1")))') == 1
+    assert '__attribute__((optimize("O1"))) void inductor_entry_impl(' in source
+    assert source.index("inductor_entry_impl(") < source.index("#include <torch/csrc/inductor/cpp_prefix.h>")
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "b"))  # (another file: no cache hit)
+    monkeypatch.setattr(precompiled, "_wrapper_at_o1", lambda code: code)
+    commands.clear()
+    torch._dynamo.reset()
+    plain = _compile(fn, "inductor")(x)
+    source_b = [c for c in commands if ".main.cpp" in c]
+    assert source_b and 'optimize("O1")' not in open(re.search(r"(\S+\.main\.cpp)", source_b[0]).group(1)).read()
+    assert torch.equal(out, plain)
+    assert torch.allclose(out, fn(x), rtol=1e-5, atol=1e-5)
+
+
 class _Owner:
     def __init__(self):
         self.scale = torch.ones(3)
