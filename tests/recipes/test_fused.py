@@ -363,7 +363,9 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
         monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", fake_list(ok=False))
         assert remember_vec_isa() is False and config.cpp.vec_isa_ok is None and len(probes) == 1
         (record,) = (tmp_path / "steersman-vec-isa").glob("*.json")
-        assert json.loads(record.read_text()) == {"probed": ["avx2"], "listed": ["avx512", "avx2"]}
+        kept = json.loads(record.read_text())
+        assert {k: kept[k] for k in ("probed", "listed")} == {"probed": ["avx2"], "listed": ["avx512", "avx2"]}
+        assert all(isinstance(answer, bool) for answer in kept["checks"].values())  # (the real ISAs' checks)
         assert remember_vec_isa() is False and len(probes) == 1  # recorded: not probed again, still on
 
         os.remove(record)
@@ -376,6 +378,10 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
         config.cpp.vec_isa_ok = None
         record.write_text("not json")  # unreadable: probed and recorded again
         assert remember_vec_isa() is True and len(probes) == 3
+        config.cpp.vec_isa_ok = None
+        record.write_text(json.dumps({"probed": ["avx512", "avx2"], "listed": ["avx512", "avx2"]}))
+        assert remember_vec_isa() is True and len(probes) == 4  # an older record, without the checks
+        probes.pop()
 
         # another process probing holds the record's lock: this one waits and reads its record
         import threading
@@ -391,7 +397,7 @@ def test_remember_vec_isa_skips_the_probe_only_when_a_record_says_all_passed(tmp
         waiter.start()
         waiter.join(0.5)
         assert waiter.is_alive() and not answer  # (blocked on the lock)
-        record.write_text(json.dumps({"probed": ["avx512", "avx2"], "listed": ["avx512", "avx2"]}))
+        record.write_text(json.dumps({"probed": ["avx512", "avx2"], "listed": ["avx512", "avx2"], "checks": {}}))
         other.release()
         waiter.join(30)
         assert answer == [True] and len(probes) == 3  # the other's record: no probe here

@@ -193,6 +193,38 @@ def test_parallel_isa_probe_finds_what_inductors_own_probe_finds(tmp_path):
         assert found["sequential"], "no vector ISA found usable: is a C++ compiler installed?"
 
 
+_FORCED = """
+import json, subprocess
+from torch._inductor import cpp_builder, cpu_vec_isa
+from steersman.recipes.precompiled import remember_vec_isa
+built, run, build = [], subprocess.run, cpp_builder.CppBuilder.build
+cpp_builder.CppBuilder.build = lambda self: built.append(self.get_command_line()) or build(self)
+subprocess.run = lambda *a, **k: ("LoadLibrary" in str(a) and built.append(a)) or run(*a, **k)  # (a probe's load)
+skipped = remember_vec_isa()
+isa = cpu_vec_isa.pick_vec_isa()
+print(json.dumps([skipped, [str(i) for i in cpu_vec_isa.valid_vec_isa_list()], isa.build_arch_flags(), len(built)]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="the ISA record is kept on x86-64 Linux")
+def test_the_isa_record_answers_the_extension_checks_without_building(tmp_path):
+    """A first process probes and records (inductor's own probe, ISA extension checks
+    included); a second one with the same cache builds and loads nothing, and finds the
+    same ISAs and the same compiler flags (AVX512-BF16, AMX... as the checks found)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    env.pop("TORCHINDUCTOR_VEC_ISA_OK", None)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _FORCED], env=env, capture_output=True, text=True,
+                                      timeout=300, check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    (record,) = (tmp_path / "steersman-vec-isa").glob("*.json")
+    checks = json.loads(record.read_text())["checks"]
+    assert checks and all(isinstance(v, bool) for v in checks.values())
+    first, second = runs
+    assert second[1:3] == first[1:3] and second[1], runs
+    assert first[3] > 0 and second == [True, first[1], first[2], 0], runs
+
+
 def test_probe_in_parallel_asks_every_listed_isa_once(monkeypatch):
     """Each ISA the CPU's flags list is probed (its ``bool``) once, in threads; ISAs the
     flags do not list are not; a failing probe is left to inductor (no exception)."""

@@ -67,7 +67,12 @@ def remember_vec_isa() -> bool:
     without testing"), which yields that same list without the children. Otherwise (no
     record yet: the probe runs here once and is recorded; some ISA failed; not x86-64
     Linux; ``TORCHINDUCTOR_VEC_ISA_OK`` or ``cpp.vec_isa_ok`` already set) inductor
-    probes as usual."""
+    probes as usual.
+
+    Even when forced, inductor still dry-compiles and loads the ISAs' extension checks
+    (AVX512-BF16, VNNI, AMX tiles, AMX-FP16: six builds of ~0.25 s in a new compile cache).
+    The record keeps their answers too, each under its ISA, flags and program, and the
+    ISA objects' ``check_build`` answers from it (a check it does not hold still builds)."""
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is not None or sys.platform != "linux" \
             or platform.machine() != "x86_64":
         return False
@@ -95,7 +100,47 @@ def remember_vec_isa() -> bool:
         return False
     config.cpp.vec_isa_ok = True
     listed.cache_clear()
+    _answer_checks(cpu_vec_isa, record["checks"])
     return True
+
+
+def _check_key(isa: Any, code: str) -> str:
+    """What an ISA's ``check_build(code)`` depends on besides the machine's key: the ISA,
+    its flags at the call and the program."""
+    return f"{isa}|{isa.build_arch_flags()}|{hashlib.sha256(code.encode()).hexdigest()}"
+
+
+def _answer_checks(cpu_vec_isa: Any, checks: dict[str, bool]) -> None:
+    """Each ISA's ``check_build`` (an instance attribute in front of the method) answers
+    the checks in ``checks``; others still build."""
+    for isa in cpu_vec_isa.supported_vec_isa_list:
+        if "check_build" in vars(isa):  # (answered already)
+            continue
+
+        def check_build(code: str, isa: Any = isa, build: Any = isa.check_build) -> bool:
+            answer = checks.get(_check_key(isa, code))
+            return build(code) if answer is None else answer
+
+        isa.check_build = check_build
+
+
+@contextlib.contextmanager
+def _recording_checks(cpu_vec_isa: Any) -> Any:
+    """Yields a dict that collects the answers of every ISA's ``check_build`` in the block
+    (under :func:`_check_key`)."""
+    checks: dict[str, bool] = {}
+    isas = [isa for isa in cpu_vec_isa.supported_vec_isa_list if "check_build" not in vars(isa)]
+    for isa in isas:
+        def check_build(code: str, isa: Any = isa, build: Any = isa.check_build) -> bool:
+            checks[_check_key(isa, code)] = answer = bool(build(code))
+            return answer
+
+        isa.check_build = check_build
+    try:
+        yield checks
+    finally:
+        for isa in isas:
+            del isa.check_build
 
 
 def _read_isa_record(path: str) -> dict | None:
@@ -104,19 +149,20 @@ def _read_isa_record(path: str) -> dict | None:
             record = json.load(f)
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and {"probed", "listed"} <= record.keys() else None
+    return record if isinstance(record, dict) and {"probed", "listed", "checks"} <= record.keys() else None
 
 
 def _probe_and_record(cpu_vec_isa: Any, listed: Any, config: Any, path: str) -> dict:
     """Inductor's probe (once per machine), and what the CPU's flags list, recorded at ``path``."""
     listed.cache_clear()
-    _probe_in_parallel(cpu_vec_isa)
-    probed = [str(isa) for isa in listed()]  # inductor's own probe (answered above)
-    with config.patch({"cpp.vec_isa_ok": True}):
-        listed.cache_clear()
-        unprobed = [str(isa) for isa in listed()]
+    with _recording_checks(cpu_vec_isa) as checks:
+        _probe_in_parallel(cpu_vec_isa)
+        probed = [str(isa) for isa in listed()]  # inductor's own probe (answered above)
+        with config.patch({"cpp.vec_isa_ok": True}):
+            listed.cache_clear()
+            unprobed = [str(isa) for isa in listed()]
     listed.cache_clear()
-    record = {"probed": probed, "listed": unprobed}
+    record = {"probed": probed, "listed": unprobed, "checks": checks}
     with contextlib.suppress(OSError):  # a read-only cache: probe again next time
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json_atomic(path, record)
