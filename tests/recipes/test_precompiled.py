@@ -225,6 +225,48 @@ def test_the_isa_record_answers_the_extension_checks_without_building(tmp_path):
     assert first[3] > 0 and second == [True, first[1], first[2], 0], runs
 
 
+def test_isa_checks_are_recorded_then_answered_without_a_build():
+    """``_recording_checks`` collects each ISA's ``check_build`` answers under its ISA, flags
+    and program, and puts the method back; ``_answer_checks`` answers those from the record
+    and builds the others; a recording over answers keeps the answers afterwards."""
+    built = []
+
+    class FakeIsa:
+        def __init__(self, name, flags):
+            self.name, self.flags = name, flags
+
+        def __str__(self):
+            return self.name
+
+        def build_arch_flags(self):
+            return self.flags
+
+        def check_build(self, code):
+            built.append((self.name, code))
+            return code != "bad"
+
+    class FakeModule:
+        supported_vec_isa_list = [FakeIsa("avx512", "-mavx512f"), FakeIsa("avx2", "-mavx2")]
+
+    a, b = FakeModule.supported_vec_isa_list
+    with precompiled._recording_checks(FakeModule) as checks:
+        assert a.check_build("ok") is True and a.check_build("bad") is False and b.check_build("ok") is True
+    assert len(built) == 3 and len(checks) == 3 and sorted(checks.values()) == [False, True, True]
+    assert "check_build" not in vars(a) and "check_build" not in vars(b)
+    a.flags = "-mavx512f -mavx512bf16"
+    assert a.check_build("ok") and len(built) == 4  # (not recorded: the method again)
+
+    a.flags = "-mavx512f"
+    precompiled._answer_checks(FakeModule, checks)
+    assert a.check_build("ok") is True and a.check_build("bad") is False and b.check_build("ok") is True
+    assert len(built) == 4  # all three answered
+    assert b.check_build("other") is True and built[-1] == ("avx2", "other")  # not in the record: built
+    answering = vars(a)["check_build"]
+    with precompiled._recording_checks(FakeModule) as again:
+        a.check_build("ok")
+    assert list(again.values()) == [True] and vars(a)["check_build"] is answering and len(built) == 5
+
+
 def test_probe_in_parallel_asks_every_listed_isa_once(monkeypatch):
     """Each ISA the CPU's flags list is probed (its ``bool``) once, in threads; ISAs the
     flags do not list are not; a failing probe is left to inductor (no exception)."""

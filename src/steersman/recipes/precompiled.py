@@ -129,8 +129,8 @@ def _recording_checks(cpu_vec_isa: Any) -> Any:
     """Yields a dict that collects the answers of every ISA's ``check_build`` in the block
     (under :func:`_check_key`)."""
     checks: dict[str, bool] = {}
-    isas = [isa for isa in cpu_vec_isa.supported_vec_isa_list if "check_build" not in vars(isa)]
-    for isa in isas:
+    before = [(isa, vars(isa).get("check_build")) for isa in cpu_vec_isa.supported_vec_isa_list]
+    for isa, _ in before:
         def check_build(code: str, isa: Any = isa, build: Any = isa.check_build) -> bool:
             checks[_check_key(isa, code)] = answer = bool(build(code))
             return answer
@@ -139,8 +139,11 @@ def _recording_checks(cpu_vec_isa: Any) -> Any:
     try:
         yield checks
     finally:
-        for isa in isas:
-            del isa.check_build
+        for isa, answering in before:  # (back to the method, or to the answers of a record)
+            if answering is None:
+                del isa.check_build
+            else:
+                isa.check_build = answering
 
 
 def _read_isa_record(path: str) -> dict | None:
