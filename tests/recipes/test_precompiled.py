@@ -55,13 +55,10 @@ def test_cpp_opt_level_rejects_what_is_not_a_level(monkeypatch, level):
     assert _levels() == ["O3"]  # nothing left active
 
 
-def test_compiled_graphs_cpp_is_built_at_the_level(tmp_path, monkeypatch):
-    """A function through ``_compile`` (the population's path): every g++ command of its
-    compile carries ``-O2`` and none ``-O3``; a plain ``torch.compile`` next to it keeps -O3."""
+def _built_sources(monkeypatch) -> list[str]:
+    """The command lines of inductor's C++ builds from now on (recorded, then built)."""
     from torch._inductor import cpp_builder
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("STEERSMAN_CPP_OPT", raising=False)
     commands: list[str] = []
     build = cpp_builder.CppBuilder.build
 
@@ -70,6 +67,15 @@ def test_compiled_graphs_cpp_is_built_at_the_level(tmp_path, monkeypatch):
         return build(self)
 
     monkeypatch.setattr(cpp_builder.CppBuilder, "build", recording)
+    return commands
+
+
+def test_compiled_graphs_cpp_is_built_at_the_level(tmp_path, monkeypatch):
+    """A function through ``_compile`` (the population's path): every g++ command of its
+    compile carries ``-O2`` and none ``-O3``; a plain ``torch.compile`` next to it keeps -O3."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("STEERSMAN_CPP_OPT", raising=False)
+    commands = _built_sources(monkeypatch)
     x = torch.randn(37)
     graph = _compile(lambda t: (t.sin() * 3.25 + 1.5).cumsum(0), "inductor")
     commands.clear()  # (the ISA probe's builds, when this worker has no record yet: inductor's own)
@@ -92,21 +98,6 @@ def test_wrapper_at_o1_marks_only_the_wrapper_function():
     assert marked.count("optimize") == 1
     no_wrapper = "#include <torch/csrc/inductor/cpp_prefix.h>\nextern \"C\" void kernel(float* out) {}\n"
     assert precompiled._wrapper_at_o1(no_wrapper) == no_wrapper
-
-
-def _built_sources(monkeypatch) -> list[str]:
-    """The command lines of inductor's C++ builds from now on (recorded, then built)."""
-    from torch._inductor import cpp_builder
-
-    commands: list[str] = []
-    build = cpp_builder.CppBuilder.build
-
-    def recording(self):
-        commands.append(self.get_command_line())
-        return build(self)
-
-    monkeypatch.setattr(cpp_builder.CppBuilder, "build", recording)
-    return commands
 
 
 def test_cpp_wrapper_graphs_precompile_the_kernels_prefix_and_build_the_wrapper_at_O1(tmp_path, monkeypatch):
