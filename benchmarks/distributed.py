@@ -24,6 +24,7 @@ Results go to benchmarks/README.md (section "Distributed (Ray)").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -217,6 +218,23 @@ def bench_protocol(remote, reps: int = 100) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def local_and_ray(n: int, fpb: int, sync: bool = True, local_cls: Any = MultiSyncDataCollector) -> Any:
+    """A local ``local_cls`` (``n`` worker processes) and a RayCollector (``n`` actors, ``sync``)
+    on the same envs and greedy policy, ``fpb`` frames per batch: yields ``(local, remote,
+    out)``, ``out`` holding the load average before; both shut down at the end, and ``out``
+    gets the load average after."""
+    out: dict[str, Any] = {"load_before": _load()}
+    with contextlib.ExitStack() as stack:  # (the local workers shut down also if the actors fail to start)
+        local = local_cls([make_env] * n, Greedy(), frames_per_batch=fpb, total_frames=-1)
+        stack.callback(local.shutdown)
+        remote = RayCollector(make_env, Greedy(), frames_per_batch=fpb, total_frames=-1, num_collectors=n,
+                              sync=sync)
+        stack.callback(remote.shutdown)
+        yield local, remote, out
+    out["load_after"] = _load()
+
+
 def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any]:
     """Frames/s of the local MultiSyncDataCollector and of RayCollector (n workers / actors,
     sync), both built once and measured in alternating windows of ``frames`` frames
@@ -233,10 +251,7 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
 
     from steersman.distributed._wire import unpack
 
-    out: dict[str, Any] = {"load_before": _load()}
-    local = MultiSyncDataCollector([make_env] * n, Greedy(), frames_per_batch=fpb, total_frames=-1)
-    remote = RayCollector(make_env, Greedy(), frames_per_batch=fpb, total_frames=-1, num_collectors=n, sync=True)
-    try:
+    with local_and_ray(n, fpb) as (local, remote, out):
         runs: dict[str, list[float]] = {"local": [], "ray": [], "ray_no_pipelining": [], "local_update": [],
                                         "ray_update": []}
         for _ in range(reps):
@@ -295,10 +310,6 @@ def bench_collect(n: int, frames: int, fpb: int, reps: int = 5) -> dict[str, Any
             out[f"{m}_unpack_ms"] = 1e3 * statistics.median(d["unpack"])
         out["protocol"] = bench_protocol(remote)
         out["local_batch_ms"] = batch_ms(local)
-    finally:
-        local.shutdown()
-        remote.shutdown()
-    out["load_after"] = _load()
     return out
 
 
@@ -310,11 +321,8 @@ def bench_ratio(n: int, frames: int, fpb: int, sync: bool, reps: int = 5) -> dic
     collector's time per batch (the work Ray's ~1 ms of CPU per message is spread over)."""
     from steersman.collectors import MultiaSyncDataCollector
 
-    out: dict[str, Any] = {"load_before": _load()}
     local_cls = MultiSyncDataCollector if sync else MultiaSyncDataCollector
-    local = local_cls([make_env] * n, Greedy(), frames_per_batch=fpb, total_frames=-1)
-    remote = RayCollector(make_env, Greedy(), frames_per_batch=fpb, total_frames=-1, num_collectors=n, sync=sync)
-    try:
+    with local_and_ray(n, fpb, sync, local_cls) as (local, remote, out):
         ratios, fps_local, fps_ray = [], [], []
         for _ in range(reps):
             fps_local.append(fps(local, frames))
@@ -323,10 +331,6 @@ def bench_ratio(n: int, frames: int, fpb: int, sync: bool, reps: int = 5) -> dic
         out.update(ratio=statistics.median(ratios), ratios=ratios, local_fps=statistics.median(fps_local),
                    ray_fps=statistics.median(fps_ray))
         out["local_batch_ms"] = batch_ms(local)
-    finally:
-        local.shutdown()
-        remote.shutdown()
-    out["load_after"] = _load()
     return out
 
 

@@ -418,6 +418,19 @@ def test_lazy_import_then_killed_driver_leaves_no_worker(ray_cluster):
     assert not [p for p in pids if _alive(p)]
 
 
+def test_collector_made_right_after_another_shut_down_gets_whole_cpus(ray_cluster):
+    """Killed actors give their CPUs back a little after ``shutdown()`` returns: the next
+    collector waits for them (up to ``RELEASE_WAIT_S``) instead of warning and sharing."""
+    import warnings
+
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no "CPUs requested" warning)
+            c = RayCollector(CartPoleEnv, None, frames_per_batch=32, total_frames=64, num_collectors=2, sync=True)
+        with c:
+            assert c._cpus == 1 and [b.numel() for b in c] == [32, 32]
+
+
 def test_collector_started_while_other_actors_hold_the_cpus_shares_them_and_an_unplaceable_one_times_out(
         ray_cluster):
     """A second collector on a cluster whose CPUs another collector's actors hold: a warning

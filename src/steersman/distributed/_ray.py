@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import socket
+import time
 import warnings
 from typing import Any
 
@@ -129,12 +130,24 @@ def free_cpus() -> float:
     return float(ray.available_resources().get("CPU", 0.0))
 
 
+#: Seconds :func:`fit_actors_to_cpus` waits for CPUs to come free when the cluster has them
+#: in all: killed actors give theirs back asynchronously (~0.07 s after a collector's
+#: ``shutdown()`` on a local Ray here), so a collector made right after another one shut
+#: down would otherwise find them held.
+RELEASE_WAIT_S = 2.0
+
+
 def fit_actors_to_cpus(owner: str, n: int, num_cpus: float) -> float:
     """``num_cpus`` per actor, or a share small enough that ``n`` actors all get placed now
     (with a warning giving the numbers) when the cluster has fewer CPUs free than they ask:
-    fewer CPUs than that in all, or CPUs held by other actors (another collector's: actors
-    asking for more than is free would wait for them forever)."""
+    fewer CPUs than that in all, or CPUs still held by other actors after
+    :data:`RELEASE_WAIT_S` (another collector's: actors asking for more than is free would
+    wait for them forever)."""
     total, free = cluster_cpus(), free_cpus()
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while free < n * num_cpus <= total and time.monotonic() < deadline:
+        time.sleep(0.02)
+        free = free_cpus()
     if n * num_cpus <= free or num_cpus == 0:
         return num_cpus
     # 1/m of a CPU each: nodes with whole CPUs then hold m actors per CPU, m * free >= n

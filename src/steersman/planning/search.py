@@ -751,7 +751,6 @@ def _search(params: Any, rng: torch.Generator | None, root: RootFnOutput, recurr
     return loop_fn(0, num_simulations, body, tree)
 
 
-
 def _run_native(native: bool | str, options: dict, params: Any, rng: torch.Generator | None, tree: Tree,
                 uniforms: Tensor, recurrent_fn: RecurrentFn, checked_fn: Callable, root_fn: Callable,
                 interior_fn: Callable, max_depth: int, tensor_embedding: bool, loop_fn: Callable) -> bool:
