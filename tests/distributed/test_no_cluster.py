@@ -195,3 +195,24 @@ def test_flat_layout_refuses_what_it_cannot_carry_and_pack_checks_the_layout():
         change(td)
         assert not pack_flat(td, layout, buf), name
         assert flat_layout(td).id != layout.id, name
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_collectors": 0}, r"num_collectors must be a positive int, got 0"),
+    ({"frames_per_batch": 0}, r"frames_per_batch must be a positive int, got 0"),
+    ({"num_collectors": 3, "sync": True}, r"frames_per_batch=16 must be a multiple of num_collectors=3"),
+    ({"total_frames": -5}, r"total_frames must be a non-negative int or -1, got -5"),
+    ({"remote_configs": [{}, {}]}, r"2 remote_configs for num_collectors=1"),
+    ({"start_timeout": 0}, r"start_timeout must be a positive number of seconds, got 0"),
+    ({"start_timeout": "60"}, r"start_timeout must be a positive number of seconds, got '60'"),
+])
+def test_ray_collector_refuses_bad_arguments_before_starting_ray(kwargs, message, monkeypatch):
+    """Each bad argument is a ValueError naming it and its value, raised before Ray is
+    started or joined (``init_ray`` is never reached)."""
+    pytest.importorskip("ray")
+    from steersman.distributed import collector
+    from steersman.envs import CartPoleEnv
+
+    monkeypatch.setattr(collector, "init_ray", lambda *a, **k: pytest.fail("Ray started despite bad arguments"))
+    with pytest.raises(ValueError, match=message):
+        collector.RayCollector(CartPoleEnv, None, **{"frames_per_batch": 16, "total_frames": 32, **kwargs})

@@ -402,6 +402,8 @@ class RayCollector:
             if total != total_frames:
                 warnings.warn(f"RayCollector: total_frames={total_frames} is not a multiple of frames_per_batch="
                               f"{frames_per_batch}; {total} frames will be collected")
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or not start_timeout > 0:
+            raise ValueError(f"RayCollector: start_timeout must be a positive number of seconds, got {start_timeout!r}")
         configs = list(remote_configs) if isinstance(remote_configs, (list, tuple)) else [remote_configs or {}] * n
         if len(configs) != n:
             raise ValueError(f"RayCollector: {len(configs)} remote_configs for num_collectors={n}")
